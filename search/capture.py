@@ -1,0 +1,838 @@
+"""Capture an OpGraph from a real torch.nn.Module with torch.export on the meta device.
+
+Nothing is allocated: the module is built under ``torch.device("meta")`` and exported with meta
+example inputs, so a 175B-parameter model is captured in about a second. Layout-only aten ops
+(view, reshape, transpose, permute, expand, split, slice, ...) become no ops at all: they are
+folded into the edges, carrying dimension labels through (graph.py explains labels). Every other
+aten op that touches an activation or a parameter becomes one IR op with its FLOPs.
+
+Repeated blocks: when a model names its stack of identical layers (``blocks_attr``), only the
+first two layers are exported; the second is checked to be a faithful copy of the first (same
+ops, shapes and wiring, one input from the previous layer) and is then replicated for the rest.
+That keeps capture time independent of depth and tells the search which layers to solve once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from search.errors import InputError
+from search.graph import BlockInfo, Op, OpGraph, ParamRef, TensorRef
+
+aten = torch.ops.aten
+
+
+# ---- dimension labels: a union-find whose roots keep the oldest (most readable) name ---------
+class _Labels:
+    def __init__(self) -> None:
+        self.parent: list[int] = []
+        self.names: list[str] = []
+
+    def new(self, name: str) -> int:
+        self.parent.append(len(self.parent))
+        self.names.append(name)
+        return len(self.parent) - 1
+
+    def find(self, a: int) -> int:
+        while self.parent[a] != a:
+            self.parent[a] = self.parent[self.parent[a]]
+            a = self.parent[a]
+        return a
+
+    def union(self, a: int, b: int) -> int:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            lo, hi = min(ra, rb), max(ra, rb)  # the older label names the merged one
+            self.parent[hi] = lo
+        return self.find(a)
+
+    def name(self, a: int) -> str:
+        return self.names[self.find(a)]
+
+
+@dataclass
+class _Act:
+    """An activation: the IR op that made it (None for a graph input) and its current view."""
+
+    source: str | None
+    shape: tuple[int, ...]
+    labels: list[int]
+    dtype: str
+
+
+@dataclass
+class _Param:
+    name: str
+    shape: tuple[int, ...]
+    labels: list[int]
+    dtype: str
+
+
+@dataclass
+class _Const:
+    shape: tuple[int, ...]
+
+
+@dataclass
+class _Multi:
+    items: list[object]
+
+
+@dataclass
+class _Builder:
+    labels: _Labels = field(default_factory=_Labels)
+    ops: list[dict] = field(default_factory=list)
+    names: dict[str, int] = field(default_factory=dict)
+    owned_params: set[str] = field(default_factory=set)
+
+    def op_name(self, module: str, short: str) -> str:
+        base = f"{module}:{short}" if module else short
+        k = self.names.get(base, 0)
+        self.names[base] = k + 1
+        return base if k == 0 else f"{base}#{k}"
+
+
+_VIEW_OPS = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.flatten.using_ints,
+    aten.unflatten.int, aten.permute.default, aten.transpose.int, aten.t.default,
+    aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
+    aten.squeeze.default, aten.contiguous.default, aten.clone.default, aten.alias.default,
+    aten.detach.default, aten.slice.Tensor, aten.select.int, aten.lift_fresh_copy.default,
+    aten.repeat_interleave.self_int, aten.expand_as.default, aten.view_as.default,
+}
+_SPLIT_OPS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int}
+_LINEAR_OPS = {aten.linear.default, aten.addmm.default, aten.mm.default, aten.matmul.default, aten.bmm.default}
+_NORM_OPS = {aten.layer_norm.default, aten.native_layer_norm.default, aten.rms_norm.default,
+             aten.group_norm.default}
+_BATCHNORM_OPS = {aten.batch_norm.default, aten._native_batch_norm_legit_functional.default,
+                  aten._native_batch_norm_legit_no_training.default, aten._native_batch_norm_legit.default,
+                  aten.native_batch_norm.default, aten.cudnn_batch_norm.default}
+_CONV_OPS = {aten.convolution.default, aten.conv2d.default, aten.conv1d.default}
+_POOL_OPS = {aten.max_pool2d.default, aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
+             aten.adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d.default}
+_SOFTMAX_OPS = {aten._softmax.default, aten.softmax.int, aten._log_softmax.default, aten.log_softmax.int}
+_REDUCE_OPS = {aten.mean.dim, aten.sum.dim_IntList, aten.amax.default, aten.mean.default, aten.sum.default}
+_LOSS_OPS = {aten.cross_entropy_loss.default, aten.nll_loss.default, aten.nll_loss_forward.default,
+             aten.mse_loss.default}
+_ATTENTION_OPS = {aten.scaled_dot_product_attention.default}
+_COMPUTE_KINDS = {"linear", "matmul", "attention", "embedding", "conv", "pool"}
+_SAVES_OUTPUT = {"exp", "rsqrt", "sigmoid", "tanh", "sqrt", "reciprocal"}
+_SAVES_NOTHING = {"add", "sub", "neg", "_to_copy", "to", "where", "masked_fill", "clamp", "fill"}
+_DROPOUT = {"dropout", "native_dropout", "feature_dropout"}
+
+
+def _short(target: object) -> str:
+    name = getattr(target, "__name__", str(target))
+    return name.split(".")[0]
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _view_labels(L: _Labels, in_shape: Sequence[int], in_labels: list[int], out_shape: Sequence[int], tag: str) -> list[int]:
+    """Labels of a reshape's output: within each group of dims whose products match, the
+    outermost non-unit output dim keeps the outermost non-unit input dim's label (sharding
+    the outer dim of a contiguous block is the same data either way); the rest are new."""
+    out: list[int] = [-1] * len(out_shape)
+    i = j = 0
+    n_in, n_out = len(in_shape), len(out_shape)
+    while i < n_in or j < n_out:
+        gi, gj = [], []
+        pi = pj = 1
+        if i < n_in:
+            gi.append(i); pi *= in_shape[i]; i += 1
+        if j < n_out:
+            gj.append(j); pj *= out_shape[j]; j += 1
+        while pi != pj:
+            if pi < pj and i < n_in:
+                gi.append(i); pi *= in_shape[i]; i += 1
+            elif j < n_out:
+                gj.append(j); pj *= out_shape[j]; j += 1
+            else:
+                break
+        # absorb trailing unit dims into this group
+        outer_in = next((d for d in gi if in_shape[d] != 1), None)
+        first = True
+        for d in gj:
+            if out_shape[d] != 1 and first and outer_in is not None:
+                out[d] = in_labels[outer_in]
+                first = False
+            else:
+                out[d] = L.new(f"{tag}/v{d}")
+    return out
+
+
+class _Capture:
+    def __init__(self, ep: torch.export.ExportedProgram, user_labels: list[list[str]]) -> None:
+        self.ep = ep
+        self.b = _Builder()
+        self.env: dict[str, object] = {}
+        self.user_labels = user_labels
+        self.global_labels: dict[str, int] = {}
+
+    # -- helpers --------------------------------------------------------------------------
+    def glabel(self, name: str) -> int:
+        if name not in self.global_labels:
+            self.global_labels[name] = self.b.labels.new(name)
+        return self.global_labels[name]
+
+    def val(self, a: object) -> object:
+        if isinstance(a, torch.fx.Node):
+            return self.env[a.name]
+        if isinstance(a, (list, tuple)):
+            return [self.val(x) for x in a]
+        return a
+
+    def module_of(self, node: torch.fx.Node) -> str:
+        stack = node.meta.get("nn_module_stack") or {}
+        if not stack:
+            return ""
+        path = list(stack.values())[-1][0]
+        return str(path)
+
+    # -- the walk -------------------------------------------------------------------------
+    def run(self) -> None:
+        sig = self.ep.graph_signature
+        params = dict(sig.inputs_to_parameters)
+        user_inputs = list(sig.user_inputs)
+        for node in self.ep.graph.nodes:
+            if node.op == "placeholder":
+                v = node.meta.get("val")
+                if node.name in params:
+                    fqn = params[node.name]
+                    shape = tuple(v.shape)
+                    labels = [self.b.labels.new(f"{fqn}/d{d}") for d in range(len(shape))]
+                    self.env[node.name] = _Param(fqn, shape, labels, _dtype(v))
+                elif node.name in user_inputs:
+                    k = user_inputs.index(node.name)
+                    names = self.user_labels[k] if k < len(self.user_labels) else []
+                    labels = [self.glabel(names[d]) if d < len(names) else self.b.labels.new(f"{node.name}/d{d}")
+                              for d in range(v.dim())]
+                    self.env[node.name] = _Act(None, tuple(v.shape), labels, _dtype(v))
+                else:  # buffers and constants: no gradient, no sharding decision
+                    self.env[node.name] = _Const(tuple(getattr(v, "shape", ())))
+            elif node.op == "call_function":
+                self.env[node.name] = self.call(node)
+            elif node.op == "output":
+                pass
+
+    def call(self, node: torch.fx.Node) -> object:
+        t = node.target
+        args = [self.val(a) for a in node.args]
+        out_val = node.meta.get("val")
+        if t is _getitem:
+            container, idx = args[0], node.args[1]
+            if isinstance(container, _Multi):
+                return container.items[idx]
+            return _Const(())
+        acts = [a for a in _flat(args) if isinstance(a, _Act)]
+        prms = [a for a in _flat(args) if isinstance(a, _Param)]
+        if not acts and not prms:
+            return _Const(tuple(out_val.shape) if isinstance(out_val, torch.Tensor) else ())
+        if t in _VIEW_OPS:
+            return self.view(node, args[0], out_val)
+        if t in _SPLIT_OPS:
+            return self.split(node, args[0], out_val)
+        if t in _LINEAR_OPS:
+            return self.matmul(node, args)
+        if t in _ATTENTION_OPS:
+            return self.attention(node, args)
+        if t is aten.embedding.default:
+            return self.embedding(node, args)
+        if t in _NORM_OPS:
+            return self.norm(node, args, acts, prms)
+        if t in _BATCHNORM_OPS:
+            return self.batchnorm(node, args, acts, prms)
+        if t in _CONV_OPS:
+            return self.conv(node, args)
+        if t in _POOL_OPS:
+            return self.pool(node, acts[0], out_val)
+        if t in _SOFTMAX_OPS:
+            return self.softmax(node, acts[0], args[1], out_val)
+        if t in _REDUCE_OPS:
+            return self.reduce(node, acts[0], args, out_val)
+        if t in _LOSS_OPS:
+            return self.loss(node, acts, out_val)
+        if t is aten.cat.default:
+            return self.cat(node, args, out_val)
+        return self.elementwise(node, acts, prms, out_val)
+
+    # -- op builders ----------------------------------------------------------------------
+    def emit(self, node: torch.fx.Node, kind: str, inputs: list[_Act], out_shape: tuple[int, ...],
+             out_labels: list[int], out_dtype: str, params: list[_Param], splittable: list[int],
+             flops: float, saves: str) -> _Act:
+        name = self.b.op_name(self.module_of(node), _short(node.target))
+        seen_split: list[int] = []
+        for s in splittable:
+            r = self.b.labels.find(s)
+            if r not in seen_split:
+                seen_split.append(r)
+        self.b.ops.append(dict(
+            name=name, kind=kind, target=str(node.target), module=self.module_of(node),
+            inputs=[(a.source, a.shape, list(a.labels), a.dtype) for a in inputs],
+            output=(out_shape, list(out_labels), out_dtype),
+            params=[(p.name, p.shape, list(p.labels), p.dtype) for p in params],
+            splittable=seen_split, flops=float(flops), saves=saves,
+        ))
+        return _Act(name, out_shape, out_labels, out_dtype)
+
+    def view(self, node: torch.fx.Node, src: object, out_val: torch.Tensor) -> object:
+        L = self.b.labels
+        out_shape = tuple(out_val.shape)
+        if isinstance(src, _Const):
+            return _Const(out_shape)
+        assert isinstance(src, (_Act, _Param))
+        t = node.target
+        tag = f"{node.name}"
+        if t in (aten.permute.default,):
+            perm = [d % len(src.shape) for d in node.args[1]]
+            labels = [src.labels[d] for d in perm]
+        elif t is aten.transpose.int:
+            d0, d1 = (node.args[1] % len(src.shape)), (node.args[2] % len(src.shape))
+            labels = list(src.labels)
+            labels[d0], labels[d1] = labels[d1], labels[d0]
+        elif t is aten.t.default:
+            labels = list(reversed(src.labels))
+        elif t in (aten.slice.Tensor,):
+            labels = list(src.labels)
+            d = (node.args[1] if len(node.args) > 1 else 0) % len(src.shape)
+            if out_shape[d] != src.shape[d]:
+                labels[d] = L.new(f"{tag}/slice")
+        elif t is aten.select.int:
+            d = node.args[1] % len(src.shape)
+            labels = [lab for k, lab in enumerate(src.labels) if k != d]
+        elif t in (aten.expand.default, aten.expand_as.default):
+            pad = len(out_shape) - len(src.shape)
+            labels = [L.new(f"{tag}/x{k}") for k in range(pad)]
+            for k, lab in enumerate(src.labels):
+                same = src.shape[k] == out_shape[pad + k]
+                labels.append(lab if same else L.new(f"{tag}/x{pad + k}"))
+        elif t is aten.repeat_interleave.self_int:
+            labels = list(src.labels)  # repeats within each shard of the outer dim keep it sharded
+        elif t in (aten.contiguous.default, aten.clone.default, aten.alias.default, aten.detach.default,
+                   aten.lift_fresh_copy.default):
+            labels = list(src.labels)
+        else:
+            labels = _view_labels(L, src.shape, src.labels, out_shape, tag)
+        if isinstance(src, _Param):
+            return _Param(src.name, out_shape, labels, src.dtype)
+        return _Act(src.source, out_shape, labels, src.dtype)
+
+    def split(self, node: torch.fx.Node, src: object, out_val: object) -> object:
+        outs = list(out_val)  # type: ignore[arg-type]
+        if isinstance(src, _Const):
+            return _Multi([_Const(tuple(o.shape)) for o in outs])
+        assert isinstance(src, (_Act, _Param))
+        t = node.target
+        items: list[object] = []
+        if t is aten.unbind.int:
+            d = (node.args[1] if len(node.args) > 1 else 0) % len(src.shape)
+            for o in outs:
+                labels = [lab for k, lab in enumerate(src.labels) if k != d]
+                items.append(_Act(src.source, tuple(o.shape), labels, src.dtype) if isinstance(src, _Act)
+                             else _Param(src.name, tuple(o.shape), labels, src.dtype))
+            return _Multi(items)
+        d = (node.args[2] if len(node.args) > 2 else 0) % len(src.shape)
+        for k, o in enumerate(outs):
+            labels = list(src.labels)
+            labels[d] = self.b.labels.new(f"{node.name}/part{k}")
+            items.append(_Act(src.source, tuple(o.shape), labels, src.dtype) if isinstance(src, _Act)
+                         else _Param(src.name, tuple(o.shape), labels, src.dtype))
+        return _Multi(items)
+
+    def matmul(self, node: torch.fx.Node, args: list[object]) -> object:
+        L = self.b.labels
+        t = node.target
+        bias = None
+        if t is aten.linear.default:
+            a, w = args[0], args[1]
+            bias = args[2] if len(args) > 2 else None
+            # linear(x, W) = x @ W^T
+            assert isinstance(w, (_Param, _Act))
+            b_shape = tuple(reversed(w.shape))
+            b_labels = list(reversed(w.labels))
+        elif t is aten.addmm.default:
+            bias, a, wb = args[0], args[1], args[2]
+            assert isinstance(wb, (_Param, _Act))
+            b_shape, b_labels, w = wb.shape, list(wb.labels), wb
+        else:
+            a, w = args[0], args[1]
+            assert isinstance(w, (_Param, _Act))
+            b_shape, b_labels = w.shape, list(w.labels)
+        if not isinstance(a, _Act):
+            if isinstance(w, _Act):  # param @ activation: unusual; treat as opaque
+                return self.elementwise(node, [w], [p for p in (a,) if isinstance(p, _Param)], node.meta["val"])
+            return _Const(tuple(node.meta["val"].shape))
+        out_val = node.meta["val"]
+        k_label = L.union(a.labels[-1], b_labels[-2] if len(b_shape) >= 2 else b_labels[-1])
+        n_label = b_labels[-1] if len(b_shape) >= 2 else None
+        out_shape = tuple(out_val.shape)
+        lead = list(a.labels[:-1])
+        # broadcast batch dims of a batched matmul between activations
+        if isinstance(w, _Act) and len(b_shape) > 2:
+            for k in range(1, min(len(a.shape), len(b_shape)) - 1):
+                if a.shape[-1 - k] == b_shape[-1 - k] and k >= 1 and len(a.shape) - 1 - k >= 0:
+                    pass
+            nb = len(b_shape) - 2
+            for k in range(nb):
+                ai = len(a.shape) - 2 - nb + k
+                if ai >= 0 and a.shape[ai] == b_shape[k]:
+                    L.union(a.labels[ai], b_labels[k])
+        out_labels = lead + ([n_label] if n_label is not None else [])
+        out_labels = out_labels[-len(out_shape):] if out_shape else []
+        k_size = a.shape[-1]
+        flops = 2.0 * math.prod(out_shape) * k_size
+        params: list[_Param] = []
+        inputs = [a]
+        if isinstance(w, _Param):
+            params.append(self._param(w))
+        else:
+            inputs.append(w)
+        if isinstance(bias, _Param):
+            bl = list(bias.labels)
+            if n_label is not None and bias.shape and bias.shape[-1] == out_shape[-1]:
+                bl[-1] = L.union(bl[-1], n_label)
+            params.append(self._param(_Param(bias.name, bias.shape, bl, bias.dtype)))
+        kind = "linear" if isinstance(w, _Param) else "matmul"
+        # splittable: the outermost (batch) dim, the output features (column) and the reduction (row)
+        split = [a.labels[0]] if len(a.shape) >= 2 else []
+        if kind == "matmul" and len(a.shape) >= 3:
+            split += [a.labels[1]]  # heads of a batched attention matmul
+        if n_label is not None:
+            split.append(n_label)
+        split.append(k_label)
+        return self.emit(node, kind, inputs, out_shape, out_labels, _dtype(out_val), params, split, flops,
+                         "inputs")
+
+    def _param(self, p: _Param) -> _Param:
+        return p
+
+    def attention(self, node: torch.fx.Node, args: list[object]) -> object:
+        L = self.b.labels
+        q, k, v = args[0], args[1], args[2]
+        out_val = node.meta["val"]
+        acts = [x for x in (q, k, v) if isinstance(x, _Act)]
+        assert isinstance(q, _Act) and isinstance(k, _Act) and isinstance(v, _Act)
+        L.union(q.labels[0], k.labels[0]); L.union(q.labels[0], v.labels[0])
+        if q.shape[1] == k.shape[1]:
+            L.union(q.labels[1], k.labels[1])
+        if k.shape[1] == v.shape[1]:
+            L.union(k.labels[1], v.labels[1])
+        L.union(q.labels[-1], k.labels[-1])
+        L.union(k.labels[-2], v.labels[-2])
+        is_causal = bool(node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False))
+        b, h, s, d = q.shape[0], q.shape[1], q.shape[-2], q.shape[-1]
+        sk, dv = k.shape[-2], v.shape[-1]
+        flops = 2.0 * b * h * s * sk * (d + dv) * (0.5 if is_causal else 1.0)
+        out_labels = list(q.labels[:-1]) + [v.labels[-1]]
+        return self.emit(node, "attention", acts, tuple(out_val.shape), out_labels, _dtype(out_val), [],
+                         [q.labels[0], q.labels[1]], flops, "attention")
+
+    def embedding(self, node: torch.fx.Node, args: list[object]) -> object:
+        w, ids = args[0], args[1]
+        out_val = node.meta["val"]
+        assert isinstance(w, _Param)
+        if isinstance(ids, _Act):
+            out_labels = list(ids.labels) + [w.labels[1]]
+            inputs = [ids]
+            split = [ids.labels[0], w.labels[1], w.labels[0]]
+        else:  # positions from arange: a lookup of constant rows
+            out_labels = [self.b.labels.new(f"{node.name}/d{d}") for d in range(out_val.dim() - 1)] + [w.labels[1]]
+            inputs = []
+            split = [w.labels[1]]
+        return self.emit(node, "embedding", inputs, tuple(out_val.shape), out_labels, _dtype(out_val), [w],
+                         split, 0.0, "none")
+
+    def norm(self, node: torch.fx.Node, args: list[object], acts: list[_Act], prms: list[_Param]) -> object:
+        L = self.b.labels
+        x = acts[0]
+        out_val = node.meta["val"]
+        if isinstance(out_val, (tuple, list)):
+            out_val = out_val[0]
+        t = node.target
+        if t is aten.group_norm.default:
+            nd = len(x.shape) - 1
+        else:
+            nd = len(args[1]) if isinstance(args[1], (list, tuple)) else 1
+        for p in prms:
+            for k in range(len(p.shape)):
+                L.union(p.labels[-1 - k], x.labels[-1 - k])
+        split = x.labels[: len(x.shape) - nd]
+        res = self.emit(node, "norm", [x], tuple(out_val.shape), list(x.labels), _dtype(out_val), prms, split,
+                        8.0 * math.prod(x.shape), "inputs")
+        if t is aten.native_layer_norm.default:
+            return _Multi([res, _Const(()), _Const(())])
+        return res
+
+    def batchnorm(self, node: torch.fx.Node, args: list[object], acts: list[_Act], prms: list[_Param]) -> object:
+        L = self.b.labels
+        x = acts[0]
+        out_val = node.meta["val"]
+        out0 = out_val[0] if isinstance(out_val, (tuple, list)) else out_val
+        for p in prms:
+            L.union(p.labels[0], x.labels[1])
+        res = self.emit(node, "norm", [x], tuple(out0.shape), list(x.labels), _dtype(out0), prms,
+                        [x.labels[0], x.labels[1]], 8.0 * math.prod(x.shape), "inputs")
+        if isinstance(out_val, (tuple, list)):
+            return _Multi([res] + [_Const(()) for _ in out_val[1:]])
+        return res
+
+    def conv(self, node: torch.fx.Node, args: list[object]) -> object:
+        L = self.b.labels
+        x, w = args[0], args[1]
+        bias = args[2] if len(args) > 2 else None
+        out_val = node.meta["val"]
+        assert isinstance(x, _Act) and isinstance(w, _Param)
+        groups = node.args[8] if node.target is aten.convolution.default and len(node.args) > 8 else (
+            node.args[6] if len(node.args) > 6 else 1)
+        if groups == 1:
+            L.union(x.labels[1], w.labels[1])
+        out_shape = tuple(out_val.shape)
+        out_labels = [x.labels[0], w.labels[0]] + [L.new(f"{node.name}/sp{d}") for d in range(len(out_shape) - 2)]
+        params = [w]
+        if isinstance(bias, _Param):
+            L.union(bias.labels[0], w.labels[0])
+            params.append(bias)
+        flops = 2.0 * math.prod(out_shape) * math.prod(w.shape[1:])
+        split = [x.labels[0], w.labels[0]] + ([x.labels[1]] if groups == 1 else [])
+        return self.emit(node, "conv", [x], out_shape, out_labels, _dtype(out_val), params, split, flops, "inputs")
+
+    def pool(self, node: torch.fx.Node, x: _Act, out_val: object) -> object:
+        out0 = out_val[0] if isinstance(out_val, (tuple, list)) else out_val
+        out_shape = tuple(out0.shape)
+        labels = list(x.labels[:2]) + [self.b.labels.new(f"{node.name}/sp{d}") for d in range(len(out_shape) - 2)]
+        res = self.emit(node, "pool", [x], out_shape, labels, _dtype(out0), [], list(x.labels[:2]),
+                        float(math.prod(x.shape)), "inputs")
+        if isinstance(out_val, (tuple, list)):
+            return _Multi([res, _Const(())])
+        return res
+
+    def softmax(self, node: torch.fx.Node, x: _Act, dim: int, out_val: torch.Tensor) -> object:
+        d = dim % len(x.shape)
+        split = [lab for k, lab in enumerate(x.labels) if k != d and x.shape[k] > 1]
+        return self.emit(node, "softmax", [x], tuple(out_val.shape), list(x.labels), _dtype(out_val), [], split,
+                         5.0 * math.prod(x.shape), "output")
+
+    def reduce(self, node: torch.fx.Node, x: _Act, args: list[object], out_val: torch.Tensor) -> object:
+        out_shape = tuple(out_val.shape)
+        dims = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else list(range(len(x.shape)))
+        dims = {d % len(x.shape) for d in dims} if len(x.shape) else set()
+        keep = len(out_shape) == len(x.shape)
+        labels = []
+        for k, lab in enumerate(x.labels):
+            if k in dims:
+                if keep:
+                    labels.append(self.b.labels.new(f"{node.name}/r{k}"))
+            else:
+                labels.append(lab)
+        split = [lab for k, lab in enumerate(x.labels) if x.shape[k] > 1]
+        return self.emit(node, "reduce", [x], out_shape, labels, _dtype(out_val), [], split,
+                         float(math.prod(x.shape)), "none")
+
+    def loss(self, node: torch.fx.Node, acts: list[_Act], out_val: torch.Tensor) -> object:
+        x = acts[0]
+        for other in acts[1:]:
+            if other.shape and x.shape and other.shape[0] == x.shape[0]:
+                self.b.labels.union(other.labels[0], x.labels[0])
+        return self.emit(node, "loss", acts, tuple(out_val.shape), [], _dtype(out_val), [], [x.labels[0]],
+                         6.0 * math.prod(x.shape), "output")
+
+    def cat(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> object:
+        L = self.b.labels
+        parts = [p for p in args[0] if isinstance(p, (_Act, _Param))]
+        d = (node.args[1] if len(node.args) > 1 else 0) % out_val.dim()
+        out_shape = tuple(out_val.shape)
+        labels = [L.new(f"{node.name}/d{k}") for k in range(len(out_shape))]
+        for p in parts:
+            for k in range(len(out_shape)):
+                if k != d and p.shape[k] == out_shape[k]:
+                    labels[k] = L.union(labels[k], p.labels[k])
+        acts = [p for p in parts if isinstance(p, _Act)]
+        prms = [p for p in parts if isinstance(p, _Param)]
+        split = [lab for k, lab in enumerate(labels) if k != d and out_shape[k] > 1]
+        return self.emit(node, "elementwise", acts, out_shape, labels, _dtype(out_val), prms, split,
+                         0.0, "none")
+
+    def elementwise(self, node: torch.fx.Node, acts: list[_Act], prms: list[_Param], out_val: object) -> object:
+        L = self.b.labels
+        multi = isinstance(out_val, (tuple, list))
+        out0 = out_val[0] if multi else out_val
+        if not isinstance(out0, torch.Tensor):
+            return _Const(())
+        out_shape = tuple(out0.shape)
+        nd = len(out_shape)
+        labels: list[int | None] = [None] * nd
+        broadcast_ok = all(len(a.shape) <= nd for a in (*acts, *prms))
+        if broadcast_ok:
+            for a in (*acts, *prms):
+                pad = nd - len(a.shape)
+                for k, size in enumerate(a.shape):
+                    if size == out_shape[pad + k] and size != 1:
+                        cur = labels[pad + k]
+                        labels[pad + k] = a.labels[k] if cur is None else L.union(cur, a.labels[k])
+        final = [lab if lab is not None else L.new(f"{node.name}/d{k}") for k, lab in enumerate(labels)]
+        short = _short(node.target)
+        if broadcast_ok and acts:
+            kind = "elementwise"
+            split = [lab for k, lab in enumerate(final) if out_shape[k] > 1]
+        else:
+            kind = "opaque"
+            split = [acts[0].labels[0]] if acts and acts[0].shape and final and acts[0].shape[0] == out_shape[0] else []
+            if split:
+                L.union(split[0], final[0])
+        if short in _DROPOUT:
+            saves = "mask"
+        elif short in _SAVES_OUTPUT:
+            saves = "output"
+        elif short in _SAVES_NOTHING or len(acts) == 0:
+            saves = "none"
+        else:
+            saves = "inputs"
+        res = self.emit(node, kind, acts, out_shape, final, _dtype(out0), prms, split,
+                        float(math.prod(out_shape)), saves)
+        if multi:
+            return _Multi([res] + [_Const(()) for _ in list(out_val)[1:]])  # type: ignore[arg-type]
+        return res
+
+    # -- finishing ------------------------------------------------------------------------
+    def graph(self, name: str, meta: dict) -> OpGraph:
+        L = self.b.labels
+        ops: list[Op] = []
+        owned: set[str] = set()
+        for o in self.b.ops:
+            params = []
+            for (pname, shape, labels, dtype) in o["params"]:
+                params.append(ParamRef(name=pname, shape=shape, dims=tuple(L.name(x) for x in labels), dtype=dtype,
+                                       owner=pname not in owned))
+                owned.add(pname)
+            inputs = tuple(TensorRef(source=src, shape=shape, dims=tuple(L.name(x) for x in labels), dtype=dtype)
+                           for (src, shape, labels, dtype) in o["inputs"])
+            oshape, olabels, odtype = o["output"]
+            split = []
+            for s in o["splittable"]:
+                nm = L.name(s)
+                if nm not in split:
+                    split.append(nm)
+            op = dict(name=o["name"], kind=o["kind"], target=o["target"], module=o["module"], inputs=inputs,
+                      output=TensorRef(source=None, shape=oshape, dims=tuple(L.name(x) for x in olabels), dtype=odtype),
+                      params=tuple(params), flops=o["flops"], saves=o["saves"])
+            op["splittable"] = tuple(s for s in split if _label_size(op, s) > 1)
+            ops.append(op)
+        # Pointwise ops may shard only dimensions that the graph's inputs or some compute op
+        # (matmul, attention, embedding, conv, pool) shard: splitting a head_dim half or a
+        # broadcast helper dim that nothing else splits only adds gathers, and it would multiply
+        # the configuration space of every rotary-embedding op.
+        meaningful = set(self.global_labels_named())
+        for op in ops:
+            if op["kind"] in _COMPUTE_KINDS:
+                meaningful.update(op["splittable"])
+        for op in ops:
+            if op["kind"] not in _COMPUTE_KINDS:
+                op["splittable"] = tuple(s for s in op["splittable"] if s in meaningful)
+        return OpGraph(name=name, ops=tuple(Op(**op) for op in ops), meta=meta)
+
+    def global_labels_named(self) -> list[str]:
+        return [self.b.labels.name(x) for x in self.global_labels.values()]
+
+
+def _label_size(op: dict, label: str) -> int:
+    sizes = []
+    for t in (*op["inputs"], op["output"], *op["params"]):
+        for d, s in zip(t.dims, t.shape):
+            if d == label:
+                sizes.append(s)
+    return min(sizes) if sizes else 1
+
+
+def _flat(args: list[object]) -> list[object]:
+    out: list[object] = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            out.extend(_flat(list(a)))
+        else:
+            out.append(a)
+    return out
+
+
+import operator as _operator  # noqa: E402
+
+_getitem = _operator.getitem
+
+
+# ---- public entry points -----------------------------------------------------------------------
+def capture_module(module: nn.Module, example_args: tuple[torch.Tensor, ...], name: str = "model",
+                   input_labels: list[list[str]] | None = None, meta: dict | None = None) -> OpGraph:
+    """Export `module` (on meta) and translate it. `input_labels` names the dims of each input,
+    e.g. [["batch", "seq"], ["batch", "seq"]] for token ids and targets."""
+    try:
+        ep = torch.export.export(module, example_args, strict=False)
+    except Exception as e:  # noqa: BLE001 - export errors are many and varied
+        raise InputError(f"cannot capture {name}: torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    cap = _Capture(ep, input_labels or [])
+    cap.run()
+    return cap.graph(name, meta or {})
+
+
+def _get_attr(root: nn.Module, dotted: str) -> nn.Module:
+    mod = root
+    for part in dotted.split("."):
+        mod = getattr(mod, part)
+    return mod
+
+
+def _set_attr(root: nn.Module, dotted: str, value: nn.Module) -> None:
+    parent, _, last = dotted.rpartition(".")
+    setattr(_get_attr(root, parent) if parent else root, last, value)
+
+
+def capture_with_blocks(module: nn.Module, example_args: tuple[torch.Tensor, ...], blocks_attr: str | None,
+                        name: str = "model", input_labels: list[list[str]] | None = None,
+                        meta: dict | None = None) -> OpGraph:
+    """Capture a model whose `blocks_attr` ModuleList holds identical layers: export two layers,
+    verify the second is a copy of the first, replicate it. Falls back to a full export when the
+    layers are not identical or are wired in a way the replication cannot express."""
+    if not blocks_attr:
+        return capture_module(module, example_args, name, input_labels, meta)
+    blocks = _get_attr(module, blocks_attr)
+    n = len(blocks)
+    if n <= 2 or not _identical_layers(blocks):
+        g = capture_module(module, example_args, name, input_labels, meta)
+        return _annotate_blocks(g, blocks_attr, n) if n >= 2 else g
+    _set_attr(module, blocks_attr, nn.ModuleList([blocks[0], blocks[1]]))
+    try:
+        g2 = capture_module(module, example_args, name, input_labels, meta)
+    finally:
+        _set_attr(module, blocks_attr, blocks)
+    full = _replicate(g2, blocks_attr, n)
+    if full is None:
+        g = capture_module(module, example_args, name, input_labels, meta)
+        return _annotate_blocks(g, blocks_attr, n)
+    # tied/shared params are counted from the real module, not from the two-layer export
+    return full
+
+
+def _identical_layers(blocks: nn.ModuleList) -> bool:
+    def sig(m: nn.Module) -> tuple:
+        return (type(m).__name__, tuple((k, tuple(p.shape)) for k, p in m.named_parameters()),
+                tuple(type(c).__name__ for c in m.modules()))
+    first = sig(blocks[0])
+    return all(sig(b) == first for b in blocks)
+
+
+def _layer_of(opname: str, module: str, prefix: str) -> int | None:
+    m = re.match(re.escape(prefix) + r"\.(\d+)(?:[.:#]|$)", module or opname)
+    return int(m.group(1)) if m else None
+
+
+def _annotate_blocks(g: OpGraph, prefix: str, n: int) -> OpGraph:
+    layers: list[list[str]] = [[] for _ in range(n)]
+    for op in g.ops:
+        i = _layer_of(op.name, op.module, prefix)
+        if i is not None and i < n:
+            layers[i].append(op.name)
+    if any(len(layer) != len(layers[0]) or not layer for layer in layers):
+        return g
+    return g.model_copy(update={"blocks": (BlockInfo(prefix=prefix, layers=tuple(tuple(x) for x in layers)),)})
+
+
+def _renamer(prefix: str, src: int, dst: int):
+    pat = re.compile(r"(^|(?<=[/:]))" + re.escape(f"{prefix}.{src}") + r"(?=[.:/#]|$)")
+    return lambda s: pat.sub(f"{prefix}.{dst}", s)
+
+
+def _replicate(g2: OpGraph, prefix: str, n: int) -> OpGraph | None:
+    ops = list(g2.ops)
+    idx = [_layer_of(op.name, op.module, prefix) for op in ops]
+    l0 = [op for op, i in zip(ops, idx) if i == 0]
+    l1 = [op for op, i in zip(ops, idx) if i == 1]
+    if not l0 or len(l0) != len(l1):
+        return None
+    first1 = min(k for k, i in enumerate(idx) if i == 1)
+    last1 = max(k for k, i in enumerate(idx) if i == 1)
+    if any(i not in (1,) for i in idx[first1:last1 + 1]):
+        return None
+    l0_names = {op.name for op in l0}
+    l1_names = {op.name for op in l1}
+    out0 = l0[-1].name
+    # layer 1 may read only its own ops, layer 0's last op, graph inputs and non-layer ops before layer 0
+    for op in l1:
+        for t in op.inputs:
+            if t.source in l0_names and t.source != out0:
+                return None
+    ren = _renamer(prefix, 0, 1)
+    for a, b in zip(l0, l1):  # structural identity of the two exported layers
+        if (a.kind, a.flops, a.output.shape, tuple(p.shape for p in a.params),
+                tuple(t.shape for t in a.inputs)) != (b.kind, b.flops, b.output.shape,
+                                                      tuple(p.shape for p in b.params), tuple(t.shape for t in b.inputs)):
+            return None
+        if ren(a.name) != b.name:
+            return None
+    post = ops[last1 + 1:]
+    pre = ops[:first1]
+    out1 = l1[-1].name
+    for op in post:
+        for t in op.inputs:
+            if t.source in l1_names and t.source != out1:
+                return None
+            if t.source in l0_names:
+                return None
+    new_ops: list[Op] = [op for op in pre]
+    layers: list[tuple[str, ...]] = [tuple(op.name for op in l0), tuple(op.name for op in l1)]
+    new_ops += l1
+    prev_out = out1
+    for i in range(2, n):
+        r = _renamer(prefix, 1, i)
+        layer_ops = []
+        for op in l1:
+            layer_ops.append(_rename_op(op, r, {out0: prev_out}))
+        new_ops += layer_ops
+        layers.append(tuple(op.name for op in layer_ops))
+        prev_out = layer_ops[-1].name
+    rl = _renamer(prefix, 1, n - 1)
+    for op in post:
+        new_ops.append(_rename_op(op, rl, {}))
+    meta = dict(g2.meta)
+    return OpGraph(name=g2.name, ops=tuple(new_ops), meta=meta,
+                   blocks=(BlockInfo(prefix=prefix, layers=tuple(layers)),))
+
+
+def _rename_op(op: Op, r, source_map: dict[str, str]) -> Op:
+    def tref(t: TensorRef) -> TensorRef:
+        src = source_map.get(t.source, r(t.source)) if t.source is not None else None
+        return TensorRef(source=src, shape=t.shape, dims=tuple(r(d) for d in t.dims), dtype=t.dtype)
+
+    return Op(name=r(op.name), kind=op.kind, target=op.target, module=r(op.module),
+              inputs=tuple(tref(t) for t in op.inputs), output=tref(op.output),
+              params=tuple(ParamRef(name=r(p.name), shape=p.shape, dims=tuple(r(d) for d in p.dims), dtype=p.dtype,
+                                    owner=p.owner) for p in op.params),
+              splittable=tuple(r(s) for s in op.splittable), flops=op.flops, saves=op.saves)
+
+
+_INPUT_LABELS = {
+    "lm": [["batch", "seq"], ["batch", "seq"]],
+    "mlm": [["batch", "seq"], ["batch", "seq"]],
+    "vision": [["batch", "channels", "height", "width"], ["batch"]],
+}
+
+
+def capture_model(spec: "ModelSpec", batch: int, seq_len: int | None = None) -> OpGraph:  # noqa: F821
+    """Build a zoo (or HF-config) model on the meta device and capture its training graph for
+    one iteration's global batch."""
+    if batch < 1:
+        raise InputError(f"global batch must be >= 1, got {batch}")
+    seq = seq_len if seq_len is not None else spec.default_seq_len
+    with torch.device("meta"):
+        module = spec.build()
+    args = spec.example_inputs(batch, seq, device="meta")
+    meta = {"model": spec.name, "global_batch": batch, "params": spec.param_count()}
+    if seq is not None and spec.kind != "vision":
+        meta["seq_len"] = seq
+    return capture_with_blocks(module, args, spec.blocks_attr, name=spec.name,
+                               input_labels=_INPUT_LABELS.get(spec.kind, []), meta=meta)

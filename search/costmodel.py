@@ -1,0 +1,274 @@
+"""Cost model (DESIGN.md section 4): time and memory per op configuration and per edge.
+
+Both objectives are sums over ops and edges, which is what makes frontier tracking exact:
+- an op in configuration c costs its compute (forward + backward, roofline from the device
+  catalog: max of FLOPs / peak and bytes / memory bandwidth; backward = 2x forward), the
+  all-reduce of its parameters' gradients over every axis that splits a dimension the parameter
+  does not carry (data parallelism), and its optimizer step; its memory is its share of
+  parameters, gradients and optimizer state plus the activations autograd keeps for backward;
+- an edge (u -> v) costs the collectives that turn u's output placement into v's input
+  placement in the forward pass and v's input-gradient placement back into what u needs in the
+  backward pass, and the memory of the redistributed copy when v keeps its input for backward.
+The transient workspace is a per-mesh constant (the largest op output under its leanest
+configuration, with its gradient), so it shifts the whole frontier and keeps it exact.
+
+Collectives are priced alpha-beta: time = alpha + beta * bytes, with alpha and beta from the
+cluster's links (or, later, from a measured DeviceProfile).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from search.cluster import Cluster
+from search.graph import Op, OpGraph, TensorRef
+from search.mesh import (
+    Config,
+    Mesh,
+    input_grad_placement,
+    input_placement,
+    op_configs,
+    output_grad_placement,
+    output_placement,
+    param_placement,
+    shard_factor,
+)
+
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
+class TrainingJob(BaseModel):
+    """What is trained: batch per iteration, sequence length and numeric precision."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    global_batch: int = Field(gt=0)
+    seq_len: int | None = Field(default=None, gt=0)
+    precision: Precision = "bf16"
+
+
+@dataclass(frozen=True)
+class Bytes:
+    """Bytes per element of each kind of state under a precision (Adam optimizer)."""
+
+    activation: int
+    param: int
+    grad: int
+    optimizer: int  # Adam's two fp32 moments, plus fp32 master weights under mixed precision
+    compute_dtype: str
+
+
+PRECISION_BYTES: dict[str, Bytes] = {
+    "fp32": Bytes(activation=4, param=4, grad=4, optimizer=8, compute_dtype="fp32"),
+    "bf16": Bytes(activation=2, param=2, grad=2, optimizer=12, compute_dtype="bf16"),
+    "fp16": Bytes(activation=2, param=2, grad=2, optimizer=12, compute_dtype="fp16"),
+}
+
+# Collective kinds, indices into the coefficient tables below.
+NONE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL = range(5)
+COLLECTIVE_NAMES = ("none", "all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+
+
+def forward_collective(src: str, dst: str) -> int:
+    """Which collective turns a tensor in placement `src` into `dst` on one axis."""
+    if src == dst:
+        return NONE
+    if dst == "R":
+        return ALL_REDUCE if src == "P" else ALL_GATHER
+    if dst == "P":
+        return NONE  # R -> P is a local zeroing; S -> P never arises from the rules in mesh.py
+    # dst is a shard
+    if src == "R":
+        return NONE  # local slice
+    if src == "P":
+        return REDUCE_SCATTER
+    return ALL_TO_ALL
+
+
+@dataclass
+class OpCosts:
+    configs: list[Config]
+    time: np.ndarray          # [C] seconds per iteration
+    mem: np.ndarray           # [C] bytes per device
+    parts: np.ndarray         # [C, 4] params, grads, optimizer, activations
+    comm: np.ndarray          # [C, n_axes] bytes communicated per device per axis
+    estimated: bool = True    # priced from the roofline, not a measured profile
+
+
+@dataclass
+class EdgeCosts:
+    src: str
+    dst: str
+    time: np.ndarray          # [Cu, Cv]
+    mem: np.ndarray           # [Cu, Cv] activation bytes
+    comm: np.ndarray          # [Cu, Cv, n_axes]
+
+
+class CostModel:
+    """Prices ops and edges of one graph for one cluster and job, on any mesh."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, job: TrainingJob) -> None:
+        self.graph = graph
+        self.cluster = cluster
+        self.job = job
+        self.bytes = PRECISION_BYTES[job.precision]
+        self.peak = cluster.device.peak(self.bytes.compute_dtype)
+        self.mem_bw = cluster.device.memory_bandwidth
+        consumers = graph.consumers()
+        self._output_saved = {
+            op.name: op.saves in ("output", "attention")
+            or any(graph.op(c).saves in ("inputs", "attention") for c, _ in consumers[op.name])
+            for op in graph.ops
+        }
+
+    # ---- element sizes ----------------------------------------------------------------------
+    def esize(self, t: TensorRef) -> int:
+        if t.dtype.startswith(("int", "uint", "bool", "long")):
+            return 8 if t.dtype in ("int64", "long") else (1 if t.dtype == "bool" else 4)
+        return self.bytes.activation
+
+    # ---- collectives ------------------------------------------------------------------------
+    def link(self, mesh: Mesh, axis: int) -> tuple[float, float]:
+        ax = mesh.axes[axis]
+        return self.cluster.link(ax.size, ax.stride)
+
+    def collective_coefficients(self, mesh: Mesh, axis: int) -> tuple[np.ndarray, np.ndarray]:
+        """(alpha[kind], beta[kind]) on one axis; time = alpha + beta * bytes, where bytes is the
+        size of the tensor as if unsharded on this axis (all_to_all moves 1/n of it)."""
+        n = mesh.axes[axis].size
+        bw, lat = self.link(mesh, axis)
+        steps = math.ceil(math.log2(n)) if n > 1 else 0
+        frac = (n - 1) / n if n > 1 else 0.0
+        alpha = np.array([0.0, lat * steps, lat * steps, 2 * lat * steps, lat * steps])
+        beta = np.array([0.0, frac / bw, frac / bw, 2 * frac / bw, frac / n / bw])
+        return alpha, beta
+
+    def collective_time(self, mesh: Mesh, axis: int, kind: int, nbytes: float) -> float:
+        if kind == NONE or mesh.axes[axis].size == 1:
+            return 0.0
+        alpha, beta = self.collective_coefficients(mesh, axis)
+        return float(alpha[kind] + beta[kind] * nbytes)
+
+    # ---- ops --------------------------------------------------------------------------------
+    def op_costs(self, op: Op, mesh: Mesh) -> OpCosts:
+        cfgs = op_configs(op, mesh)
+        n_axes = len(mesh.axes)
+        C = len(cfgs)
+        time = np.zeros(C)
+        parts = np.zeros((C, 4))
+        comm = np.zeros((C, n_axes))
+        b = self.bytes
+        out_numel = op.output.numel
+        for ci, cfg in enumerate(cfgs):
+            shards = math.prod(ax.size for ax, lab in zip(mesh.axes, cfg) if lab is not None)
+            out_local = out_numel / shard_factor(output_placement(cfg, op), mesh)
+            in_locals = [t.numel / shard_factor(input_placement(cfg, t), mesh) for t in op.inputs]
+            moved = out_local * self.esize(op.output) + sum(n * self.esize(t) for n, t in zip(in_locals, op.inputs))
+            t_sync = 0.0
+            owned_local = 0.0
+            for p in op.params:
+                local = p.numel / shard_factor(param_placement(cfg, p.dims), mesh)
+                moved += local * b.param
+                if not p.owner:
+                    continue
+                owned_local += local
+                for ai, (ax, lab) in enumerate(zip(mesh.axes, cfg)):
+                    if lab is not None and lab not in p.dims:  # replicated weight, split data: sync grads
+                        nbytes = local * b.grad
+                        t_sync += self.collective_time(mesh, ai, ALL_REDUCE, nbytes)
+                        comm[ci, ai] += 2 * nbytes * (ax.size - 1) / ax.size
+            t_fwd = max(op.flops / shards / self.peak, moved / self.mem_bw)
+            t_opt = owned_local * 2 * (b.param + b.grad + b.optimizer) / self.mem_bw
+            time[ci] = 3.0 * t_fwd + t_sync + t_opt
+            parts[ci, 0] = owned_local * b.param
+            parts[ci, 1] = owned_local * b.grad
+            parts[ci, 2] = owned_local * b.optimizer
+            parts[ci, 3] = self._saved_bytes(op, cfg, mesh, out_local, in_locals)
+        return OpCosts(configs=cfgs, time=time, mem=parts.sum(axis=1), parts=parts, comm=comm)
+
+    def _saved_bytes(self, op: Op, cfg: Config, mesh: Mesh, out_local: float, in_locals: list[float]) -> float:
+        saved = 0.0
+        if self._output_saved[op.name]:
+            saved += out_local * self.esize(op.output)
+        if op.saves == "mask":
+            saved += out_local  # one byte per element
+        if op.saves == "attention":  # log-sum-exp per query row, fp32
+            saved += out_local / max(op.output.shape[-1], 1) * 4
+        if op.saves in ("inputs", "attention"):
+            # graph inputs have no producer to keep them; other inputs are kept by the producer
+            # (see _output_saved) or, when redistributed, on the edge
+            for n, t in zip(in_locals, op.inputs):
+                if t.source is None:
+                    saved += n * self.esize(t)
+        return saved
+
+    # ---- edges ------------------------------------------------------------------------------
+    def edge_costs(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config]) -> EdgeCosts:
+        """All tensors from `prod` read by `cons` (an op may read one tensor several times)."""
+        n_axes = len(mesh.axes)
+        Cu, Cv = len(prod_cfgs), len(cons_cfgs)
+        time = np.zeros((Cu, Cv))
+        mem = np.zeros((Cu, Cv))
+        comm = np.zeros((Cu, Cv, n_axes))
+        out_pl = [output_placement(c, prod) for c in prod_cfgs]
+        out_gpl = [output_grad_placement(c, prod) for c in prod_cfgs]
+        full_bytes = prod.output.numel * self.esize(prod.output)
+        keeps_input = cons.saves in ("inputs", "attention")
+        for t in cons.inputs:
+            if t.source != prod.name:
+                continue
+            in_pl = [input_placement(c, t) for c in cons_cfgs]
+            in_gpl = [input_grad_placement(c, t) for c in cons_cfgs]
+            changed = np.zeros((Cu, Cv), dtype=bool)
+            for a in range(n_axes):
+                if mesh.axes[a].size == 1:
+                    continue
+                alpha, beta = self.collective_coefficients(mesh, a)
+                # bytes of the tensor as seen by a collective on axis a: sharded by the other axes
+                other = np.array([full_bytes / math.prod(ax.size for b_, ax in enumerate(mesh.axes)
+                                                         if b_ != a and pl[b_].startswith("S:"))
+                                  for pl in out_pl])
+                fk = _kind_matrix([p[a] for p in out_pl], [p[a] for p in in_pl], forward=True)
+                bk = _kind_matrix([p[a] for p in out_gpl], [p[a] for p in in_gpl], forward=False)
+                n = mesh.axes[a].size
+                for kinds in (fk, bk):
+                    time += np.where(kinds != NONE, alpha[kinds] + beta[kinds] * other[:, None], 0.0)
+                    vol = np.select([kinds == ALL_REDUCE, kinds == ALL_TO_ALL, kinds != NONE],
+                                    [2.0 * (n - 1) / n, (n - 1) / n / n, (n - 1) / n], 0.0)
+                    comm[:, :, a] += vol * other[:, None]
+                changed |= fk != NONE
+            if keeps_input:
+                local_in = np.array([t.numel / shard_factor(p, mesh) * self.esize(t) for p in in_pl])
+                mem += np.where(changed, local_in[None, :], 0.0)
+        return EdgeCosts(src=prod.name, dst=cons.name, time=time, mem=mem, comm=comm)
+
+    # ---- constants ---------------------------------------------------------------------------
+    def buffers(self, mesh: Mesh) -> float:
+        """Transient workspace: the largest op output (and its gradient) under the op's leanest
+        configuration. Config-independent, so adding it keeps the frontier exact."""
+        worst = 0.0
+        for op in self.graph.ops:
+            cfgs = op_configs(op, mesh)
+            lean = min(op.output.numel / shard_factor(output_placement(c, op), mesh) for c in cfgs)
+            worst = max(worst, 2 * lean * self.esize(op.output))
+        return worst
+
+
+def _kind_matrix(src: list[str], dst: list[str], forward: bool) -> np.ndarray:
+    """[len(src), len(dst)] matrix of collective kinds; computed over distinct codes only."""
+    us, ui = np.unique(np.array(src, dtype=object), return_inverse=True)
+    vs, vi = np.unique(np.array(dst, dtype=object), return_inverse=True)
+    table = np.zeros((len(us), len(vs)), dtype=np.int64)
+    for i, s in enumerate(us):
+        for j, d in enumerate(vs):
+            if forward:
+                table[i, j] = forward_collective(s, d)
+            else:
+                # gradients flow dst -> src: the consumer's input gradient becomes what the
+                # producer needs for its output gradient
+                table[i, j] = forward_collective(d, s)
+    return table[ui][:, vi]

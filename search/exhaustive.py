@@ -1,0 +1,109 @@
+"""The exact reference: enumerate every assignment of configurations, price each with the same
+cost tables, keep the Pareto set. Exponential, so only for small graphs; FT must equal it.
+
+The strategy space is the same as FT's, including its one tie: with block reuse on, the output
+op of every layer of a recognised block stack takes the same configuration (ft.py, step 4).
+`evaluate` is also how a single Plan is re-costed, independently of FT's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import math
+import time as _time
+
+import numpy as np
+
+from search.cluster import Cluster
+from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
+from search.errors import InputError
+from search.frontier import pareto_mask
+from search.ft import FrontierPoint, MeshSolution, SearchResult, find_chain
+from search.frontier import Factor, Stats
+from search.graph import OpGraph
+from search.mesh import Mesh, mesh_candidates
+
+MAX_ASSIGNMENTS = 5_000_000
+
+
+def tables(graph: OpGraph, cm: CostModel, mesh: Mesh) -> tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts]]:
+    ops = {op.name: cm.op_costs(op, mesh) for op in graph.ops}
+    edges: dict[tuple[str, str], EdgeCosts] = {}
+    for op in graph.ops:
+        for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
+            edges[(src, op.name)] = cm.edge_costs(graph.op(src), op, mesh, ops[src].configs, ops[op.name].configs)
+    return ops, edges
+
+
+def evaluate(op_costs: dict[str, OpCosts], edge_costs: dict[tuple[str, str], EdgeCosts], buffers: float,
+             assignment: dict[str, np.ndarray | int]) -> dict[str, np.ndarray]:
+    """Time, memory and their parts for one or many assignments (arrays of config indices)."""
+    any_v = next(iter(assignment.values()))
+    n = np.size(any_v)
+    t = np.zeros(n)
+    parts = np.zeros((n, 4))
+    edge_mem = np.zeros(n)
+    n_axes = next(iter(op_costs.values())).comm.shape[1]
+    comm = np.zeros((n, n_axes))
+    for name, oc in op_costs.items():
+        c = np.asarray(assignment[name]).reshape(-1)
+        t += oc.time[c]
+        parts += oc.parts[c]
+        comm += oc.comm[c]
+    for (src, dst), ec in edge_costs.items():
+        cu = np.asarray(assignment[src]).reshape(-1)
+        cv = np.asarray(assignment[dst]).reshape(-1)
+        t += ec.time[cu, cv]
+        edge_mem += ec.mem[cu, cv]
+        comm += ec.comm[cu, cv]
+    parts[:, 3] += edge_mem
+    return {"time": t, "memory": parts.sum(axis=1) + buffers, "parts": parts, "buffers": np.full(n, buffers),
+            "comm": comm}
+
+
+def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh] | None = None,
+                      tie_blocks: bool = True, limit: int = MAX_ASSIGNMENTS) -> SearchResult:
+    start = _time.perf_counter()
+    cm = CostModel(graph, cluster, job)
+    meshes = meshes if meshes is not None else mesh_candidates(cluster)
+    chain = find_chain(graph) if tie_blocks else None
+    tied = {layer[-1]: chain.boundary for layer in chain.layers[1:]} if chain else {}
+    all_t, all_m, all_mesh, all_assign = [], [], [], []
+    solutions: list[MeshSolution] = []
+    for mi, mesh in enumerate(meshes):
+        ops, edges = tables(graph, cm, mesh)
+        free = [op.name for op in graph.ops if op.name not in tied]
+        dims = [len(ops[v].configs) for v in free]
+        total = math.prod(dims)
+        if total > limit:
+            raise InputError(f"--exhaustive would enumerate {total:.3g} assignments on mesh {mesh.describe()} "
+                             f"(limit {limit:.0e}); use it on small graphs only")
+        flat = np.unravel_index(np.arange(total), dims) if dims else ()
+        assign = {v: flat[i] for i, v in enumerate(free)}
+        for out, boundary in tied.items():
+            assign[out] = assign[boundary]
+        buffers = cm.buffers(mesh)
+        res = evaluate(ops, edges, buffers, assign)
+        keep = pareto_mask(np.zeros(total, dtype=np.int64), res["time"], res["memory"])
+        all_t.append(res["time"][keep])
+        all_m.append(res["memory"][keep])
+        all_mesh.append(np.full(len(keep), mi))
+        all_assign.append({v: a[keep] for v, a in assign.items()})
+        root = Factor(scope=(), keys=np.zeros((len(keep), 0), dtype=np.int32), t=res["time"][keep], m=res["memory"][keep])
+        solutions.append(MeshSolution(mesh=mesh, root=root, chain=chain, op_costs=ops, edge_costs=edges,
+                                      buffers=buffers, stats=Stats()))
+    t = np.concatenate(all_t)
+    m = np.concatenate(all_m)
+    which = np.concatenate(all_mesh)
+    offsets = np.cumsum([0] + [len(x) for x in all_t])
+    keep = pareto_mask(np.zeros(len(t), dtype=np.int64), t, m)
+    points = []
+    for g in keep:
+        mi = int(which[g])
+        j = int(g - offsets[mi])
+        points.append(FrontierPoint(time_s=float(t[g]), memory_bytes=float(m[g]), mesh_index=mi,
+                                    assignment={v: int(a[j]) for v, a in all_assign[mi].items()}))
+    points.sort(key=lambda p: p.time_s)
+    return SearchResult(graph=graph, cluster=cluster, job=job, solutions=solutions, points=points,
+                        search_seconds=_time.perf_counter() - start, eps=0.0,
+                        stats={"ops": len(graph.ops), "frontier": len(points), "exhaustive": True,
+                               "meshes": [m_.describe() for m_ in meshes]})

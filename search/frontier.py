@@ -1,0 +1,208 @@
+"""Pareto frontiers as numpy arrays, grouped by the configurations of the variables in scope.
+
+A `Factor` is a table of frontiers: for every assignment of configurations to the variables in
+its scope, the non-dominated (time, memory) points of some part of the graph. Points of all
+assignments live in flat arrays (`keys[i]` is the assignment of point i), so every operation is
+a handful of vectorised numpy calls, never a Python loop over points:
+- `join(a, b)`: Minkowski sum per matching assignment of the shared variables;
+- `reduce`: Pareto reduction per assignment (sort, then a segmented running minimum);
+- `eliminate_var`: drop a variable from the scope, keeping per remaining assignment the Pareto
+  set of the union over the dropped variable's configurations.
+Each point remembers which parent points made it, so the configuration of every op can be read
+back for any final point (`assignments`).
+
+Exactness and floats: sums taken in different orders differ in the last bits, so points whose
+times agree within `RTOL` are treated as one time and the lower memory wins, and a point is kept
+only if its memory is lower than every faster point's by more than `RTOL`. Without that, a
+2-point layer frontier summed over 96 layers grows to over a thousand "distinct" points instead
+of 97 (DESIGN.md section 5).
+
+Approximate mode (`eps > 0`): within each assignment, at most one point per cell of a fixed
+log-spaced grid of ratio (1 + eps) in both objectives survives a reduction; every dropped point
+is within a factor (1 + eps) in both objectives of a kept one, so after d reductions every exact
+point is within (1 + eps)^d of a point of the returned frontier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+RTOL = 1e-9
+
+
+@dataclass(eq=False)
+class Factor:
+    scope: tuple[str, ...]
+    keys: np.ndarray                      # [n, len(scope)] int configuration indices
+    t: np.ndarray                         # [n] seconds
+    m: np.ndarray                         # [n] bytes
+    parents: tuple[Factor, ...] = ()
+    parent_idx: tuple[np.ndarray, ...] = ()
+    # chains of identical layers (see ft.py): this factor covers `layers` consecutive layers
+    layers: int = 0
+    layer_leaf: bool = False              # the points below use the template layer's op names
+    note: str = ""
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+
+@dataclass
+class Stats:
+    joins: int = 0
+    pairs: int = 0
+    max_factor_points: int = 0
+    reductions: int = 0
+    sizes: list[int] = field(default_factory=list)
+
+
+def leaf(scope: tuple[str, ...], keys: np.ndarray, t: np.ndarray, m: np.ndarray, note: str = "") -> Factor:
+    return Factor(scope=scope, keys=np.asarray(keys, dtype=np.int32).reshape(len(t), len(scope)),
+                  t=np.asarray(t, dtype=np.float64), m=np.asarray(m, dtype=np.float64), note=note)
+
+
+def _group_ids(keys: np.ndarray, radix: np.ndarray) -> np.ndarray:
+    if keys.shape[1] == 0:
+        return np.zeros(keys.shape[0], dtype=np.int64)
+    return keys.astype(np.int64) @ radix
+
+
+def _radix(domain: list[int]) -> np.ndarray:
+    r = np.ones(len(domain), dtype=np.int64)
+    for i in range(len(domain) - 2, -1, -1):
+        r[i] = r[i + 1] * domain[i + 1]
+    return r
+
+
+def pareto_mask(group: np.ndarray, t: np.ndarray, m: np.ndarray, eps: float = 0.0) -> np.ndarray:
+    """Indices (sorted by group, then time) of the points that survive Pareto reduction within
+    their group."""
+    n = len(t)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if eps > 0.0:
+        # one point per log-spaced cell: keep the fastest (then leanest) of each cell
+        lg = np.log1p(eps)
+        tc = np.floor(np.log(np.maximum(t, 1e-300)) / lg).astype(np.int64)
+        mc = np.floor(np.log(np.maximum(m, 1e-300)) / lg).astype(np.int64)
+        o = np.lexsort((m, t, mc, tc, group))
+        first = np.ones(n, dtype=bool)
+        first[1:] = (group[o][1:] != group[o][:-1]) | (tc[o][1:] != tc[o][:-1]) | (mc[o][1:] != mc[o][:-1])
+        sub = o[first]
+        keep = pareto_mask(group[sub], t[sub], m[sub], 0.0)
+        return sub[keep]
+    # sort by (group, time): two argsorts beat one lexsort by several times here
+    o1 = np.argsort(t)  # ties in time are resolved by the clusters below, so no need for stable
+    if n and group.min() != group.max():
+        o1 = o1[np.argsort(group[o1], kind="stable")]
+    g1, t1, m1 = group[o1], t[o1], m[o1]
+    newg = np.ones(n, dtype=bool)
+    newg[1:] = g1[1:] != g1[:-1]
+    # clusters of times equal within RTOL: only the leanest point of a cluster can survive
+    newc = newg.copy()
+    newc[1:] |= t1[1:] > t1[:-1] * (1.0 + RTOL) + 1e-300
+    starts = np.flatnonzero(newc)
+    if len(starts) == n:
+        cand, cm, start = o1, m1, newg
+    else:
+        cmin = np.minimum.reduceat(m1, starts)
+        cl = np.cumsum(newc) - 1
+        at_min = np.flatnonzero(m1 == cmin[cl])
+        first = np.unique(cl[at_min], return_index=True)[1]
+        pos = at_min[first]
+        cand, cm, start = o1[pos], m1[pos], newg[starts]
+    k = len(cand)
+    gi = np.cumsum(start) - 1
+    # exclusive running minimum of memory within each group, on integer ranks (exact)
+    order = np.argsort(cm, kind="stable")
+    ranks = np.empty(k, dtype=np.int64)
+    ranks[order] = np.arange(k)
+    acc = np.minimum.accumulate(ranks - gi * k)
+    prev = np.empty(k, dtype=np.int64)
+    prev[0] = 0
+    prev[1:] = acc[:-1]
+    prev_m = np.where(start, np.inf, cm[order][np.clip(prev + gi * k, 0, k - 1)])
+    keep = cm < prev_m * (1.0 - RTOL)
+    return cand[keep]
+
+
+def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int] | None = None,
+         eps: float = 0.0, stats: Stats | None = None) -> Factor:
+    """Minkowski sum of `a` and `b` per shared assignment, then reduce with `drop` eliminated."""
+    shared = [v for v in a.scope if v in b.scope]
+    dom = domain or {}
+    if shared:
+        ra = _radix([dom[v] for v in shared])
+        ka = _group_ids(a.keys[:, [a.scope.index(v) for v in shared]], ra)
+        kb = _group_ids(b.keys[:, [b.scope.index(v) for v in shared]], ra)
+    else:
+        ka = np.zeros(len(a), dtype=np.int64)
+        kb = np.zeros(len(b), dtype=np.int64)
+    ob = np.argsort(kb, kind="stable")
+    kbs = kb[ob]
+    lo = np.searchsorted(kbs, ka, "left")
+    hi = np.searchsorted(kbs, ka, "right")
+    cnt = hi - lo
+    total = int(cnt.sum())
+    ia = np.repeat(np.arange(len(a)), cnt)
+    starts = np.repeat(np.cumsum(cnt) - cnt, cnt)
+    ib = ob[np.repeat(lo, cnt) + (np.arange(total) - starts)]
+    t = a.t[ia] + b.t[ib]
+    m = a.m[ia] + b.m[ib]
+    out_scope = tuple(v for v in a.scope if v not in drop) + tuple(
+        v for v in b.scope if v not in a.scope and v not in drop)
+    cols = []
+    for v in out_scope:
+        cols.append(a.keys[ia, a.scope.index(v)] if v in a.scope else b.keys[ib, b.scope.index(v)])
+    keys = np.stack(cols, axis=1) if cols else np.zeros((total, 0), dtype=np.int32)
+    if stats is not None:
+        stats.joins += 1
+        stats.pairs += total
+    keep = pareto_mask(_group_ids(keys, _radix([dom[v] for v in out_scope])), t, m, eps)
+    f = Factor(scope=out_scope, keys=keys[keep], t=t[keep], m=m[keep], parents=(a, b),
+               parent_idx=(ia[keep], ib[keep]))
+    if stats is not None:
+        stats.max_factor_points = max(stats.max_factor_points, len(f))
+    return f
+
+
+def eliminate_var(f: Factor, var: str, domain: dict[str, int], eps: float = 0.0) -> Factor:
+    out_scope = tuple(v for v in f.scope if v != var)
+    cols = [f.scope.index(v) for v in out_scope]
+    keys = f.keys[:, cols]
+    keep = pareto_mask(_group_ids(keys, _radix([domain[v] for v in out_scope])), f.t, f.m, eps)
+    return Factor(scope=out_scope, keys=keys[keep], t=f.t[keep], m=f.m[keep], parents=(f,), parent_idx=(keep,))
+
+
+def restrict_equal(f: Factor, a: str, b: str, new_name: str) -> Factor:
+    """Keep the points where variables a and b take the same configuration; name it new_name."""
+    ia, ib = f.scope.index(a), f.scope.index(b)
+    sel = np.nonzero(f.keys[:, ia] == f.keys[:, ib])[0]
+    rest = [i for i, v in enumerate(f.scope) if v not in (a, b)]
+    scope = (new_name,) + tuple(f.scope[i] for i in rest)
+    keys = np.concatenate([f.keys[sel][:, [ia]], f.keys[sel][:, rest]], axis=1)
+    return Factor(scope=scope, keys=keys, t=f.t[sel], m=f.m[sel], parents=(f,), parent_idx=(sel,))
+
+
+def assignments(root: Factor, idx: np.ndarray, layer_maps: list[dict[str, str]] | None = None) -> dict[str, np.ndarray]:
+    """Configuration of every variable for the points `idx` of `root`, read back through the
+    provenance. Chain factors (see ft.py) map the template layer's names to each layer's."""
+    out: dict[str, np.ndarray] = {}
+    stack: list[tuple[Factor, np.ndarray, int, dict[str, str] | None]] = [(root, np.asarray(idx), 0, None)]
+    while stack:
+        f, ix, offset, mapping = stack.pop()
+        if f.layer_leaf and layer_maps is not None:
+            mapping = layer_maps[offset]
+        for j, v in enumerate(f.scope):
+            name = mapping.get(v, v) if mapping else v
+            out[name] = f.keys[ix, j]
+        if f.layers and len(f.parents) == 2 and not f.layer_leaf:
+            left, right = f.parents
+            stack.append((left, f.parent_idx[0][ix], offset, mapping))
+            stack.append((right, f.parent_idx[1][ix], offset + left.layers, mapping))
+            continue
+        for p, pix in zip(f.parents, f.parent_idx):
+            stack.append((p, pix[ix], offset, mapping))
+    return out

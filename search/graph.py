@@ -1,0 +1,267 @@
+"""The OpGraph IR: operators with shapes, FLOPs and named dimensions; tensors as edges.
+
+Every operator has exactly one output tensor, so a tensor is named by the op that produced it.
+Dimensions carry *labels* (strings) that say which tensor dimensions are "the same" across
+operators: the batch dimension of the input ids, of every activation and of the logits all share
+the label ``batch``; a Linear's input-feature dimension shares its label with its weight's
+dimension 1. Labels survive reshapes and transposes (capture folds those into edges), so sharding
+a producer's output on label L and a consumer's input on label L means no communication. This is
+what lets the cost model price resharding by comparing placements, and what lets the search
+offer, per op, "shard this mesh axis on one of the op's splittable labels, or replicate".
+
+The JSON form (``format: paretoplan.graph/1``) is documented in README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from search.errors import InputError
+
+GRAPH_FORMAT = "paretoplan.graph/1"
+
+# What autograd keeps for backward, per op kind, is decided by `saves` on each op:
+#   "inputs"  - every activation input (Linear, norms, unary activations, matmul, conv)
+#   "output"  - the op's own output (softmax, rsqrt, exp)
+#   "mask"    - a 1-byte-per-element mask of the output (dropout)
+#   "none"    - nothing (add, views, reductions)
+SaveKind = Literal["inputs", "output", "mask", "none", "attention"]
+
+OP_KINDS = (
+    "linear",       # x[..., k] @ W[n, k]^T: splittable batch-like dims, n (column), k (row, Partial out)
+    "matmul",       # a[..., m, k] @ b[..., k, n] between activations
+    "attention",    # fused scaled-dot-product attention over [batch, heads, seq, head_dim]
+    "embedding",    # table lookup W[vocab, hidden] by ids
+    "norm",         # layer/RMS/batch norm: the normalised dims are not splittable
+    "elementwise",  # pointwise ops, with broadcasting
+    "reduce",       # sum/mean over some dims (splitting a reduced dim gives a Partial output)
+    "softmax",      # softmax/log-softmax: the softmax dim is not splittable
+    "conv",         # convolution: batch, out channels (column), in channels (row)
+    "pool",         # pooling: batch and channels
+    "loss",         # cross-entropy to a scalar; its output has no consumers
+    "opaque",       # anything else: only its batch dimension may be split
+)
+
+
+class TensorRef(BaseModel):
+    """One input of an op: the producing op (None for a graph input or constant) and the view of
+    that tensor the consumer sees (its shape and dimension labels after any folded reshape)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    source: str | None = Field(default=None, description="name of the producing op; null for a graph input")
+    shape: tuple[int, ...]
+    dims: tuple[str, ...]
+    dtype: str = "float32"
+
+    @model_validator(mode="after")
+    def _same_rank(self) -> TensorRef:
+        if len(self.shape) != len(self.dims):
+            raise ValueError(f"shape {list(self.shape)} and dims {list(self.dims)} differ in rank")
+        if any(s < 0 for s in self.shape):
+            raise ValueError(f"negative size in shape {list(self.shape)}")
+        return self
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class ParamRef(BaseModel):
+    """A parameter the op reads. `owner=False` marks a tied parameter already owned by an earlier
+    op (GPT's lm head reads the token embedding): it is stored, updated and synchronised once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    shape: tuple[int, ...]
+    dims: tuple[str, ...]
+    dtype: str = "float32"
+    owner: bool = True
+
+    @model_validator(mode="after")
+    def _same_rank(self) -> ParamRef:
+        if len(self.shape) != len(self.dims):
+            raise ValueError(f"param {self.name}: shape and dims differ in rank")
+        return self
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class Op(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    kind: Literal[OP_KINDS]  # type: ignore[valid-type]
+    target: str = Field(default="", description="the torch op it came from, for humans")
+    module: str = Field(default="", description="dotted path of the nn.Module that ran it")
+    inputs: tuple[TensorRef, ...] = ()
+    output: TensorRef
+    params: tuple[ParamRef, ...] = ()
+    splittable: tuple[str, ...] = Field(
+        default=(), description="labels a mesh axis may shard, in a canonical order"
+    )
+    flops: float = Field(default=0.0, ge=0.0, description="forward FLOPs of the whole (unsharded) op")
+    saves: SaveKind = "inputs"
+
+    def labels(self) -> set[str]:
+        out = set(self.output.dims)
+        for t in self.inputs:
+            out.update(t.dims)
+        for p in self.params:
+            out.update(p.dims)
+        return out
+
+    def label_size(self, label: str) -> int:
+        """Size of a label in this op (the smallest over the operands that carry it)."""
+        sizes = [s for t in (*self.inputs, self.output, *self.params) for d, s in zip(t.dims, t.shape) if d == label]
+        return min(sizes) if sizes else 1
+
+
+class BlockInfo(BaseModel):
+    """A stack of structurally identical layers (transformer blocks), found at capture time.
+    `layers[i]` lists the op names of layer i in one canonical order, the same for every layer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    prefix: str
+    layers: tuple[tuple[str, ...], ...]
+
+
+class OpGraph(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    format: str = GRAPH_FORMAT
+    name: str = "graph"
+    ops: tuple[Op, ...]
+    blocks: tuple[BlockInfo, ...] = ()
+    batch_label: str = "batch"
+    meta: dict[str, str | int | float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> OpGraph:
+        if self.format != GRAPH_FORMAT:
+            raise ValueError(f"unsupported graph format {self.format!r}; expected {GRAPH_FORMAT!r}")
+        if not self.ops:
+            raise ValueError("graph has no ops")
+        seen: set[str] = set()
+        for op in self.ops:
+            if op.name in seen:
+                raise ValueError(f"duplicate op name {op.name!r}")
+            seen.add(op.name)
+        for op in self.ops:
+            for t in op.inputs:
+                if t.source is not None and t.source not in seen:
+                    raise ValueError(f"op {op.name!r} reads from unknown op {t.source!r}")
+                if t.source == op.name:
+                    raise ValueError(f"op {op.name!r} reads its own output (cycle)")
+            labels = op.labels()
+            for s in op.splittable:
+                if s not in labels:
+                    raise ValueError(f"op {op.name!r}: splittable label {s!r} is on none of its tensors")
+        order = _topological_order(self.ops)
+        if order is None:
+            raise ValueError("graph has a cycle")
+        by_name = {op.name for op in self.ops}
+        for block in self.blocks:
+            sizes = {len(layer) for layer in block.layers}
+            if len(sizes) > 1:
+                raise ValueError(f"block {block.prefix!r}: layers have different op counts")
+            for layer in block.layers:
+                for name in layer:
+                    if name not in by_name:
+                        raise ValueError(f"block {block.prefix!r} names unknown op {name!r}")
+        return self
+
+    # ---- navigation -------------------------------------------------------------------------
+    def op(self, name: str) -> Op:
+        return self._index()[name]
+
+    def _index(self) -> dict[str, Op]:
+        cache = self.__dict__.get("_op_index")
+        if cache is None:
+            cache = {op.name: op for op in self.ops}
+            object.__setattr__(self, "_op_index", cache)
+        return cache
+
+    def consumers(self) -> dict[str, list[tuple[str, int]]]:
+        """For each op, the (consumer, input position) pairs reading its output."""
+        out: dict[str, list[tuple[str, int]]] = {op.name: [] for op in self.ops}
+        for op in self.ops:
+            for i, t in enumerate(op.inputs):
+                if t.source is not None:
+                    out[t.source].append((op.name, i))
+        return out
+
+    def topological(self) -> list[Op]:
+        order = _topological_order(self.ops)
+        assert order is not None  # checked at validation
+        return order
+
+    def param_count(self) -> int:
+        return sum(p.numel for op in self.ops for p in op.params if p.owner)
+
+    def total_flops(self) -> float:
+        return sum(op.flops for op in self.ops)
+
+    # ---- JSON -------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=1)
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+
+def _topological_order(ops: Iterable[Op]) -> list[Op] | None:
+    """Kahn's algorithm, taking ready ops in file order (so layers stay in order); None on a cycle."""
+    import heapq
+
+    ops = list(ops)
+    by_name = {op.name: op for op in ops}
+    pos = {op.name: i for i, op in enumerate(ops)}
+    indeg = {op.name: 0 for op in ops}
+    users: dict[str, list[str]] = {op.name: [] for op in ops}
+    for op in ops:
+        for src in {t.source for t in op.inputs if t.source is not None}:
+            if src in by_name:
+                indeg[op.name] += 1
+                users[src].append(op.name)
+    heap = [(pos[n], n) for n, d in indeg.items() if d == 0]
+    heapq.heapify(heap)
+    order: list[Op] = []
+    while heap:
+        _, name = heapq.heappop(heap)
+        order.append(by_name[name])
+        for u in users[name]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(heap, (pos[u], u))
+    return order if len(order) == len(ops) else None
+
+
+def load_graph(path: str | Path) -> OpGraph:
+    """Read a graph JSON file; every problem becomes an InputError naming the file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InputError(f"cannot read graph file {str(p)!r}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"graph file {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    return parse_graph(data, origin=str(p))
+
+
+def parse_graph(data: object, origin: str = "graph") -> OpGraph:
+    try:
+        return OpGraph.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        msg = first.get("msg", "invalid")
+        more = f" (and {e.error_count() - 1} more problems)" if e.error_count() > 1 else ""
+        raise InputError(f"{origin}: invalid graph{' at ' + where if where else ''}: {msg}{more}") from None

@@ -1,0 +1,144 @@
+"""Device meshes and the per-op configuration space on a mesh.
+
+The devices are factored into named axes ``pp x dp x tp`` (pp is the outermost, tp the innermost
+and fastest-varying, so a tp group of at most a node's size stays inside a node). On a mesh, an
+op's *configuration* assigns every axis of size > 1 either one of the op's splittable dimension
+labels or replication. From a configuration follow the DTensor placements of every operand:
+``Shard(label)`` where the operand carries the label, otherwise ``Replicate()`` for inputs and
+parameters (whose gradient then becomes ``Partial()``) and ``Partial()`` for an output whose op
+reduced over the label (a row-parallel Linear).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import cached_property
+
+from search.cluster import Cluster
+from search.graph import Op, TensorRef
+
+REPLICATE = None  # a configuration's entry for "this axis replicates the op"
+
+
+@dataclass(frozen=True)
+class MeshAxis:
+    name: str
+    size: int
+    stride: int  # how many devices apart consecutive members of one group are
+
+
+@dataclass(frozen=True)
+class Mesh:
+    pp: int
+    axes: tuple[MeshAxis, ...]  # the axes an op configuration assigns (pp excluded)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.pp, *(a.size for a in self.axes))
+
+    @property
+    def num_devices(self) -> int:
+        n = self.pp
+        for a in self.axes:
+            n *= a.size
+        return n
+
+    def describe(self) -> str:
+        return " x ".join([f"pp{self.pp}"] + [f"{a.name}{a.size}" for a in self.axes])
+
+    @cached_property
+    def active(self) -> tuple[int, ...]:
+        """Indices of the axes with size > 1: the only ones a configuration needs to choose for."""
+        return tuple(i for i, a in enumerate(self.axes) if a.size > 1)
+
+
+def mesh_candidates(cluster: Cluster, tp_sizes: list[int] | None = None) -> list[Mesh]:
+    """The meshes the outer loop of the search tries: every tp that divides both the node size
+    and the device count (tensor parallelism beyond a node is never cheaper than using the
+    fast links; inter-node sharding is still reachable through the dp axis), dp the rest."""
+    n, per_node = cluster.num_devices, cluster.devices_per_node
+    if tp_sizes is None:
+        tp_sizes = [t for t in range(1, per_node + 1) if per_node % t == 0 and n % t == 0]
+    meshes = []
+    for tp in tp_sizes:
+        if n % tp:
+            continue
+        dp = n // tp
+        meshes.append(Mesh(pp=1, axes=(MeshAxis("dp", dp, tp), MeshAxis("tp", tp, 1))))
+    return meshes
+
+
+Config = tuple[str | None, ...]  # one entry per mesh axis: a label, or None to replicate
+
+
+def _all_sizes(op: Op) -> dict[str, list[int]]:
+    sizes: dict[str, list[int]] = {}
+    for t in (*op.inputs, op.output, *op.params):
+        for d, s in zip(t.dims, t.shape):
+            sizes.setdefault(d, []).append(s)
+    return sizes
+
+
+def op_configs(op: Op, mesh: Mesh) -> list[Config]:
+    """Every configuration of `op` on `mesh`, in a canonical order (replication first), keeping
+    only those whose sharded dimensions divide evenly on every operand (DTensor would otherwise
+    pad, and the executor must run exactly what was costed)."""
+    sizes = _all_sizes(op)
+    choices = [[REPLICATE] + list(op.splittable) if a.size > 1 else [REPLICATE] for a in mesh.axes]
+    out: list[Config] = []
+    for combo in itertools.product(*choices):
+        shards: dict[str, int] = {}
+        for ax, lab in zip(mesh.axes, combo):
+            if lab is not None:
+                shards[lab] = shards.get(lab, 1) * ax.size
+        if all(all(s % k == 0 for s in sizes.get(lab, [1])) for lab, k in shards.items()):
+            out.append(tuple(combo))
+    return out
+
+
+# ---- placements --------------------------------------------------------------------------------
+# A placement on one axis is encoded as a string: "R", "P" or "S:<label>".
+def input_placement(cfg: Config, t: TensorRef) -> tuple[str, ...]:
+    return tuple("R" if lab is None or lab not in t.dims else f"S:{lab}" for lab in cfg)
+
+
+def input_grad_placement(cfg: Config, t: TensorRef) -> tuple[str, ...]:
+    """The gradient an op sends back for one of its inputs: sharded like the input, Partial on
+    axes that split a label the input does not carry (each shard holds a partial sum)."""
+    return tuple("R" if lab is None else (f"S:{lab}" if lab in t.dims else "P") for lab in cfg)
+
+
+def output_placement(cfg: Config, op: Op) -> tuple[str, ...]:
+    return tuple("R" if lab is None else (f"S:{lab}" if lab in op.output.dims else "P") for lab in cfg)
+
+
+def output_grad_placement(cfg: Config, op: Op) -> tuple[str, ...]:
+    """The gradient an op needs for its output: Partial outputs need the full (replicated) gradient."""
+    return tuple("R" if lab is None else (f"S:{lab}" if lab in op.output.dims else "R") for lab in cfg)
+
+
+def param_placement(cfg: Config, dims: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple("R" if lab is None or lab not in dims else f"S:{lab}" for lab in cfg)
+
+
+def shard_factor(placement: tuple[str, ...], mesh: Mesh) -> int:
+    """By how much a tensor in this placement is divided on each device."""
+    f = 1
+    for p, ax in zip(placement, mesh.axes):
+        if p.startswith("S:"):
+            f *= ax.size
+    return f
+
+
+def format_placement(placement: tuple[str, ...], dims: tuple[str, ...]) -> list[str]:
+    """DTensor vocabulary: Shard(tensor dim), Replicate(), Partial()."""
+    out = []
+    for p in placement:
+        if p == "R":
+            out.append("Replicate()")
+        elif p == "P":
+            out.append("Partial()")
+        else:
+            out.append(f"Shard({dims.index(p[2:])})")
+    return out

@@ -1,0 +1,935 @@
+"""Model zoo: real, randomly initialised ``torch.nn.Module`` implementations.
+
+Every model is written the way torchtitan writes its models: plain, explicit submodules,
+so that the same module can be (1) built on the meta device and captured with
+``torch.export.export(model, spec.example_inputs(...), strict=False)`` and (2) later run
+for real with DTensor tensor parallelism (``ColwiseParallel`` on ``q``/``k``/``v``/``fc1``/
+``gate``/``up``, ``RowwiseParallel`` on ``o``/``fc2``/``down``), FSDP2 and pipelining over
+the repeated blocks.
+
+Conventions shared by all models
+--------------------------------
+* ``forward(*spec.example_inputs(batch))`` returns a scalar cross-entropy loss, so the
+  captured graph contains the loss. Language models take ``(input_ids, targets)`` where
+  ``targets`` are already the next-token ids (no shifting inside); masked LMs take the same
+  and compute the loss over every position; vision models take ``(images, labels)``.
+* The identical repeated blocks live in an ``nn.ModuleList`` (``blocks``, or ``layers`` for
+  Llama) named by ``ModelSpec.blocks_attr``, and ``forward`` iterates over it.
+* Attention uses separate ``q``/``k``/``v``/``o`` ``nn.Linear`` layers (same parameter count
+  as a fused ``qkv``, but each shards cleanly column-wise) and reshapes with ``-1`` heads, so
+  it still works when tensor parallelism leaves only ``heads / tp`` heads per rank.
+* Dropout is omitted everywhere: it has no parameters and would make parallel-vs-serial
+  loss comparisons nondeterministic.
+* No buffers, no ``.item()``, no control flow on tensor values: rotary tables and position
+  ids are computed inside ``forward`` from the input's shape and device.
+* Models built on meta can be materialised with ``model.to_empty(device="cpu")`` followed
+  by ``model.init_weights()``, which also re-ties the tied LM heads that ``to_empty`` unties
+  (for HF models the adapter calls HF's own ``init_weights``, which re-ties and recomputes
+  rotary buffers).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from search.errors import InputError
+
+__all__ = [
+    "ModelSpec",
+    "ZOO",
+    "TEST_MODELS",
+    "get_model",
+    "model_from_hf_config",
+    "find_blocks_attr",
+    "GPT",
+    "Bert",
+    "Llama",
+    "ViT",
+    "ResNet",
+    "VGG",
+    "TinyCNN",
+    "HFLossAdapter",
+]
+
+
+# --------------------------------------------------------------------------------------
+# Spec
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A zoo entry: how to build a model and what its forward takes.
+
+    ``build`` constructs the module on the current default device; callers wrap it in
+    ``with torch.device("meta"):`` to get a model that costs no memory.
+    """
+
+    name: str
+    family: str
+    kind: str  # "lm" | "mlm" | "vision"
+    build: Callable[[], nn.Module]
+    default_seq_len: int | None
+    image_size: int | None
+    vocab_size: int | None
+    description: str
+    blocks_attr: str | None
+    # Extensions beyond the core fields (all optional):
+    num_classes: int | None = None  # vision: size of the label space
+    max_seq_len: int | None = None  # learned position tables: longest sequence accepted
+    _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def example_inputs(
+        self,
+        batch: int,
+        seq_len: int | None = None,
+        device: str | torch.device = "meta",
+        *,
+        seed: int | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """Positional args of ``forward``: ``(input_ids, targets)`` for lm/mlm, ``(images, labels)`` for vision.
+
+        ``seed`` (ignored on meta) makes real inputs reproducible, e.g. identical on every rank.
+        """
+        if batch < 1:
+            raise InputError(f"batch must be >= 1, got {batch}")
+        device = torch.device(device)
+        gen = None
+        gen_device = device
+        if seed is not None and device.type != "meta":
+            gen_device = torch.device("cpu")
+            gen = torch.Generator(device="cpu").manual_seed(seed)
+
+        if self.kind in ("lm", "mlm"):
+            seq = self.default_seq_len if seq_len is None else seq_len
+            if seq is None or seq < 1:
+                raise InputError(f"model '{self.name}' needs a positive seq_len, got {seq}")
+            if self.max_seq_len is not None and seq > self.max_seq_len:
+                raise InputError(
+                    f"seq_len {seq} exceeds the {self.max_seq_len} positions of model '{self.name}'"
+                )
+            assert self.vocab_size is not None
+            ids = torch.randint(0, self.vocab_size, (batch, seq), device=gen_device, generator=gen)
+            tgt = torch.randint(0, self.vocab_size, (batch, seq), device=gen_device, generator=gen)
+            return ids.to(device), tgt.to(device)
+
+        if self.kind == "vision":
+            assert self.image_size is not None and self.num_classes is not None
+            size = self.image_size
+            img = torch.randn(batch, 3, size, size, device=gen_device, generator=gen)
+            lab = torch.randint(0, self.num_classes, (batch,), device=gen_device, generator=gen)
+            return img.to(device), lab.to(device)
+
+        raise InputError(f"model '{self.name}' has unknown kind '{self.kind}'")
+
+    def param_count(self) -> int:
+        """Number of distinct parameters (tied weights counted once), from a meta build; cached."""
+        if "params" not in self._cache:
+            with torch.device("meta"):
+                model = self.build()
+            self._cache["params"] = sum(p.numel() for p in model.parameters())
+        return self._cache["params"]
+
+
+# --------------------------------------------------------------------------------------
+# Shared building blocks
+# --------------------------------------------------------------------------------------
+
+
+class ZooModule(nn.Module):
+    """Base class giving every zoo model a GPT/torchtitan-style ``init_weights()``.
+
+    Linear and Embedding weights ~ N(0, 0.02), biases zero; convolutions Kaiming-normal
+    (fan_out, as torchvision); norm layers (incl. BatchNorm running stats) reset.
+    Called at the end of ``__init__`` (a no-op on meta) and again after ``to_empty``; it
+    first re-ties shared weights, because ``to_empty`` replaces each module's parameters
+    separately and so unties them.
+    """
+
+    def init_weights(self) -> None:
+        self._tie_weights()
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    nn.init.normal_(m.weight, mean=0.0, std=0.02)
+                    if m.bias is not None:
+                        nn.init.zeros_(m.bias)
+                elif isinstance(m, nn.Embedding):
+                    nn.init.normal_(m.weight, mean=0.0, std=0.02)
+                elif isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                    if m.bias is not None:
+                        nn.init.zeros_(m.bias)
+                elif isinstance(m, (nn.LayerNorm, nn.RMSNorm, nn.BatchNorm2d)):
+                    m.reset_parameters()
+            self._init_extra()
+
+    def _init_extra(self) -> None:
+        """Hook for parameters that are not inside a standard layer (e.g. ViT class token)."""
+
+    def _tie_weights(self) -> None:
+        """Hook: make tied parameters the same ``nn.Parameter`` again."""
+
+
+def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross entropy; logits ``[B, T, V]``, targets ``[B, T]``."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+def _rotary(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables ``[T, head_dim]`` for rotate-half RoPE (Su et al. 2021), computed on the fly."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    t = torch.arange(seq_len, device=device, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` of shape ``[B, T, H, D]`` by the position tables ``[T, D]``."""
+    cos = cos[None, :, None, :].to(x.dtype)
+    sin = sin[None, :, None, :].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Multi-head (optionally grouped-query, optionally rotary) self-attention.
+
+    Submodules ``q``, ``k``, ``v`` (column-parallel) and ``o`` (row-parallel). Heads are
+    inferred with ``view(..., -1, head_dim)`` so the module works on a TP shard.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        bias: bool = True,
+        causal: bool = False,
+        rope_theta: float | None = None,
+    ) -> None:
+        super().__init__()
+        if dim % n_heads:
+            raise ValueError(f"dim {dim} not divisible by {n_heads} heads")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_heads % n_kv_heads:
+            raise ValueError(f"{n_heads} heads not divisible by {n_kv_heads} kv heads")
+        self.head_dim = dim // n_heads
+        self.causal = causal
+        self.rope_theta = rope_theta
+        self.q = nn.Linear(dim, n_heads * self.head_dim, bias=bias)
+        self.k = nn.Linear(dim, n_kv_heads * self.head_dim, bias=bias)
+        self.v = nn.Linear(dim, n_kv_heads * self.head_dim, bias=bias)
+        self.o = nn.Linear(n_heads * self.head_dim, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, -1, self.head_dim)
+        k = self.k(x).view(b, t, -1, self.head_dim)
+        v = self.v(x).view(b, t, -1, self.head_dim)
+        if self.rope_theta is not None:
+            cos, sin = _rotary(t, self.head_dim, self.rope_theta, x.device)
+            q = _apply_rotary(q, cos, sin)
+            k = _apply_rotary(k, cos, sin)
+        n_rep = q.shape[2] // k.shape[2]
+        if n_rep > 1:  # GQA: kv head j serves query heads j*n_rep .. (j+1)*n_rep-1
+            k = k.repeat_interleave(n_rep, dim=2)
+            v = v.repeat_interleave(n_rep, dim=2)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=self.causal
+        )
+        return self.o(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    """Two-layer GELU feed-forward: ``fc1`` (column-parallel) -> GELU -> ``fc2`` (row-parallel)."""
+
+    def __init__(self, dim: int, hidden: int, *, gelu_approximate: str = "none") -> None:
+        super().__init__()
+        self.gelu_approximate = gelu_approximate
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate=self.gelu_approximate))
+
+
+class SwiGLU(nn.Module):
+    """Llama feed-forward (Shazeer 2020): ``down(silu(gate(x)) * up(x))``, no biases."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class PreLNBlock(nn.Module):
+    """Pre-LayerNorm transformer block (GPT-2/GPT-3, ViT): ``x + attn(ln1(x))``, ``x + mlp(ln2(x))``."""
+
+    def __init__(
+        self, dim: int, n_heads: int, mlp_hidden: int, *, causal: bool, eps: float, gelu_approximate: str
+    ) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim, eps=eps)
+        self.attn = Attention(dim, n_heads, causal=causal)
+        self.ln2 = nn.LayerNorm(dim, eps=eps)
+        self.mlp = MLP(dim, mlp_hidden, gelu_approximate=gelu_approximate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class PostLNBlock(nn.Module):
+    """Post-LayerNorm encoder block (BERT): ``ln1(x + attn(x))``, then ``ln2(x + mlp(x))``."""
+
+    def __init__(self, dim: int, n_heads: int, mlp_hidden: int, *, eps: float = 1e-12) -> None:
+        super().__init__()
+        self.attn = Attention(dim, n_heads, causal=False)
+        self.ln1 = nn.LayerNorm(dim, eps=eps)
+        self.mlp = MLP(dim, mlp_hidden)
+        self.ln2 = nn.LayerNorm(dim, eps=eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ln1(x + self.attn(x))
+        return self.ln2(x + self.mlp(x))
+
+
+class LlamaBlock(nn.Module):
+    """Llama decoder layer: RMSNorm pre-norm, rotary GQA attention, SwiGLU feed-forward."""
+
+    def __init__(
+        self, dim: int, n_heads: int, n_kv_heads: int, ffn_hidden: int, *, eps: float, rope_theta: float
+    ) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(dim, eps=eps)
+        self.attn = Attention(
+            dim, n_heads, n_kv_heads=n_kv_heads, bias=False, causal=True, rope_theta=rope_theta
+        )
+        self.ffn_norm = nn.RMSNorm(dim, eps=eps)
+        self.ffn = SwiGLU(dim, ffn_hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+# --------------------------------------------------------------------------------------
+# Transformer models
+# --------------------------------------------------------------------------------------
+
+
+class GPT(ZooModule):
+    """GPT-2 / GPT-3 decoder (Radford et al. 2019; Brown et al. 2020).
+
+    Learned token + position embeddings, pre-LN blocks with tanh-GELU MLP (4x), final
+    LayerNorm, and an ``lm_head`` whose weight is tied to ``tok_emb``. GPT-3's alternating
+    locally-banded sparse attention is parameter-free and is modelled as dense causal.
+    """
+
+    def __init__(self, vocab_size: int, n_ctx: int, dim: int, n_layers: int, n_heads: int) -> None:
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab_size, dim)
+        self.pos_emb = nn.Embedding(n_ctx, dim)
+        self.blocks = nn.ModuleList(
+            PreLNBlock(dim, n_heads, 4 * dim, causal=True, eps=1e-5, gelu_approximate="tanh")
+            for _ in range(n_layers)
+        )
+        self.norm = nn.LayerNorm(dim, eps=1e-5)
+        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.init_weights()  # ties lm_head.weight to tok_emb.weight
+
+    def _tie_weights(self) -> None:
+        self.lm_head.weight = self.tok_emb.weight
+
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        h = self.tok_emb(input_ids) + self.pos_emb(pos)
+        for block in self.blocks:
+            h = block(h)
+        return _lm_loss(self.lm_head(self.norm(h)), targets)
+
+
+class Bert(ZooModule):
+    """BERT encoder with the masked-LM head (Devlin et al. 2019; layout as HF ``BertForMaskedLM``).
+
+    Word + position + token-type embeddings with LayerNorm, post-LN encoder blocks (exact
+    GELU), MLM head ``head_dense -> GELU -> head_norm -> lm_head`` where ``lm_head`` is tied
+    to the word embedding and has its own bias. No pooler (unused by the MLM loss).
+    The loss is cross entropy over all positions (no masking needed for planning).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 30522,
+        dim: int = 768,
+        n_layers: int = 12,
+        n_heads: int = 12,
+        mlp_hidden: int = 3072,
+        max_positions: int = 512,
+        type_vocab: int = 2,
+    ) -> None:
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab_size, dim)
+        self.pos_emb = nn.Embedding(max_positions, dim)
+        self.type_emb = nn.Embedding(type_vocab, dim)
+        self.emb_norm = nn.LayerNorm(dim, eps=1e-12)
+        self.blocks = nn.ModuleList(PostLNBlock(dim, n_heads, mlp_hidden) for _ in range(n_layers))
+        self.head_dense = nn.Linear(dim, dim)
+        self.head_norm = nn.LayerNorm(dim, eps=1e-12)
+        self.lm_head = nn.Linear(dim, vocab_size, bias=True)
+        self.init_weights()  # ties lm_head.weight to tok_emb.weight; the bias is the head's own
+
+    def _tie_weights(self) -> None:
+        self.lm_head.weight = self.tok_emb.weight
+
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        token_type = torch.zeros_like(input_ids)
+        h = self.tok_emb(input_ids) + self.pos_emb(pos) + self.type_emb(token_type)
+        h = self.emb_norm(h)
+        for block in self.blocks:
+            h = block(h)
+        h = self.head_norm(F.gelu(self.head_dense(h)))
+        return _lm_loss(self.lm_head(h), targets)
+
+
+class Llama(ZooModule):
+    """Llama / Llama 2 decoder (Touvron et al. 2023): RMSNorm, rotary GQA, SwiGLU, untied head."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        n_layers: int,
+        n_heads: int,
+        n_kv_heads: int,
+        ffn_hidden: int,
+        *,
+        eps: float = 1e-5,
+        rope_theta: float = 10000.0,
+    ) -> None:
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab_size, dim)
+        self.layers = nn.ModuleList(
+            LlamaBlock(dim, n_heads, n_kv_heads, ffn_hidden, eps=eps, rope_theta=rope_theta)
+            for _ in range(n_layers)
+        )
+        self.norm = nn.RMSNorm(dim, eps=eps)
+        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        h = self.tok_emb(input_ids)
+        for layer in self.layers:
+            h = layer(h)
+        return _lm_loss(self.lm_head(self.norm(h)), targets)
+
+
+class ViT(ZooModule):
+    """Vision Transformer (Dosovitskiy et al. 2021, Table 1), layout as timm ``vit_*_patch*_224``.
+
+    Conv2d patch embedding, class token, learned position embedding, pre-LN blocks with
+    exact-GELU MLP, final LayerNorm and a linear classifier on the class token.
+    """
+
+    def __init__(
+        self,
+        image_size: int,
+        patch: int,
+        dim: int,
+        n_layers: int,
+        n_heads: int,
+        mlp_hidden: int,
+        num_classes: int = 1000,
+    ) -> None:
+        super().__init__()
+        if image_size % patch:
+            raise ValueError(f"image size {image_size} not divisible by patch {patch}")
+        n_patches = (image_size // patch) ** 2
+        self.patch_emb = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_emb = nn.Parameter(torch.zeros(1, n_patches + 1, dim))
+        self.blocks = nn.ModuleList(
+            PreLNBlock(dim, n_heads, mlp_hidden, causal=False, eps=1e-6, gelu_approximate="none")
+            for _ in range(n_layers)
+        )
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, num_classes)
+        self.init_weights()
+
+    def _init_extra(self) -> None:
+        nn.init.normal_(self.cls_token, std=1e-6)
+        nn.init.trunc_normal_(self.pos_emb, std=0.02)
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.patch_emb(images).flatten(2).transpose(1, 2)  # [B, N, D]
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        x = torch.cat((cls, x), dim=1) + self.pos_emb
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x)[:, 0])
+        return F.cross_entropy(logits.float(), labels)
+
+
+# --------------------------------------------------------------------------------------
+# Convolutional models (written to match torchvision's parameter layout; torchvision is not used)
+# --------------------------------------------------------------------------------------
+
+
+class Bottleneck(nn.Module):
+    """ResNet v1.5 bottleneck (stride on the 3x3 conv), as torchvision ``Bottleneck``."""
+
+    expansion = 4
+
+    def __init__(self, in_ch: int, planes: int, stride: int = 1, width_per_group: int = 64) -> None:
+        super().__init__()
+        width = planes * width_per_group // 64
+        out_ch = planes * self.expansion
+        self.conv1 = nn.Conv2d(in_ch, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, out_ch, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out_ch)
+        self.downsample: nn.Module | None = None
+        if stride != 1 or in_ch != out_ch:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return F.relu(out + identity)
+
+
+class ResNet(ZooModule):
+    """Bottleneck ResNet (He et al. 2016) / Wide ResNet (Zagoruyko & Komodakis 2016) for 224x224 ImageNet.
+
+    ``layers=[3, 4, 6, 3]`` is ResNet-50, ``[3, 8, 36, 3]`` ResNet-152; ``width_per_group=128``
+    doubles the bottleneck width (Wide ResNet-50-2). Stages ``layer1..layer4`` are
+    ``nn.Sequential`` whose blocks differ in width, so there is no single block list.
+    """
+
+    def __init__(self, layers: list[int], width_per_group: int = 64, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        in_ch = 64
+        stages = []
+        for i, (n_blocks, planes) in enumerate(zip(layers, (64, 128, 256, 512))):
+            stride = 1 if i == 0 else 2
+            blocks = []
+            for j in range(n_blocks):
+                blocks.append(Bottleneck(in_ch, planes, stride if j == 0 else 1, width_per_group))
+                in_ch = planes * Bottleneck.expansion
+            stages.append(nn.Sequential(*blocks))
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(in_ch, num_classes)
+        self.init_weights()
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(F.relu(self.bn1(self.conv1(images))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        logits = self.fc(torch.flatten(self.avgpool(x), 1))
+        return F.cross_entropy(logits.float(), labels)
+
+
+class VGG(ZooModule):
+    """VGG (Simonyan & Zisserman 2015), configuration D = VGG-16, torchvision layout, no dropout."""
+
+    CFG_D: tuple[int | str, ...] = (
+        64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"
+    )
+
+    def __init__(self, cfg: tuple[int | str, ...] = CFG_D, num_classes: int = 1000) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        in_ch = 3
+        for v in cfg:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2, stride=2))
+            else:
+                assert isinstance(v, int)
+                layers += [nn.Conv2d(in_ch, v, 3, padding=1), nn.ReLU()]
+                in_ch = v
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d(7)
+        self.fc1 = nn.Linear(in_ch * 7 * 7, 4096)
+        self.fc2 = nn.Linear(4096, 4096)
+        self.fc3 = nn.Linear(4096, num_classes)
+        self.init_weights()
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = torch.flatten(self.avgpool(self.features(images)), 1)
+        logits = self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+        return F.cross_entropy(logits.float(), labels)
+
+
+class TinyCNN(ZooModule):
+    """Test model: two conv-BN-ReLU-maxpool stages and a linear classifier for 32x32 images."""
+
+    def __init__(self, num_classes: int = 10, image_size: int = 32) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(32)
+        self.fc = nn.Linear(32 * (image_size // 4) ** 2, num_classes)
+        self.init_weights()
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(images))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return F.cross_entropy(self.fc(torch.flatten(x, 1)).float(), labels)
+
+
+# --------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------
+
+
+def _gpt(name: str, family: str, title: str, n_layers: int, dim: int, n_heads: int, n_ctx: int,
+         vocab: int = 50257) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        family=family,
+        kind="lm",
+        build=partial(GPT, vocab, n_ctx, dim, n_layers, n_heads),
+        default_seq_len=n_ctx,
+        image_size=None,
+        vocab_size=vocab,
+        description=f"{title}: {n_layers} layers, d={dim}, {n_heads} heads",
+        blocks_attr="blocks",
+        max_seq_len=n_ctx,
+    )
+
+
+def _bert(name: str, title: str, n_layers: int, dim: int, n_heads: int, *, vocab: int = 30522,
+          max_positions: int = 512, seq: int = 512) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        family="bert",
+        kind="mlm",
+        build=partial(Bert, vocab, dim, n_layers, n_heads, 4 * dim, max_positions),
+        default_seq_len=seq,
+        image_size=None,
+        vocab_size=vocab,
+        description=f"{title}: {n_layers} layers, d={dim}, {n_heads} heads, MLM head",
+        blocks_attr="blocks",
+        max_seq_len=max_positions,
+    )
+
+
+def _llama(name: str, title: str, n_layers: int, dim: int, n_heads: int, n_kv_heads: int, ffn: int,
+           *, vocab: int = 32000, seq: int = 4096) -> ModelSpec:
+    kv = f" ({n_kv_heads} KV heads)" if n_kv_heads != n_heads else ""
+    return ModelSpec(
+        name=name,
+        family="llama",
+        kind="lm",
+        build=partial(Llama, vocab, dim, n_layers, n_heads, n_kv_heads, ffn),
+        default_seq_len=seq,
+        image_size=None,
+        vocab_size=vocab,
+        description=f"{title}: {n_layers} layers, d={dim}, {n_heads} heads{kv}, SwiGLU FFN {ffn}",
+        blocks_attr="layers",
+    )
+
+
+def _vit(name: str, title: str, patch: int, n_layers: int, dim: int, n_heads: int, mlp: int,
+         *, image_size: int = 224, num_classes: int = 1000) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        family="vit",
+        kind="vision",
+        build=partial(ViT, image_size, patch, dim, n_layers, n_heads, mlp, num_classes),
+        default_seq_len=None,
+        image_size=image_size,
+        vocab_size=None,
+        description=f"{title}: {n_layers} layers, d={dim}, {n_heads} heads, patch {patch}",
+        blocks_attr="blocks",
+        num_classes=num_classes,
+    )
+
+
+def _vision(name: str, family: str, build: Callable[[], nn.Module], description: str,
+            *, image_size: int = 224, num_classes: int = 1000) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        family=family,
+        kind="vision",
+        build=build,
+        default_seq_len=None,
+        image_size=image_size,
+        vocab_size=None,
+        description=description,
+        blocks_attr=None,
+        num_classes=num_classes,
+    )
+
+
+def _register(*specs: ModelSpec) -> dict[str, ModelSpec]:
+    return {s.name: s for s in specs}
+
+
+ZOO: dict[str, ModelSpec] = _register(
+    # GPT-2 (Radford et al. 2019, Table 2; shapes of the released checkpoints): n_ctx 1024.
+    _gpt("gpt2", "gpt2", "GPT-2 small", 12, 768, 12, 1024),
+    _gpt("gpt2-medium", "gpt2", "GPT-2 medium", 24, 1024, 16, 1024),
+    _gpt("gpt2-large", "gpt2", "GPT-2 large", 36, 1280, 20, 1024),
+    _gpt("gpt2-xl", "gpt2", "GPT-2 XL", 48, 1600, 25, 1024),
+    _gpt("gpt2-tiny", "gpt2", "GPT-2 tiny (test model)", 2, 64, 4, 64, vocab=512),
+    # GPT-3 (Brown et al. 2020, Table 2.1): n_ctx 2048. Two table entries are inconsistent
+    # and are read so that n_heads * d_head = d_model (which the stated parameter counts need):
+    # XL lists 24 heads of d_head 128 with d_model 2048 -> 16 heads of 128; 13B lists
+    # d_model 5140 (not divisible by its 40 heads of 128) -> 5120 = 40 x 128.
+    _gpt("gpt3-125m", "gpt3", "GPT-3 Small", 12, 768, 12, 2048),
+    _gpt("gpt3-350m", "gpt3", "GPT-3 Medium", 24, 1024, 16, 2048),
+    _gpt("gpt3-760m", "gpt3", "GPT-3 Large", 24, 1536, 16, 2048),
+    _gpt("gpt3-1.3b", "gpt3", "GPT-3 XL", 24, 2048, 16, 2048),
+    _gpt("gpt3-2.7b", "gpt3", "GPT-3 2.7B", 32, 2560, 32, 2048),
+    _gpt("gpt3-6.7b", "gpt3", "GPT-3 6.7B", 32, 4096, 32, 2048),
+    _gpt("gpt3-13b", "gpt3", "GPT-3 13B", 40, 5120, 40, 2048),
+    _gpt("gpt3-175b", "gpt3", "GPT-3 175B", 96, 12288, 96, 2048),
+    # BERT (Devlin et al. 2019, section 3): vocab 30522, 512 positions, 2 token types.
+    _bert("bert-base", "BERT-base", 12, 768, 12),
+    _bert("bert-large", "BERT-large", 24, 1024, 16),
+    # Llama 2 (Touvron et al. 2023, Table 1 and the released params.json): 4096 context.
+    _llama("llama-7b", "Llama 2 7B", 32, 4096, 32, 32, 11008),
+    _llama("llama-70b", "Llama 2 70B", 80, 8192, 64, 8, 28672),
+    _llama("llama-tiny", "Llama tiny (test model)", 2, 64, 4, 2, 176, vocab=512, seq=64),
+    # ViT (Dosovitskiy et al. 2021, Table 1), 224x224 ImageNet-1k head.
+    _vit("vit-base", "ViT-B/16", 16, 12, 768, 12, 3072),
+    _vit("vit-large", "ViT-L/16", 16, 24, 1024, 16, 4096),
+    _vit("vit-huge", "ViT-H/14", 14, 32, 1280, 16, 5120),
+    # Convolutional networks, torchvision parameter layout.
+    _vision("resnet50", "resnet", partial(ResNet, [3, 4, 6, 3]),
+            "ResNet-50: bottleneck blocks [3, 4, 6, 3], BatchNorm, 1000 classes"),
+    _vision("resnet152", "resnet", partial(ResNet, [3, 8, 36, 3]),
+            "ResNet-152: bottleneck blocks [3, 8, 36, 3], BatchNorm, 1000 classes"),
+    _vision("wrn50-2", "wrn", partial(ResNet, [3, 4, 6, 3], 128),
+            "Wide ResNet-50-2: ResNet-50 with 2x bottleneck width, 1000 classes"),
+    _vision("vgg16", "vgg", VGG,
+            "VGG-16 (config D): 13 conv layers, 4096-wide classifier, 1000 classes"),
+    _vision("cnn-tiny", "cnn", TinyCNN,
+            "Tiny CNN (test model): 2 conv+BN+ReLU+pool stages, 10 classes, 32x32 images",
+            image_size=32, num_classes=10),
+)
+
+# Small variants for real-execution tests; deliberately not in ZOO (not user-facing).
+TEST_MODELS: dict[str, ModelSpec] = _register(
+    _bert("bert-tiny", "BERT tiny (test model)", 2, 64, 4, vocab=512, max_positions=64, seq=64),
+    _vit("vit-tiny", "ViT tiny (test model)", 8, 2, 64, 4, 128, image_size=32, num_classes=10),
+)
+
+
+def get_model(name: str) -> ModelSpec:
+    """Look up a zoo model by name; unknown names raise ``InputError`` listing the known ones."""
+    try:
+        return ZOO[name]
+    except KeyError:
+        raise InputError(f"unknown model '{name}'; known: {', '.join(ZOO)}") from None
+
+
+# --------------------------------------------------------------------------------------
+# HuggingFace transformers configs
+# --------------------------------------------------------------------------------------
+
+
+def find_blocks_attr(model: nn.Module) -> str | None:
+    """Dotted path of the largest ``nn.ModuleList`` whose children are all the same class.
+
+    "Largest" is by number of children, ties broken by parameter count, then by the
+    shallower (earlier) path. Returns None if no such list has at least one child.
+    """
+    best: tuple[int, int] | None = None
+    best_name: str | None = None
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.ModuleList) or len(mod) == 0:
+            continue
+        kinds = {type(child) for child in mod}
+        if len(kinds) != 1:
+            continue
+        key = (len(mod), sum(p.numel() for p in mod.parameters()))
+        if best is None or key > best:
+            best, best_name = key, name
+    return best_name
+
+
+class HFLossAdapter(nn.Module):
+    """Wraps a HuggingFace model so that ``forward(inputs, targets)`` returns a scalar loss.
+
+    lm: ``targets`` are next-token ids already (no shift, unlike HF's ``labels``);
+    mlm: loss over every position; vision: ``inputs`` are pixel values, ``targets`` labels.
+    """
+
+    def __init__(self, model: nn.Module, kind: str) -> None:
+        super().__init__()
+        self.model = model
+        self.kind = kind
+
+    def init_weights(self) -> None:
+        """Re-run HF's own initialisation (after ``to_empty``)."""
+        init = getattr(self.model, "init_weights", None)
+        if callable(init):
+            init()
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.kind == "vision":
+            logits = self.model(pixel_values=inputs).logits
+            return F.cross_entropy(logits.float(), targets)
+        if self.kind == "lm":
+            logits = self.model(input_ids=inputs, use_cache=False).logits
+        else:
+            logits = self.model(input_ids=inputs).logits
+        return _lm_loss(logits, targets)
+
+
+def _hf_kind(config: object) -> str:
+    """Pick lm / mlm / vision from ``architectures``, else from which auto mapping knows the config."""
+    from transformers import (
+        MODEL_FOR_CAUSAL_LM_MAPPING,
+        MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING,
+        MODEL_FOR_MASKED_LM_MAPPING,
+    )
+
+    for arch in getattr(config, "architectures", None) or []:
+        if arch.endswith(("ForCausalLM", "LMHeadModel")):
+            return "lm"
+        if arch.endswith("ForMaskedLM"):
+            return "mlm"
+        if arch.endswith("ForImageClassification"):
+            return "vision"
+    for kind, mapping in (
+        ("lm", MODEL_FOR_CAUSAL_LM_MAPPING),
+        ("mlm", MODEL_FOR_MASKED_LM_MAPPING),
+        ("vision", MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING),
+    ):
+        if type(config) in mapping:
+            return kind
+    raise InputError(
+        f"HF model type '{getattr(config, 'model_type', '?')}' is neither a causal LM, a masked LM "
+        "nor an image classifier"
+    )
+
+
+def _hf_build(config: object, kind: str) -> nn.Module:
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageClassification,
+        AutoModelForMaskedLM,
+    )
+
+    auto = {"lm": AutoModelForCausalLM, "mlm": AutoModelForMaskedLM,
+            "vision": AutoModelForImageClassification}[kind]
+    try:
+        model = auto.from_config(config, attn_implementation="sdpa")
+    except ValueError:  # architecture without an SDPA attention path
+        model = auto.from_config(config)
+    if hasattr(model.config, "use_cache"):
+        model.config.use_cache = False
+    return HFLossAdapter(model, kind)
+
+
+def _first_int(config: object, *names: str) -> int | None:
+    for n in names:
+        v = getattr(config, n, None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def model_from_hf_config(path: str | Path) -> ModelSpec:
+    """A ``ModelSpec`` for a HuggingFace ``config.json`` (a file, or a directory holding one).
+
+    The model is built from the config with random weights (nothing is downloaded; no
+    remote code). It is built once on meta here to validate the config, count parameters
+    and find the repeated layer list for ``blocks_attr``.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InputError(f"cannot read HF config '{p}': {e.strerror or e}") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"HF config '{p}' is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"HF config '{p}' must be a JSON object, got {type(raw).__name__}")
+    model_type = raw.get("model_type")
+    if not isinstance(model_type, str):
+        raise InputError(f"HF config '{p}' has no 'model_type' string")
+
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
+    try:
+        config = AutoConfig.for_model(model_type, **fields)
+    except Exception as e:  # unknown model_type, inconsistent values, ...
+        raise InputError(f"HF config '{p}' is invalid: {e}") from None
+    kind = _hf_kind(config)
+
+    try:
+        with torch.device("meta"):
+            model = _hf_build(config, kind)
+    except Exception as e:
+        raise InputError(f"cannot build a model from HF config '{p}': {e}") from None
+
+    blocks = find_blocks_attr(model)
+    vocab = _first_int(config, "vocab_size") if kind != "vision" else None
+    max_pos = _first_int(config, "max_position_embeddings", "n_positions", "n_ctx")
+    image_size = _first_int(config, "image_size") if kind == "vision" else None
+    if kind == "vision" and image_size is None:
+        image_size = 224
+    n_layers = len(model.get_submodule(blocks)) if blocks else None
+    arch = type(model.model).__name__
+    dim = _first_int(config, "hidden_size", "n_embd", "d_model")
+
+    label = (p.parent.name or "config") if p.name == "config.json" else p.stem
+    spec = ModelSpec(
+        name=f"hf:{model_type}:{label}",
+        family="hf",
+        kind=kind,
+        build=partial(_hf_build, config, kind),
+        default_seq_len=(min(max_pos, 4096) if max_pos else 1024) if kind != "vision" else None,
+        image_size=image_size,
+        vocab_size=vocab,
+        description=f"HF {arch} from {p}: {n_layers} layers, d={dim}",
+        blocks_attr=blocks,
+        num_classes=getattr(config, "num_labels", None) if kind == "vision" else None,
+        max_seq_len=max_pos if kind != "vision" and _has_learned_positions(model) else None,
+    )
+    spec._cache["params"] = sum(q.numel() for q in model.parameters())
+    return spec
+
+
+def _has_learned_positions(model: nn.Module) -> bool:
+    """True if the model has a learned position table (so sequences longer than it fail)."""
+    return any(
+        isinstance(m, nn.Embedding) and ("pos" in n.rsplit(".", 1)[-1] or n.endswith("wpe"))
+        for n, m in model.named_modules()
+    )

@@ -1,0 +1,69 @@
+"""Small random graphs for property tests, built directly in the IR."""
+
+from __future__ import annotations
+
+from search.graph import BlockInfo, Op, OpGraph, ParamRef, TensorRef
+
+B, S, H = 8, 4, 8
+
+
+def act(source: str | None, dims: tuple[str, ...]) -> TensorRef:
+    sizes = {"batch": B, "seq": S}
+    return TensorRef(source=source, shape=tuple(sizes.get(d, H) for d in dims), dims=dims)
+
+
+def linear(name: str, src: TensorRef, out_label: str) -> Op:
+    k = src.dims[-1]
+    out = act(None, src.dims[:-1] + (out_label,))
+    return Op(name=name, kind="linear", inputs=(src,), output=out,
+              params=(ParamRef(name=f"{name}.weight", shape=(H, H), dims=(out_label, k)),),
+              splittable=("batch", out_label, k), flops=2.0 * B * S * H * H, saves="inputs")
+
+
+def pointwise(name: str, srcs: list[TensorRef], saves: str = "inputs") -> Op:
+    out = act(None, srcs[0].dims)
+    return Op(name=name, kind="elementwise", inputs=tuple(srcs), output=out,
+              splittable=tuple(d for d in out.dims), flops=float(B * S * H), saves=saves)
+
+
+def norm(name: str, src: TensorRef) -> Op:
+    return Op(name=name, kind="norm", inputs=(src,), output=act(None, src.dims),
+              params=(ParamRef(name=f"{name}.weight", shape=(H,), dims=(src.dims[-1],)),),
+              splittable=("batch", "seq"), flops=8.0 * B * S * H, saves="inputs")
+
+
+def random_dag(choices: list[tuple[int, int, int]]) -> OpGraph:
+    """choices[i] = (kind, first input, second input) as small ints, reduced modulo what exists:
+    chains, diamonds, residual branches and fan-out all arise."""
+    ops: list[Op] = [linear("op0", act(None, ("batch", "seq", "h")), "f0")]
+    for i, (kind, a, b) in enumerate(choices, start=1):
+        first = ops[a % len(ops)]
+        src = act(first.name, first.output.dims)
+        k = kind % 4
+        if k == 0:
+            ops.append(linear(f"op{i}", src, f"f{i}"))
+        elif k == 1:
+            ops.append(pointwise(f"op{i}", [src]))
+        elif k == 2:
+            second = ops[b % len(ops)]
+            ops.append(pointwise(f"op{i}", [src, act(second.name, second.output.dims)], saves="none"))
+        else:
+            ops.append(norm(f"op{i}", src))
+    return OpGraph(name="random", ops=tuple(ops))
+
+
+def stack(n_layers: int) -> OpGraph:
+    """embedding-like linear, then n pre-norm residual layers (norm -> linear -> add), then a head."""
+    ops: list[Op] = [linear("inp", act(None, ("batch", "seq", "h")), "hidden")]
+    prev = "inp"
+    layers = []
+    for i in range(n_layers):
+        x = act(prev, ("batch", "seq", "hidden"))
+        ln = norm(f"blocks.{i}.ln", x)
+        fc = linear(f"blocks.{i}.fc", act(ln.name, ln.output.dims), "hidden")
+        add = pointwise(f"blocks.{i}.add", [x, act(fc.name, fc.output.dims)], saves="none")
+        ops += [ln, fc, add]
+        layers.append((ln.name, fc.name, add.name))
+        prev = add.name
+    ops.append(linear("head", act(prev, ("batch", "seq", "hidden")), "vocab"))
+    return OpGraph(name="stack", ops=tuple(ops), blocks=(BlockInfo(prefix="blocks", layers=tuple(layers)),))

@@ -1,0 +1,99 @@
+"""FT equals the exhaustive frontier exactly, on random small graphs and on block stacks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from search.cluster import make_cluster
+from search.costmodel import TrainingJob
+from search.exhaustive import evaluate, exhaustive_search
+from search.frontier import RTOL
+from search.ft import search
+from search.mesh import Mesh, MeshAxis
+
+from graphs import random_dag, stack
+
+CLUSTER = make_cluster("h100-80gb", 4, devices_per_node=4)
+JOB = TrainingJob(global_batch=8, precision="bf16")
+MESH_2x2 = [Mesh(pp=1, axes=(MeshAxis("dp", 2, 2), MeshAxis("tp", 2, 1)))]
+MESH_4 = [Mesh(pp=1, axes=(MeshAxis("dp", 4, 1), MeshAxis("tp", 1, 1)))]
+
+
+def same_frontier(a: list, b: list) -> None:
+    assert len(a) == len(b), (len(a), len(b))
+    for p, q in zip(a, b):
+        assert p.time_s == pytest.approx(q.time_s, rel=1e-7)
+        assert p.memory_bytes == pytest.approx(q.memory_bytes, rel=1e-7)
+
+
+def check_points(result) -> None:
+    """Non-dominated, and each point's assignment re-costs to what FT reported."""
+    pts = result.points
+    for i, p in enumerate(pts):
+        for j, q in enumerate(pts):
+            if i != j:
+                assert not (q.time_s <= p.time_s and q.memory_bytes <= p.memory_bytes * (1 - RTOL)), "dominated point"
+        sol = result.solutions[p.mesh_index]
+        full = {name: p.assignment[name] for name in p.assignment}
+        from search.exhaustive import tables
+        from search.costmodel import CostModel
+        ops, edges = tables(result.graph, CostModel(result.graph, result.cluster, result.job), sol.mesh)
+        res = evaluate(ops, edges, sol.buffers, full)
+        assert res["time"][0] == pytest.approx(p.time_s, rel=1e-9)
+        assert res["memory"][0] == pytest.approx(p.memory_bytes, rel=1e-9)
+
+
+dag_choices = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9), st.integers(0, 9)), min_size=1, max_size=3)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dag_choices)
+def test_ft_equals_exhaustive_on_random_dags_2x2(choices):
+    g = random_dag(choices)
+    ft = search(g, CLUSTER, JOB, meshes=MESH_2x2)
+    ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_2x2)
+    same_frontier(ft.points, ex.points)
+    check_points(ft)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9), st.integers(0, 9)), min_size=1, max_size=7))
+def test_ft_equals_exhaustive_on_larger_dags_1d(choices):
+    g = random_dag(choices)
+    ft = search(g, CLUSTER, JOB, meshes=MESH_4)
+    ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4)
+    same_frontier(ft.points, ex.points)
+
+
+@pytest.mark.parametrize("layers", [3, 4])
+def test_block_reuse_equals_exhaustive_over_the_same_space(layers):
+    g = stack(layers)
+    ft = search(g, CLUSTER, JOB, meshes=MESH_4)
+    assert ft.stats["block_reuse"] and ft.stats["layers_solved_once"] == layers - 1
+    ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4, tie_blocks=True)
+    same_frontier(ft.points, ex.points)
+    check_points(ft)
+
+
+def test_without_reuse_ft_equals_untied_exhaustive():
+    g = stack(3)
+    ft = search(g, CLUSTER, JOB, meshes=MESH_4, reuse_blocks=False)
+    ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4, tie_blocks=False)
+    same_frontier(ft.points, ex.points)
+    # the tie only removes plans, so the untied frontier is at least as good everywhere
+    tied = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4, tie_blocks=True)
+    for p in tied.points:
+        assert any(q.time_s <= p.time_s * (1 + 1e-9) and q.memory_bytes <= p.memory_bytes * (1 + 1e-9)
+                   for q in ex.points)
+
+
+def test_all_meshes_on_a_stack():
+    g = stack(3)
+    ft = search(g, CLUSTER, JOB)
+    assert len(ft.stats["meshes"]) == 3  # tp in 1, 2, 4
+    check_points(ft)
+    times = np.array([p.time_s for p in ft.points])
+    assert np.all(np.diff(times) > 0)
