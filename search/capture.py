@@ -68,10 +68,22 @@ class _Act:
 
 @dataclass
 class _Param:
+    """A parameter as an op reads it (`shape`/`labels` of the view, e.g. after .t() or .expand())
+    and as it is stored (`stored_shape`/`stored_labels`), which is what memory is priced on."""
+
     name: str
     shape: tuple[int, ...]
     labels: list[int]
     dtype: str
+    stored_shape: tuple[int, ...] = ()
+    stored_labels: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.stored_shape and not self.stored_labels:
+            self.stored_shape, self.stored_labels = self.shape, self.labels
+
+    def viewed(self, shape: tuple[int, ...], labels: list[int]) -> _Param:
+        return _Param(self.name, shape, labels, self.dtype, self.stored_shape, self.stored_labels)
 
 
 @dataclass
@@ -278,7 +290,7 @@ class _Capture:
             name=name, kind=kind, target=str(node.target), module=self.module_of(node),
             inputs=[(a.source, a.shape, list(a.labels), a.dtype) for a in inputs],
             output=(out_shape, list(out_labels), out_dtype),
-            params=[(p.name, p.shape, list(p.labels), p.dtype) for p in params],
+            params=[(p.name, p.stored_shape, list(p.stored_labels), p.dtype) for p in params],
             splittable=seen_split, flops=float(flops), saves=saves,
         ))
         return _Act(name, out_shape, out_labels, out_dtype)
@@ -322,7 +334,7 @@ class _Capture:
         else:
             labels = _view_labels(L, src.shape, src.labels, out_shape, tag)
         if isinstance(src, _Param):
-            return _Param(src.name, out_shape, labels, src.dtype)
+            return src.viewed(out_shape, labels)
         return _Act(src.source, out_shape, labels, src.dtype)
 
     def split(self, node: torch.fx.Node, src: object, out_val: object) -> object:
@@ -337,14 +349,14 @@ class _Capture:
             for o in outs:
                 labels = [lab for k, lab in enumerate(src.labels) if k != d]
                 items.append(_Act(src.source, tuple(o.shape), labels, src.dtype) if isinstance(src, _Act)
-                             else _Param(src.name, tuple(o.shape), labels, src.dtype))
+                             else src.viewed(tuple(o.shape), labels))
             return _Multi(items)
         d = (node.args[2] if len(node.args) > 2 else 0) % len(src.shape)
         for k, o in enumerate(outs):
             labels = list(src.labels)
             labels[d] = self.b.labels.new(f"{node.name}/part{k}")
             items.append(_Act(src.source, tuple(o.shape), labels, src.dtype) if isinstance(src, _Act)
-                         else _Param(src.name, tuple(o.shape), labels, src.dtype))
+                         else src.viewed(tuple(o.shape), labels))
         return _Multi(items)
 
     def matmul(self, node: torch.fx.Node, args: list[object]) -> object:
@@ -392,14 +404,13 @@ class _Capture:
         params: list[_Param] = []
         inputs = [a]
         if isinstance(w, _Param):
-            params.append(self._param(w))
+            params.append(w)
         else:
             inputs.append(w)
         if isinstance(bias, _Param):
-            bl = list(bias.labels)
             if n_label is not None and bias.shape and bias.shape[-1] == out_shape[-1]:
-                bl[-1] = L.union(bl[-1], n_label)
-            params.append(self._param(_Param(bias.name, bias.shape, bl, bias.dtype)))
+                L.union(bias.labels[-1], n_label)  # labels are shared ids: the stored dims follow
+            params.append(bias)
         kind = "linear" if isinstance(w, _Param) else "matmul"
         # splittable: the outermost (batch) dim, the output features (column) and the reduction (row)
         split = [a.labels[0]] if len(a.shape) >= 2 else []
@@ -410,9 +421,6 @@ class _Capture:
         split.append(k_label)
         return self.emit(node, kind, inputs, out_shape, out_labels, _dtype(out_val), params, split, flops,
                          "inputs")
-
-    def _param(self, p: _Param) -> _Param:
-        return p
 
     def attention(self, node: torch.fx.Node, args: list[object]) -> object:
         L = self.b.labels

@@ -247,11 +247,12 @@ class CostModel:
         return EdgeCosts(src=prod.name, dst=cons.name, time=time, mem=mem, comm=comm)
 
     # ---- constants ---------------------------------------------------------------------------
-    def buffers(self, mesh: Mesh) -> float:
+    def buffers(self, mesh: Mesh, ops: list[Op] | None = None) -> float:
         """Transient workspace: the largest op output (and its gradient) under the op's leanest
-        configuration. Config-independent, so adding it keeps the frontier exact."""
+        configuration. Config-independent, so adding it keeps the frontier exact. `ops` may
+        name a subset that stands for the rest (one layer of a stack of identical layers)."""
         worst = 0.0
-        for op in self.graph.ops:
+        for op in self.graph.ops if ops is None else ops:
             cfgs = op_configs(op, mesh)
             lean = min(op.output.numel / shard_factor(output_placement(c, op), mesh) for c in cfgs)
             worst = max(worst, 2 * lean * self.esize(op.output))

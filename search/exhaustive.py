@@ -99,9 +99,8 @@ def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes
     points = []
     for g in keep:
         mi = int(which[g])
-        j = int(g - offsets[mi])
         points.append(FrontierPoint(time_s=float(t[g]), memory_bytes=float(m[g]), mesh_index=mi,
-                                    assignment={v: int(a[j]) for v, a in all_assign[mi].items()}))
+                                    configs=all_assign[mi], row=int(g - offsets[mi])))
     points.sort(key=lambda p: p.time_s)
     return SearchResult(graph=graph, cluster=cluster, job=job, solutions=solutions, points=points,
                         search_seconds=_time.perf_counter() - start, eps=0.0,

@@ -25,6 +25,7 @@ point is within (1 + eps)^d of a point of the returned frontier.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -128,9 +129,17 @@ def pareto_mask(group: np.ndarray, t: np.ndarray, m: np.ndarray, eps: float = 0.
     return cand[keep]
 
 
+CHUNK_PAIRS = 2_000_000  # pairs materialised at once: bounds memory on long block stacks
+
+
 def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int] | None = None,
-         eps: float = 0.0, stats: Stats | None = None) -> Factor:
-    """Minkowski sum of `a` and `b` per shared assignment, then reduce with `drop` eliminated."""
+         eps: float = 0.0, stats: Stats | None = None,
+         admit: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None) -> Factor:
+    """Minkowski sum of `a` and `b` per shared assignment, then reduce with `drop` eliminated.
+
+    Pairs are formed in chunks of at most CHUNK_PAIRS and reduced as they go, so memory stays
+    bounded however large the two frontiers are (the reduction is associative). `admit(t, m,
+    keys)` may veto pairs before the reduction (exact bounds from the caller)."""
     shared = [v for v in a.scope if v in b.scope]
     dom = domain or {}
     if shared:
@@ -141,28 +150,49 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
         ka = np.zeros(len(a), dtype=np.int64)
         kb = np.zeros(len(b), dtype=np.int64)
     ob = np.argsort(kb, kind="stable")
-    kbs = kb[ob]
-    lo = np.searchsorted(kbs, ka, "left")
-    hi = np.searchsorted(kbs, ka, "right")
-    cnt = hi - lo
-    total = int(cnt.sum())
-    ia = np.repeat(np.arange(len(a)), cnt)
-    starts = np.repeat(np.cumsum(cnt) - cnt, cnt)
-    ib = ob[np.repeat(lo, cnt) + (np.arange(total) - starts)]
-    t = a.t[ia] + b.t[ib]
-    m = a.m[ia] + b.m[ib]
+    lo = np.searchsorted(kb[ob], ka, "left")
+    cnt = np.searchsorted(kb[ob], ka, "right") - lo
     out_scope = tuple(v for v in a.scope if v not in drop) + tuple(
         v for v in b.scope if v not in a.scope and v not in drop)
-    cols = []
-    for v in out_scope:
-        cols.append(a.keys[ia, a.scope.index(v)] if v in a.scope else b.keys[ib, b.scope.index(v)])
-    keys = np.stack(cols, axis=1) if cols else np.zeros((total, 0), dtype=np.int32)
+    radix = _radix([dom[v] for v in out_scope])
+    from_a = [(v in a.scope, a.scope.index(v) if v in a.scope else b.scope.index(v)) for v in out_scope]
+
+    def pairs(rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        c = cnt[rows]
+        n = int(c.sum())
+        ia = np.repeat(rows, c)
+        ib = ob[np.repeat(lo[rows], c) + (np.arange(n) - np.repeat(np.cumsum(c) - c, c))]
+        cols = [a.keys[ia, j] if in_a else b.keys[ib, j] for in_a, j in from_a]
+        keys = np.stack(cols, axis=1) if cols else np.zeros((n, 0), dtype=np.int32)
+        return a.t[ia] + b.t[ib], a.m[ia] + b.m[ib], keys, ia, ib
+
+    def reduce(t: np.ndarray, m: np.ndarray, keys: np.ndarray, ia: np.ndarray, ib: np.ndarray) -> tuple[np.ndarray, ...]:
+        if admit is not None:
+            ok = np.flatnonzero(admit(t, m, keys))
+            t, m, keys, ia, ib = t[ok], m[ok], keys[ok], ia[ok], ib[ok]
+        keep = pareto_mask(_group_ids(keys, radix), t, m, eps)
+        return t[keep], m[keep], keys[keep], ia[keep], ib[keep]
+
+    total = int(cnt.sum())
+    if total <= CHUNK_PAIRS:
+        t, m, keys, ia, ib = reduce(*pairs(np.arange(len(a))))
+    else:
+        bounds = np.searchsorted(np.cumsum(cnt), np.arange(CHUNK_PAIRS, total + CHUNK_PAIRS, CHUNK_PAIRS), "left")
+        acc: tuple[np.ndarray, ...] | None = None
+        start = 0
+        for stop in list(bounds) + [len(a)]:
+            stop = max(int(stop) + 1, start + 1) if stop < len(a) else len(a)
+            if start >= len(a):
+                break
+            part = reduce(*pairs(np.arange(start, stop)))
+            acc = part if acc is None else reduce(*(np.concatenate([x, y]) for x, y in zip(acc, part)))
+            start = stop
+        assert acc is not None
+        t, m, keys, ia, ib = acc
     if stats is not None:
         stats.joins += 1
         stats.pairs += total
-    keep = pareto_mask(_group_ids(keys, _radix([dom[v] for v in out_scope])), t, m, eps)
-    f = Factor(scope=out_scope, keys=keys[keep], t=t[keep], m=m[keep], parents=(a, b),
-               parent_idx=(ia[keep], ib[keep]))
+    f = Factor(scope=out_scope, keys=keys, t=t, m=m, parents=(a, b), parent_idx=(ia, ib))
     if stats is not None:
         stats.max_factor_points = max(stats.max_factor_points, len(f))
     return f

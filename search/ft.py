@@ -34,9 +34,12 @@ import numpy as np
 
 from search.cluster import Cluster
 from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
-from search.frontier import Factor, Stats, assignments, eliminate_var, join, leaf, pareto_mask, restrict_equal
+from search.frontier import RTOL, Factor, Stats, assignments, eliminate_var, join, leaf, pareto_mask, restrict_equal
 from search.graph import OpGraph
 from search.mesh import Mesh, mesh_candidates, op_configs
+
+
+PREPASS_EPS = 0.05
 
 
 @dataclass
@@ -114,7 +117,13 @@ class FrontierPoint:
     time_s: float
     memory_bytes: float
     mesh_index: int
-    assignment: dict[str, int]   # op name -> configuration index
+    configs: dict[str, np.ndarray]  # op name -> configuration indices, shared by the mesh's points
+    row: int                        # this point's position in those arrays
+
+    @property
+    def assignment(self) -> dict[str, int]:
+        """op name -> index of its configuration in mesh.op_configs order."""
+        return {name: int(v[self.row]) for name, v in self.configs.items()}
 
 
 @dataclass
@@ -196,17 +205,33 @@ def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str
     return acc
 
 
-def solve_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, eps: float = 0.0, reuse_blocks: bool = True) -> MeshSolution:
+@dataclass
+class MeshProblem:
+    """One mesh's factor graph, with everything that does not depend on pruning solved: the
+    template layer eliminated to its per-boundary frontier (`unit`) and the rest of the graph to
+    a factor over the boundary (`outside`); without a block stack, just the factors."""
+
+    mesh: Mesh
+    chain: Chain | None
+    op_costs: dict[str, OpCosts]
+    edge_costs: dict[tuple[str, str], EdgeCosts]
+    domain: dict[str, int]
+    buffers: float
+    stats: Stats
+    factors: list[Factor]
+    unit: Factor | None = None
+    outside: Factor | None = None
+
+
+def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool = True, eps: float = 0.0) -> MeshProblem:
     stats = Stats()
     chain = find_chain(graph) if reuse_blocks else None
     covered = {n for layer in chain.layers[2:] for n in layer} if chain else set()
-    rename: dict[str, str] = {}
-    if chain:
-        rename[chain.layers[-1][-1]] = chain.boundary
+    rename: dict[str, str] = {chain.layers[-1][-1]: chain.boundary} if chain else {}
     costed = [op for op in graph.ops if op.name not in covered]
     op_costs = {op.name: cm.op_costs(op, mesh) for op in costed}
     if chain and len(op_costs[chain.boundary].configs) != len(op_costs[chain.template[-1]].configs):
-        return solve_mesh(graph, cm, mesh, eps, reuse_blocks=False)
+        return prepare_mesh(graph, cm, mesh, reuse_blocks=False, eps=eps)
     domain = {name: len(oc.configs) for name, oc in op_costs.items()}
     edge_costs: dict[tuple[str, str], EdgeCosts] = {}
 
@@ -226,41 +251,115 @@ def solve_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, eps: float = 0.0, reus
         target.append(_op_factor(op.name, op_costs[op.name]))
         for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
             # ops after the stack read the last layer's output; the boundary variable stands for it
-            var = rename.get(src, src)
-            target.append(_edge_factor(edge(src, op.name), var, op.name))
+            target.append(_edge_factor(edge(src, op.name), rename.get(src, src), op.name))
+    prob = MeshProblem(mesh=mesh, chain=chain, op_costs=op_costs, edge_costs=edge_costs, domain=domain,
+                       buffers=cm.buffers(mesh, costed), stats=stats, factors=rest_factors)
     if chain:
         out_t = chain.template[-1]
         block = eliminate_all(block_factors, domain, keep=(chain.boundary, out_t), eps=eps, stats=stats)
-        diag = restrict_equal(block, chain.boundary, out_t, chain.boundary)
-        diag.layer_leaf = True
-        diag.layers = 1
-        stack = _chain(diag, len(chain.layers) - 1, domain, eps, stats, {})
+        prob.unit = restrict_equal(block, chain.boundary, out_t, chain.boundary)
+        prob.unit.layer_leaf = True
+        prob.unit.layers = 1
         # reduce everything else to a factor over the boundary first: the stack's factor is the
         # largest table, and it should meet one frontier per boundary configuration, not one
         # per configuration of every op it happens to share a table with
-        outside = eliminate_all(rest_factors, domain, keep=(chain.boundary,), eps=eps, stats=stats)
-        rest_factors = [join(outside, stack, drop=(chain.boundary,), domain=domain, eps=eps, stats=stats)]
-    root = eliminate_all(rest_factors, domain, keep=(), eps=eps, stats=stats)
-    buffers = cm.buffers(mesh)
-    root = Factor(scope=(), keys=root.keys, t=root.t, m=root.m + buffers, parents=(root,),
+        prob.outside = eliminate_all(rest_factors, domain, keep=(chain.boundary,), eps=eps, stats=stats)
+        prob.factors = []
+    return prob
+
+
+def finish_mesh(prob: MeshProblem, eps: float = 0.0, envelope: tuple[np.ndarray, np.ndarray] | None = None) -> MeshSolution:
+    """The frontier on one mesh. `envelope` holds (time, memory) of plans known to exist (other
+    meshes' frontiers): they let the stack drop partial plans that cannot win."""
+    envelope = envelope if envelope is not None else (np.zeros(0), np.zeros(0))
+    stats, domain, factors = prob.stats, prob.domain, list(prob.factors)
+    if prob.chain:
+        assert prob.unit is not None and prob.outside is not None
+        n = len(prob.chain.layers) - 1
+        bound = _StackBound(prob.unit, prob.outside, n, envelope, prob.buffers)
+        stack = _chain(bound.prune(prob.unit, 1), n, domain, eps, stats, {}, bound)
+        outside = bound.prune(prob.outside, 0, with_outside=True)
+        factors = [join(outside, stack, drop=(prob.chain.boundary,), domain=domain, eps=eps, stats=stats)]
+    root = eliminate_all(factors, domain, keep=(), eps=eps, stats=stats)
+    root = Factor(scope=(), keys=root.keys, t=root.t, m=root.m + prob.buffers, parents=(root,),
                   parent_idx=(np.arange(len(root)),))
     stats.sizes.append(len(root))
-    return MeshSolution(mesh=mesh, root=root, chain=chain, op_costs=op_costs, edge_costs=edge_costs,
-                        buffers=buffers, stats=stats)
+    return MeshSolution(mesh=prob.mesh, root=root, chain=prob.chain, op_costs=prob.op_costs,
+                        edge_costs=prob.edge_costs, buffers=prob.buffers, stats=stats)
 
 
-def _chain(unit: Factor, n: int, domain: dict[str, int], eps: float, stats: Stats, memo: dict[int, Factor]) -> Factor:
+def solve_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, eps: float = 0.0, reuse_blocks: bool = True,
+               envelope: tuple[np.ndarray, np.ndarray] | None = None) -> MeshSolution:
+    return finish_mesh(prepare_mesh(graph, cm, mesh, reuse_blocks, eps), eps, envelope)
+
+
+def _chain(unit: Factor, n: int, domain: dict[str, int], eps: float, stats: Stats, memo: dict[int, Factor],
+           bound: _StackBound) -> Factor:
     """n identical layers by repeated doubling; lengths are memoised so only O(log n) joins run."""
     if n == 1:
         return unit
     if n in memo:
         return memo[n]
-    left = _chain(unit, n // 2, domain, eps, stats, memo)
-    right = _chain(unit, n - n // 2, domain, eps, stats, memo)
-    f = join(left, right, domain=domain, eps=eps, stats=stats)
+    left = _chain(unit, n // 2, domain, eps, stats, memo, bound)
+    right = _chain(unit, n - n // 2, domain, eps, stats, memo, bound)
+    f = join(left, right, domain=domain, eps=eps, stats=stats,
+             admit=lambda t, m, keys: bound.admit(t, m, keys[:, 0], n))
     f.layers = n
     memo[n] = f
     return f
+
+
+class _StackBound:
+    """Exact pruning of partial stacks: a point covering L of the n layers will still be joined
+    with n - L more layers and with the rest of the graph, each at least as costly as their
+    ideal point (the least time and the least memory, taken separately, for that boundary
+    configuration). If even that optimistic completion is beaten in both objectives by a plan
+    known to exist - a uniform stack, or a point of a mesh solved earlier - the point cannot be
+    on the frontier and is dropped. The same test drops whole boundary configurations."""
+
+    def __init__(self, unit: Factor, outside: Factor, n: int, envelope: tuple[np.ndarray, np.ndarray],
+                 buffers: float) -> None:
+        """`envelope`: final (time, memory) of plans found on other meshes; `buffers`: this
+        mesh's constant memory, added to this mesh's bounds to compare like with like."""
+        self.n = n
+        self.buffers = buffers
+        keys = int(max(unit.keys[:, 0].max(initial=0), outside.keys[:, 0].max(initial=0))) + 1
+        inf = np.full(keys, np.inf)
+        self.unit_t, self.unit_m = inf.copy(), inf.copy()
+        np.minimum.at(self.unit_t, unit.keys[:, 0], unit.t)
+        np.minimum.at(self.unit_m, unit.keys[:, 0], unit.m)
+        self.out_t, self.out_m = inf.copy(), inf.copy()
+        np.minimum.at(self.out_t, outside.keys[:, 0], outside.t)
+        np.minimum.at(self.out_m, outside.keys[:, 0], outside.m)
+        # plans that exist: the rest of the graph plus n copies of one layer configuration
+        ts, ms = [envelope[0]], [envelope[1]]
+        for c in range(keys):
+            d = unit.keys[:, 0] == c
+            o = outside.keys[:, 0] == c
+            if d.any() and o.any():
+                ts.append((outside.t[o][:, None] + n * unit.t[d][None, :]).ravel())
+                ms.append((outside.m[o][:, None] + n * unit.m[d][None, :]).ravel() + buffers)
+        t, m = np.concatenate(ts), np.concatenate(ms)
+        keep = pareto_mask(np.zeros(len(t), dtype=np.int64), t, m)
+        order = np.argsort(t[keep])
+        self.env_t = t[keep][order]
+        self.env_m = np.minimum.accumulate(m[keep][order])
+
+    def admit(self, t: np.ndarray, m: np.ndarray, c: np.ndarray, layers: int, with_outside: bool = False) -> np.ndarray:
+        """Which points (of boundary configurations c, covering `layers` layers) may still win."""
+        lt = t + (self.n - layers) * self.unit_t[c] + (0.0 if with_outside else self.out_t[c])
+        lm = m + (self.n - layers) * self.unit_m[c] + (0.0 if with_outside else self.out_m[c]) + self.buffers
+        # the least envelope memory among plans faster by more than RTOL
+        i = np.searchsorted(self.env_t, lt * (1.0 - RTOL), side="right") - 1
+        env_m = np.where(i >= 0, self.env_m[np.clip(i, 0, None)], np.inf)
+        return ~(env_m < lm * (1.0 - RTOL))
+
+    def prune(self, f: Factor, layers: int, with_outside: bool = False) -> Factor:
+        sel = np.flatnonzero(self.admit(f.t, f.m, f.keys[:, 0], layers, with_outside))
+        if len(sel) == len(f):
+            return f
+        return Factor(scope=f.scope, keys=f.keys[sel], t=f.t[sel], m=f.m[sel], parents=(f,), parent_idx=(sel,),
+                      layers=f.layers, layer_leaf=False)
 
 
 def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh] | None = None,
@@ -269,7 +368,21 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job)
     meshes = meshes if meshes is not None else mesh_candidates(cluster)
-    solutions = [solve_mesh(graph, cm, mesh, eps, reuse_blocks) for mesh in meshes]
+    problems = [prepare_mesh(graph, cm, mesh, reuse_blocks, eps) for mesh in meshes]
+    envelope = (np.zeros(0), np.zeros(0))
+    if eps == 0.0 and any(p.chain for p in problems) and len(problems) > 1:
+        # A coarse pass over every mesh finds real plans close to the whole frontier in a
+        # fraction of the time; as an envelope they let the exact pass drop, on every mesh,
+        # the partial stacks that cannot win. The result is still exact.
+        for prob in problems:
+            rough = finish_mesh(prob, PREPASS_EPS, envelope)
+            envelope = (np.concatenate([envelope[0], rough.root.t]), np.concatenate([envelope[1], rough.root.m]))
+    solutions: list[MeshSolution] = []
+    for prob in problems:
+        sol = finish_mesh(prob, eps, envelope)
+        solutions.append(sol)
+        # what this mesh achieves bounds what later meshes need to keep
+        envelope = (np.concatenate([envelope[0], sol.root.t]), np.concatenate([envelope[1], sol.root.m]))
     t = np.concatenate([s.root.t for s in solutions]) if solutions else np.zeros(0)
     m = np.concatenate([s.root.m for s in solutions]) if solutions else np.zeros(0)
     which = np.concatenate([np.full(len(s.root), i) for i, s in enumerate(solutions)]) if solutions else np.zeros(0, int)
@@ -283,7 +396,7 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
         assign = assignments(sol.root, local[sel], sol.chain.layer_maps() if sol.chain else None)
         for j, g in enumerate(sel):
             points.append(FrontierPoint(time_s=float(t[g]), memory_bytes=float(m[g]), mesh_index=i,
-                                        assignment={name: int(v[j]) for name, v in assign.items()}))
+                                        configs=assign, row=j))
     points.sort(key=lambda p: p.time_s)
     elapsed = _time.perf_counter() - start
     stats = {

@@ -1,0 +1,5 @@
+import sys
+
+from paretoplan.cli import main
+
+sys.exit(main())

@@ -1,0 +1,36 @@
+"""A self-contained interactive chart of a frontier (plotly.js embedded: opens offline)."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from search.cluster import format_size
+from search.ft import FrontierPoint, SearchResult
+from search.plan import Plan
+
+GIB = 2**30
+
+
+def frontier_html(result: SearchResult, plans: list[Plan], budget: float, best: FrontierPoint | None) -> str:
+    fig = go.Figure()
+    by_mesh: dict[str, list[int]] = {}
+    for i, plan in enumerate(plans):
+        by_mesh.setdefault(plan.mesh.shape, []).append(i)
+    for mesh, idxs in by_mesh.items():
+        fig.add_trace(go.Scatter(
+            x=[result.points[i].memory_bytes / GIB for i in idxs],
+            y=[result.points[i].time_s * 1e3 for i in idxs],
+            mode="markers", name=mesh,
+            text=[f"#{i}: {plans[i].summary}<br>params {format_size(plans[i].predicted.breakdown.params)}, "
+                  f"activations {format_size(plans[i].predicted.breakdown.activations)}" for i in idxs],
+            hovertemplate="%{y:.2f} ms, %{x:.2f} GiB<br>%{text}<extra></extra>",
+        ))
+    if best is not None:
+        fig.add_trace(go.Scatter(x=[best.memory_bytes / GIB], y=[best.time_s * 1e3], mode="markers",
+                                 name="fastest that fits", marker=dict(symbol="star", size=16, color="black")))
+    fig.add_vline(x=budget / GIB, line_dash="dash", annotation_text=f"budget {format_size(int(budget))}")
+    fig.update_layout(
+        title=f"{result.graph.name} on {result.cluster.describe()}: {len(result.points)} Pareto-optimal plans",
+        xaxis_title="peak memory per device (GiB)", yaxis_title="iteration time (ms)", template="plotly_white",
+    )
+    return fig.to_html(include_plotlyjs=True, full_html=True)

@@ -1,0 +1,225 @@
+"""The Plan: the one output format, from search to database to dashboard to worker.
+
+A Plan says, for one point of the frontier, everything needed to run it without searching
+again: the mesh, each op's configuration with the DTensor placements of its parameters and
+output, how the layers of a block stack are configured (distinct layer configurations are
+stored once as *variants*, with the variant of every layer, so a 96-layer plan stays small), and
+the prediction with its memory breakdown and communication volume per mesh axis.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from search.costmodel import EdgeCosts, OpCosts
+from search.exhaustive import evaluate
+from search.ft import FrontierPoint, MeshSolution, SearchResult
+from search.graph import Op, OpGraph
+from search.mesh import Mesh, format_placement, output_placement, param_placement
+
+PLAN_VERSION = 1
+
+
+class AxisSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    name: str
+    size: int
+    stride: int
+
+
+class MeshSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    pp: int = 1
+    axes: list[AxisSpec]
+
+    @property
+    def shape(self) -> str:
+        return " x ".join([f"pp{self.pp}"] + [f"{a.name}{a.size}" for a in self.axes])
+
+
+class OpPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    op: str
+    kind: str
+    module: str = ""
+    config: list[str] = Field(description="per mesh axis: the dimension label it shards, or 'R'")
+    params: dict[str, list[str]] = Field(default_factory=dict, description="DTensor placements per parameter")
+    output: list[str] = Field(default_factory=list, description="DTensor placements of the output")
+
+
+class BlockPlan(BaseModel):
+    prefix: str
+    variants: list[list[OpPlan]] = Field(description="distinct layer configurations, ops in layer 0's names")
+    layer_variant: list[int] = Field(description="the variant of every layer")
+
+
+class MemoryBreakdown(BaseModel):
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    buffers: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+
+class Prediction(BaseModel):
+    time_s: float
+    memory_bytes: int
+    breakdown: MemoryBreakdown
+    comm_bytes: dict[str, float] = Field(description="bytes sent per device per iteration, per mesh axis")
+    estimated: bool = Field(default=True, description="priced from the device catalog's roofline, not a profile")
+
+
+class Plan(BaseModel):
+    version: int = PLAN_VERSION
+    model: str
+    cluster: str
+    device: str
+    num_devices: int
+    devices_per_node: int
+    global_batch: int
+    seq_len: int | None
+    precision: str
+    mesh: MeshSpec
+    ops: list[OpPlan] = Field(description="ops outside block stacks")
+    blocks: list[BlockPlan] = Field(default_factory=list)
+    pipeline: dict[str, int | str] = Field(default_factory=lambda: {"stages": 1, "schedule": "none", "micro_batches": 1})
+    zero_stage: int = 0
+    recompute: list[str] = Field(default_factory=list)
+    predicted: Prediction
+    summary: str
+
+
+# ---- from a search result ----------------------------------------------------------------------
+def _cost_names(sol: MeshSolution) -> tuple[dict[str, str], dict[tuple[str, str], tuple[str, str]]]:
+    """Ops of layers solved through the template are priced with the template's tables."""
+    op_map: dict[str, str] = {}
+    edge_map: dict[tuple[str, str], tuple[str, str]] = {}
+    chain = sol.chain
+    if chain:
+        for i in range(2, len(chain.layers)):
+            prev_out = chain.layers[i - 1][-1]
+            for a, b in zip(chain.template, chain.layers[i]):
+                op_map[b] = a
+            for b in chain.layers[i]:
+                edge_map[(prev_out, b)] = (chain.boundary, op_map[b])
+    return op_map, edge_map
+
+
+def recost(graph: OpGraph, sol: MeshSolution, assignment: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Time, memory and breakdown of many assignments at once, from the mesh's cost tables."""
+    op_map, edge_map = _cost_names(sol)
+    ops: dict[str, OpCosts] = {}
+    edges: dict[tuple[str, str], EdgeCosts] = {}
+    remap: dict[str, np.ndarray] = {}
+    for op in graph.ops:
+        ops[op.name] = sol.op_costs[op_map.get(op.name, op.name)]
+        remap[op.name] = assignment[op.name]
+        for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
+            k = edge_map.get((src, op.name))
+            if k is None:
+                k = (op_map.get(src, src), op_map.get(op.name, op.name))
+                if k not in sol.edge_costs:
+                    k = (src, op.name)
+            edges[(src, op.name)] = sol.edge_costs[k]
+    return evaluate(ops, edges, sol.buffers, remap)
+
+
+def _op_plan(op: Op, mesh: Mesh, cfg: tuple[str | None, ...]) -> OpPlan:
+    return OpPlan(
+        op=op.name, kind=op.kind, module=op.module,
+        config=[lab if lab is not None else "R" for lab in cfg],
+        params={p.name: format_placement(param_placement(cfg, p.dims), p.dims) for p in op.params if p.owner},
+        output=format_placement(output_placement(cfg, op), op.output.dims),
+    )
+
+
+def _role(op: Op, label: str | None, batch: str) -> str:
+    if label is None:
+        return "rep"
+    if label == batch:
+        return "batch"
+    in_params = any(label in p.dims for p in op.params)
+    if op.kind == "attention":
+        return "heads"
+    if in_params:
+        return "col" if label in op.output.dims else "row"
+    return "other"
+
+
+def summarize(graph: OpGraph, mesh: Mesh, configs: dict[str, tuple[str | None, ...]]) -> str:
+    """One line: the mesh, then per axis how the parameter-carrying ops use it (by weight count)."""
+    parts = [mesh.describe()]
+    for ai, ax in enumerate(mesh.axes):
+        if ax.size == 1:
+            continue
+        weights: Counter[str] = Counter()
+        for op in graph.ops:
+            n = sum(p.numel for p in op.params) or 0
+            if op.kind in ("linear", "embedding", "conv", "attention") and (n or op.kind == "attention"):
+                weights[_role(op, configs[op.name][ai], graph.batch_label)] += max(n, 1)
+        total = sum(weights.values()) or 1
+        desc = " ".join(f"{r} {100 * w / total:.0f}%" for r, w in weights.most_common() if w / total >= 0.005)
+        parts.append(f"{ax.name}: {desc}")
+    return " | ".join(parts)
+
+
+def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None) -> list[Plan]:
+    """Plans for the given frontier points (all by default)."""
+    points = result.points if points is None else points
+    graph, cluster, job = result.graph, result.cluster, result.job
+    by_mesh: dict[int, list[int]] = {}
+    for i, p in enumerate(points):
+        by_mesh.setdefault(p.mesh_index, []).append(i)
+    out: dict[int, Plan] = {}
+    for mi, idxs in by_mesh.items():
+        sol = result.solutions[mi]
+        mesh = sol.mesh
+        rows = np.array([points[i].row for i in idxs])
+        assign = {name: np.asarray(v)[rows] for name, v in points[idxs[0]].configs.items()}
+        costs = recost(graph, sol, assign)
+        op_map, _ = _cost_names(sol)
+        cfg_list = {op.name: sol.op_costs[op_map.get(op.name, op.name)].configs for op in graph.ops}
+        block_names = {n for b in graph.blocks for layer in b.layers for n in layer}
+        for j, i in enumerate(idxs):
+            configs = {name: cfg_list[name][int(assign[name][j])] for name in cfg_list}
+            blocks = []
+            for b in graph.blocks:
+                variants: dict[tuple, int] = {}
+                vlist: list[list[OpPlan]] = []
+                layer_variant = []
+                for layer in b.layers:
+                    key = tuple(configs[n] for n in layer)
+                    if key not in variants:
+                        variants[key] = len(vlist)
+                        vlist.append([_op_plan(graph.op(n0), mesh, configs[n]) for n0, n in zip(b.layers[0], layer)])
+                    layer_variant.append(variants[key])
+                blocks.append(BlockPlan(prefix=b.prefix, variants=vlist, layer_variant=layer_variant))
+            parts = costs["parts"][j]
+            breakdown = MemoryBreakdown(params=int(parts[0]), grads=int(parts[1]), optimizer=int(parts[2]),
+                                        activations=int(parts[3]), buffers=int(costs["buffers"][j]))
+            pred = Prediction(time_s=float(costs["time"][j]), memory_bytes=int(round(costs["memory"][j])),
+                              breakdown=breakdown,
+                              comm_bytes={ax.name: float(costs["comm"][j][a]) for a, ax in enumerate(mesh.axes)})
+            out[i] = Plan(
+                model=graph.meta.get("model", graph.name) if graph.meta else graph.name,
+                cluster=cluster.describe(), device=cluster.device.name, num_devices=cluster.num_devices,
+                devices_per_node=cluster.devices_per_node, global_batch=job.global_batch, seq_len=job.seq_len,
+                precision=job.precision,
+                mesh=MeshSpec(pp=mesh.pp, axes=[AxisSpec(name=a.name, size=a.size, stride=a.stride) for a in mesh.axes]),
+                ops=[_op_plan(op, mesh, configs[op.name]) for op in graph.ops if op.name not in block_names],
+                blocks=blocks, predicted=pred, summary=summarize(graph, mesh, configs),
+            )
+    return [out[i] for i in range(len(points))]
+
+
+def pick(points: list[FrontierPoint], budget_bytes: float) -> FrontierPoint | None:
+    """The fastest point whose peak memory per device fits the budget; None if none does."""
+    fitting = [p for p in points if p.memory_bytes <= budget_bytes]
+    return min(fitting, key=lambda p: p.time_s) if fitting else None
