@@ -18,7 +18,7 @@ from search.costmodel import EdgeCosts, OpCosts
 from search.exhaustive import evaluate
 from search.ft import FrontierPoint, MeshSolution, SearchResult
 from search.graph import Op, OpGraph
-from search.mesh import Mesh, format_placement, output_placement, param_placement
+from search.mesh import Mesh, format_placement, op_configs, output_placement, param_placement
 
 PLAN_VERSION = 1
 
@@ -184,8 +184,9 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
         rows = np.array([points[i].row for i in idxs])
         assign = {name: np.asarray(v)[rows] for name, v in points[idxs[0]].configs.items()}
         costs = recost(graph, sol, assign)
-        op_map, _ = _cost_names(sol)
-        cfg_list = {op.name: sol.op_costs[op_map.get(op.name, op.name)].configs for op in graph.ops}
+        # configuration indices are positional, so each op reads its own labels from its own list
+        # (a layer priced through the template carries the template's index, not its labels)
+        cfg_list = {op.name: op_configs(op, mesh) for op in graph.ops}
         block_names = {n for b in graph.blocks for layer in b.layers for n in layer}
         for j, i in enumerate(idxs):
             configs = {name: cfg_list[name][int(assign[name][j])] for name in cfg_list}
@@ -195,10 +196,10 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
                 vlist: list[list[OpPlan]] = []
                 layer_variant = []
                 for layer in b.layers:
-                    key = tuple(configs[n] for n in layer)
+                    key = tuple(int(assign[n][j]) for n in layer)
                     if key not in variants:
                         variants[key] = len(vlist)
-                        vlist.append([_op_plan(graph.op(n0), mesh, configs[n]) for n0, n in zip(b.layers[0], layer)])
+                        vlist.append([_op_plan(graph.op(n0), mesh, cfg_list[n0][k]) for n0, k in zip(b.layers[0], key)])
                     layer_variant.append(variants[key])
                 blocks.append(BlockPlan(prefix=b.prefix, variants=vlist, layer_variant=layer_variant))
             parts = costs["parts"][j]
