@@ -276,9 +276,10 @@ def finish_mesh(prob: MeshProblem, eps: float = 0.0, envelope: tuple[np.ndarray,
     if prob.chain:
         assert prob.unit is not None and prob.outside is not None
         n = len(prob.chain.layers) - 1
-        bound = _StackBound(prob.unit, prob.outside, n, envelope, prob.buffers)
-        stack = _chain(bound.prune(prob.unit, 1), n, domain, eps, stats, {}, bound)
-        outside = bound.prune(prob.outside, 0, with_outside=True)
+        unit, outside = _drop_dominated_boundaries(prob.unit, prob.outside)
+        bound = _StackBound(unit, outside, n, envelope, prob.buffers)
+        stack = _chain(bound.prune(unit, 1), n, domain, eps, stats, {}, bound)
+        outside = bound.prune(outside, 0, with_outside=True)
         factors = [join(outside, stack, drop=(prob.chain.boundary,), domain=domain, eps=eps, stats=stats)]
     root = eliminate_all(factors, domain, keep=(), eps=eps, stats=stats)
     root = Factor(scope=(), keys=root.keys, t=root.t, m=root.m + prob.buffers, parents=(root,),
@@ -307,6 +308,42 @@ def _chain(unit: Factor, n: int, domain: dict[str, int], eps: float, stats: Stat
     f.layers = n
     memo[n] = f
     return f
+
+
+def _covered(a_t: np.ndarray, a_m: np.ndarray, b_t: np.ndarray, b_m: np.ndarray) -> bool:
+    """Is every point of frontier A weakly dominated (within RTOL) by some point of B?"""
+    if len(b_t) == 0:
+        return len(a_t) == 0
+    order = np.argsort(b_t)
+    bt, bm = b_t[order], np.minimum.accumulate(b_m[order])
+    i = np.searchsorted(bt, a_t * (1.0 + RTOL), side="right") - 1
+    return bool(np.all((i >= 0) & (bm[np.clip(i, 0, None)] <= a_m * (1.0 + RTOL))))
+
+
+def _drop_dominated_boundaries(unit: Factor, outside: Factor) -> tuple[Factor, Factor]:
+    """A boundary configuration c1 loses to c2 when every layer point and every point of the
+    rest of the graph under c1 is matched or beaten under c2: any plan through c1 is then
+    beaten by the same choices through c2. Dropping c1 is exact (of two equals, the first stays)."""
+    keys = sorted(set(unit.keys[:, 0].tolist()) & set(outside.keys[:, 0].tolist()))
+    u = {c: (unit.t[unit.keys[:, 0] == c], unit.m[unit.keys[:, 0] == c]) for c in keys}
+    o = {c: (outside.t[outside.keys[:, 0] == c], outside.m[outside.keys[:, 0] == c]) for c in keys}
+
+    def beats(c2: int, c1: int) -> bool:
+        return _covered(*u[c1], *u[c2]) and _covered(*o[c1], *o[c2])
+
+    alive = [c1 for c1 in keys
+             if not any(c2 != c1 and beats(c2, c1) and not (c2 > c1 and beats(c1, c2)) for c2 in keys)]
+    keep = np.isin(unit.keys[:, 0], alive)
+    keep_o = np.isin(outside.keys[:, 0], alive)
+
+    def subset(f: Factor, mask: np.ndarray) -> Factor:
+        if mask.all():
+            return f
+        sel = np.flatnonzero(mask)
+        return Factor(scope=f.scope, keys=f.keys[sel], t=f.t[sel], m=f.m[sel], parents=(f,), parent_idx=(sel,),
+                      layers=f.layers)
+
+    return subset(unit, keep), subset(outside, keep_o)
 
 
 class _StackBound:
