@@ -18,8 +18,16 @@ EXIT_INPUT = 2
 EXIT_NO_PLAN = 3
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's own errors as one line too (subparsers inherit the class)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"paretoplan: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(EXIT_INPUT)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="paretoplan", description="Pareto frontiers of parallel training strategies.")
+    p = _Parser(prog="paretoplan", description="Pareto frontiers of parallel training strategies.")
     sub = p.add_subparsers(dest="command", required=True)
 
     sub.add_parser("models", help="list the model zoo with parameter counts")
@@ -104,6 +112,9 @@ def _search(args: argparse.Namespace) -> int:
     if args.seq_len is not None and args.seq_len < 1:
         raise InputError(f"--seq-len must be >= 1, got {args.seq_len}")
     batch = args.global_batch or max(8, cluster.num_devices)
+    for out in (args.json_out, args.html_out, args.dump_graph):  # fail before a long search, not after
+        if out and not Path(out).resolve().parent.is_dir():
+            raise InputError(f"cannot write {out!r}: folder {str(Path(out).parent)!r} does not exist")
 
     t0 = time.perf_counter()
     if args.graph:

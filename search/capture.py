@@ -612,6 +612,11 @@ class _Capture:
     # -- finishing ------------------------------------------------------------------------
     def graph(self, name: str, meta: dict) -> OpGraph:
         L = self.b.labels
+        # readability: the model width (the last dim of the first embedding lookup) is "hidden"
+        for o in self.b.ops:
+            if o["kind"] == "embedding" and "hidden" not in L.names:
+                L.names[L.find(o["output"][1][-1])] = "hidden"
+                break
         ops: list[Op] = []
         owned: set[str] = set()
         for o in self.b.ops:
