@@ -39,7 +39,7 @@ from search.graph import OpGraph
 from search.mesh import Mesh, mesh_candidates, op_configs
 
 
-PREPASS_EPS = 0.05
+PREPASS_EPS = 0.02
 
 
 @dataclass
@@ -306,8 +306,36 @@ def _chain(unit: Factor, n: int, domain: dict[str, int], eps: float, stats: Stat
     f = join(left, right, domain=domain, eps=eps, stats=stats,
              admit=lambda t, m, keys: bound.admit(t, m, keys[:, 0], n))
     f.layers = n
+    f = bound.prune(f, n)
     memo[n] = f
     return f
+
+
+def _sparse_max(values: np.ndarray) -> np.ndarray:
+    """Sparse table for O(1) range maxima: row k holds the max of each window of 2**k."""
+    rows = [values.astype(np.float64)]
+    k = 1
+    while (1 << k) <= len(values):
+        prev = rows[-1]
+        half = 1 << (k - 1)
+        rows.append(np.maximum(prev[:-half], prev[half:]) if len(prev) > half else prev[:0])
+        k += 1
+    width = len(values)
+    table = np.full((len(rows), max(width, 1)), -np.inf)
+    for i, row in enumerate(rows):
+        table[i, : len(row)] = row
+    return table
+
+
+def _range_max(table: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo..hi]) per query (inclusive); -inf where hi < lo."""
+    length = hi - lo + 1
+    valid = length >= 1
+    k = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
+    k = np.minimum(k, table.shape[0] - 1)
+    a = table[k, np.clip(lo, 0, table.shape[1] - 1)]
+    b = table[k, np.clip(hi - (1 << k) + 1, 0, table.shape[1] - 1)]
+    return np.where(valid, np.maximum(a, b), -np.inf)
 
 
 def _covered(a_t: np.ndarray, a_m: np.ndarray, b_t: np.ndarray, b_m: np.ndarray) -> bool:
@@ -381,6 +409,46 @@ class _StackBound:
         order = np.argsort(t[keep])
         self.env_t = t[keep][order]
         self.env_m = np.minimum.accumulate(m[keep][order])
+        self._hull_setup(unit, outside, keys)
+
+    # ---- a tighter bound: the remaining layers' convex hull instead of their ideal point -------
+    def _hull_setup(self, unit: Factor, outside: Factor, keys: int) -> None:
+        """For slopes lam, every completion q of a partial stack satisfies
+        q.t + lam * q.m >= R * min_d(d.t + lam * d.m) + min_o(o.t + lam * o.m) (R layers left).
+        Slopes come from the envelope's own steps, where the test has the most bite."""
+        et, em = self.env_t, self.env_m
+        steps = (et[1:] - et[:-1]) / np.maximum(em[:-1] - em[1:], 1e-300)
+        steps = steps[np.isfinite(steps) & (steps > 0)]
+        self.lams = np.unique(np.quantile(steps, np.linspace(0.05, 0.95, 7))) if len(steps) else np.zeros(0)
+        self.w_unit = np.full((keys, len(self.lams)), np.inf)
+        self.w_out = np.full((keys, len(self.lams)), np.inf)
+        for j, lam in enumerate(self.lams):
+            np.minimum.at(self.w_unit[:, j], unit.keys[:, 0], unit.t + lam * unit.m)
+            np.minimum.at(self.w_out[:, j], outside.keys[:, 0], outside.t + lam * outside.m)
+        # per slope, the staircase test needs max over envelope steps of lam * e_i.m + e_{i+1}.t
+        self.tables = [_sparse_max(lam * em[:-1] + et[1:]) for lam in self.lams]
+
+    def hull_admit(self, t: np.ndarray, m: np.ndarray, c: np.ndarray, layers: int, with_outside: bool = False) -> np.ndarray:
+        """False where every completion allowed by one of the hull constraints is dominated by
+        the envelope: the region {x.t + lam x.m >= B, x.t >= T0, x.m >= M0} is covered by the
+        envelope's staircase iff its boundary segment is, checked step by step (range max)."""
+        r = self.n - layers
+        shrink = 1.0 - 2 * RTOL  # a region pulled toward the origin is harder to cover: margin
+        t0 = (t + r * self.unit_t[c] + (0.0 if with_outside else self.out_t[c])) * shrink
+        m0 = (m + r * self.unit_m[c] + (0.0 if with_outside else self.out_m[c]) + self.buffers) * shrink
+        dominated = np.zeros(len(t), dtype=bool)
+        et, em = self.env_t, self.env_m
+        for j, lam in enumerate(self.lams):
+            b = (t + lam * (m + self.buffers) + r * self.w_unit[c, j]
+                 + (0.0 if with_outside else self.w_out[c, j])) * shrink
+            t1 = b - lam * m0
+            i0 = np.searchsorted(et, t0, side="right") - 1
+            i1 = np.searchsorted(et, t1, side="right") - 1
+            ok = (i0 >= 0) & (em[np.clip(i1, 0, None)] <= m0)
+            inner = i1 > i0
+            steps_max = _range_max(self.tables[j], np.clip(i0, 0, None), np.clip(i1 - 1, 0, None))
+            dominated |= ok & (~inner | (steps_max <= b))
+        return ~dominated
 
     def admit(self, t: np.ndarray, m: np.ndarray, c: np.ndarray, layers: int, with_outside: bool = False) -> np.ndarray:
         """Which points (of boundary configurations c, covering `layers` layers) may still win."""
@@ -392,7 +460,9 @@ class _StackBound:
         return ~(env_m < lm * (1.0 - RTOL))
 
     def prune(self, f: Factor, layers: int, with_outside: bool = False) -> Factor:
-        sel = np.flatnonzero(self.admit(f.t, f.m, f.keys[:, 0], layers, with_outside))
+        c = f.keys[:, 0]
+        sel = np.flatnonzero(self.admit(f.t, f.m, c, layers, with_outside)
+                             & self.hull_admit(f.t, f.m, c, layers, with_outside))
         if len(sel) == len(f):
             return f
         return Factor(scope=f.scope, keys=f.keys[sel], t=f.t[sel], m=f.m[sel], parents=(f,), parent_idx=(sel,),
