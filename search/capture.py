@@ -92,6 +92,13 @@ class _Const:
 
 
 @dataclass
+class _Sub:
+    """A get_attr node: the name of a subgraph module (or constant) on the exported program."""
+
+    name: str
+
+
+@dataclass
 class _Multi:
     items: list[object]
 
@@ -232,8 +239,31 @@ class _Capture:
                     self.env[node.name] = _Const(tuple(getattr(v, "shape", ())))
             elif node.op == "call_function":
                 self.env[node.name] = self.call(node)
-            elif node.op == "output":
-                pass
+            elif node.op == "get_attr":  # a subgraph of a higher-order op, or a constant
+                self.env[node.name] = _Sub(str(node.target))
+
+    def inline(self, node: torch.fx.Node, args: list[object]) -> object:
+        """A higher-order op (wrap_with_set_grad_enabled, wrap_with_autocast, ...) runs a
+        subgraph on the arguments after it: walk that subgraph in place."""
+        k = next(i for i, a in enumerate(args) if isinstance(a, _Sub))
+        sub = getattr(self.ep.graph_module, args[k].name)  # type: ignore[union-attr]
+        inputs = iter(args[k + 1:])
+        outer, self.env = self.env, {}
+        try:
+            result: object = _Const(())
+            for n in sub.graph.nodes:
+                if n.op == "placeholder":
+                    self.env[n.name] = next(inputs, _Const(()))
+                elif n.op == "call_function":
+                    self.env[n.name] = self.call(n)
+                elif n.op == "get_attr":
+                    self.env[n.name] = _Sub(str(n.target))
+                elif n.op == "output":
+                    outs = n.args[0]
+                    result = _Multi([self.val(o) for o in outs]) if isinstance(outs, (list, tuple)) else self.val(outs)
+            return result
+        finally:
+            self.env = outer
 
     def call(self, node: torch.fx.Node) -> object:
         t = node.target
@@ -244,6 +274,8 @@ class _Capture:
             if isinstance(container, _Multi):
                 return container.items[idx]
             return _Const(())
+        if any(isinstance(a, _Sub) for a in args):
+            return self.inline(node, args)
         acts = [a for a in _flat(args) if isinstance(a, _Act)]
         prms = [a for a in _flat(args) if isinstance(a, _Param)]
         if not acts and not prms:

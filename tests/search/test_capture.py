@@ -298,3 +298,21 @@ def test_load_graph_missing_file(tmp_path: Path) -> None:
     with pytest.raises(InputError) as exc:
         load_graph(tmp_path / "nope.json")
     assert "\n" not in str(exc.value)
+
+
+def test_hf_llama_config_with_higher_order_ops(tmp_path):
+    """HF Llama computes its rotary tables under torch.no_grad, which export wraps in a
+    higher-order op with a subgraph; capture walks into it instead of failing."""
+    from transformers import LlamaConfig
+
+    from search.ft import find_chain
+    from search.zoo import model_from_hf_config
+
+    path = tmp_path / "config.json"
+    LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=1000).to_json_file(str(path))
+    spec = model_from_hf_config(path)
+    g = capture_model(spec, 2, 32)
+    assert g.param_count() == spec.param_count()
+    assert sum(op.kind == "attention" for op in g.ops) == 4
+    assert find_chain(g) is not None
