@@ -206,6 +206,14 @@ def eliminate_var(f: Factor, var: str, domain: dict[str, int], eps: float = 0.0)
     return Factor(scope=out_scope, keys=keys[keep], t=f.t[keep], m=f.m[keep], parents=(f,), parent_idx=(keep,))
 
 
+def select(f: Factor, sel: np.ndarray) -> Factor:
+    """The points `sel` of f (a pruning step): provenance and stack length carry over."""
+    if len(sel) == len(f):
+        return f
+    return Factor(scope=f.scope, keys=f.keys[sel], t=f.t[sel], m=f.m[sel], parents=(f,), parent_idx=(sel,),
+                  layers=f.layers)
+
+
 def restrict_equal(f: Factor, a: str, b: str, new_name: str) -> Factor:
     """Keep the points where variables a and b take the same configuration; name it new_name."""
     ia, ib = f.scope.index(a), f.scope.index(b)

@@ -21,7 +21,13 @@ Read top to bottom:
    layout, as every Megatron/FSDP plan does), while every op inside every layer chooses freely;
    so the template factor is restricted to equal boundary configurations and n layers are
    combined by repeated doubling: log2(n) Minkowski sums, not n.
-5. The per-mesh frontiers are merged and reduced; each final point's configuration of every op
+5. Exact pruning keeps the stack's frontiers small (FT stays exact: only points that provably
+   cannot reach the final frontier go): a boundary configuration that another beats on every
+   layer and on the rest of the graph is dropped; a coarse pass (eps = PREPASS_EPS) over every
+   mesh first finds real plans close to the frontier, and a partial stack of L layers whose most
+   optimistic completion (the remaining layers' ideal point, then their convex hull, plus the
+   rest of the graph) is beaten by one of those plans is dropped during the doubling.
+6. The per-mesh frontiers are merged and reduced; each final point's configuration of every op
    is read back through the factors' provenance.
 """
 
@@ -34,7 +40,8 @@ import numpy as np
 
 from search.cluster import Cluster
 from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
-from search.frontier import RTOL, Factor, Stats, assignments, eliminate_var, join, leaf, pareto_mask, restrict_equal
+from search.frontier import (RTOL, Factor, Stats, assignments, eliminate_var, join, leaf, pareto_mask,
+                             restrict_equal, select)
 from search.graph import OpGraph
 from search.mesh import Mesh, mesh_candidates, op_configs
 
@@ -268,7 +275,8 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     return prob
 
 
-def finish_mesh(prob: MeshProblem, eps: float = 0.0, envelope: tuple[np.ndarray, np.ndarray] | None = None) -> MeshSolution:
+def finish_mesh(prob: MeshProblem, eps: float = 0.0, envelope: tuple[np.ndarray, np.ndarray] | None = None,
+                prune: bool = True) -> MeshSolution:
     """The frontier on one mesh. `envelope` holds (time, memory) of plans known to exist (other
     meshes' frontiers): they let the stack drop partial plans that cannot win."""
     envelope = envelope if envelope is not None else (np.zeros(0), np.zeros(0))
@@ -276,8 +284,8 @@ def finish_mesh(prob: MeshProblem, eps: float = 0.0, envelope: tuple[np.ndarray,
     if prob.chain:
         assert prob.unit is not None and prob.outside is not None
         n = len(prob.chain.layers) - 1
-        unit, outside = _drop_dominated_boundaries(prob.unit, prob.outside)
-        bound = _StackBound(unit, outside, n, envelope, prob.buffers)
+        unit, outside = _drop_dominated_boundaries(prob.unit, prob.outside) if prune else (prob.unit, prob.outside)
+        bound = _StackBound(unit, outside, n, envelope if prune else None, prob.buffers)
         stack = _chain(bound.prune(unit, 1), n, domain, eps, stats, {}, bound)
         outside = bound.prune(outside, 0, with_outside=True)
         factors = [join(outside, stack, drop=(prob.chain.boundary,), domain=domain, eps=eps, stats=stats)]
@@ -304,7 +312,7 @@ def _chain(unit: Factor, n: int, domain: dict[str, int], eps: float, stats: Stat
     left = _chain(unit, n // 2, domain, eps, stats, memo, bound)
     right = _chain(unit, n - n // 2, domain, eps, stats, memo, bound)
     f = join(left, right, domain=domain, eps=eps, stats=stats,
-             admit=lambda t, m, keys: bound.admit(t, m, keys[:, 0], n))
+             admit=(lambda t, m, keys: bound.admit(t, m, keys[:, 0], n)) if bound.enabled else None)
     f.layers = n
     f = bound.prune(f, n)
     memo[n] = f
@@ -361,17 +369,8 @@ def _drop_dominated_boundaries(unit: Factor, outside: Factor) -> tuple[Factor, F
 
     alive = [c1 for c1 in keys
              if not any(c2 != c1 and beats(c2, c1) and not (c2 > c1 and beats(c1, c2)) for c2 in keys)]
-    keep = np.isin(unit.keys[:, 0], alive)
-    keep_o = np.isin(outside.keys[:, 0], alive)
-
-    def subset(f: Factor, mask: np.ndarray) -> Factor:
-        if mask.all():
-            return f
-        sel = np.flatnonzero(mask)
-        return Factor(scope=f.scope, keys=f.keys[sel], t=f.t[sel], m=f.m[sel], parents=(f,), parent_idx=(sel,),
-                      layers=f.layers)
-
-    return subset(unit, keep), subset(outside, keep_o)
+    return (select(unit, np.flatnonzero(np.isin(unit.keys[:, 0], alive))),
+            select(outside, np.flatnonzero(np.isin(outside.keys[:, 0], alive))))
 
 
 class _StackBound:
@@ -382,12 +381,14 @@ class _StackBound:
     known to exist - a uniform stack, or a point of a mesh solved earlier - the point cannot be
     on the frontier and is dropped. The same test drops whole boundary configurations."""
 
-    def __init__(self, unit: Factor, outside: Factor, n: int, envelope: tuple[np.ndarray, np.ndarray],
+    def __init__(self, unit: Factor, outside: Factor, n: int, envelope: tuple[np.ndarray, np.ndarray] | None,
                  buffers: float) -> None:
-        """`envelope`: final (time, memory) of plans found on other meshes; `buffers`: this
-        mesh's constant memory, added to this mesh's bounds to compare like with like."""
+        """`envelope`: final (time, memory) of plans found on other meshes, None to prune
+        nothing; `buffers`: this mesh's constant memory, added to this mesh's bounds."""
         self.n = n
         self.buffers = buffers
+        self.enabled = envelope is not None
+        envelope = envelope if envelope is not None else (np.zeros(0), np.zeros(0))
         keys = int(max(unit.keys[:, 0].max(initial=0), outside.keys[:, 0].max(initial=0))) + 1
         inf = np.full(keys, np.inf)
         self.unit_t, self.unit_m = inf.copy(), inf.copy()
@@ -460,24 +461,22 @@ class _StackBound:
         return ~(env_m < lm * (1.0 - RTOL))
 
     def prune(self, f: Factor, layers: int, with_outside: bool = False) -> Factor:
-        c = f.keys[:, 0]
-        sel = np.flatnonzero(self.admit(f.t, f.m, c, layers, with_outside)
-                             & self.hull_admit(f.t, f.m, c, layers, with_outside))
-        if len(sel) == len(f):
+        if not self.enabled:
             return f
-        return Factor(scope=f.scope, keys=f.keys[sel], t=f.t[sel], m=f.m[sel], parents=(f,), parent_idx=(sel,),
-                      layers=f.layers, layer_leaf=False)
+        c = f.keys[:, 0]
+        return select(f, np.flatnonzero(self.admit(f.t, f.m, c, layers, with_outside)
+                                        & self.hull_admit(f.t, f.m, c, layers, with_outside)))
 
 
 def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh] | None = None,
-           eps: float = 0.0, reuse_blocks: bool = True) -> SearchResult:
+           eps: float = 0.0, reuse_blocks: bool = True, prune: bool = True) -> SearchResult:
     """The Pareto frontier of (iteration time, peak memory per device) over every mesh."""
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job)
     meshes = meshes if meshes is not None else mesh_candidates(cluster)
     problems = [prepare_mesh(graph, cm, mesh, reuse_blocks, eps) for mesh in meshes]
     envelope = (np.zeros(0), np.zeros(0))
-    if eps == 0.0 and any(p.chain for p in problems) and len(problems) > 1:
+    if prune and eps == 0.0 and any(p.chain for p in problems) and len(problems) > 1:
         # A coarse pass over every mesh finds real plans close to the whole frontier in a
         # fraction of the time; as an envelope they let the exact pass drop, on every mesh,
         # the partial stacks that cannot win. The result is still exact.
@@ -486,7 +485,7 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
             envelope = (np.concatenate([envelope[0], rough.root.t]), np.concatenate([envelope[1], rough.root.m]))
     solutions: list[MeshSolution] = []
     for prob in problems:
-        sol = finish_mesh(prob, eps, envelope)
+        sol = finish_mesh(prob, eps, envelope, prune)
         solutions.append(sol)
         # what this mesh achieves bounds what later meshes need to keep
         envelope = (np.concatenate([envelope[0], sol.root.t]), np.concatenate([envelope[1], sol.root.m]))

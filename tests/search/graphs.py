@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from search.graph import BlockInfo, Op, OpGraph, ParamRef, TensorRef
 
-B, S, H = 8, 4, 8
+B, S, H = 8, 64, 512
 
 
 def act(source: str | None, dims: tuple[str, ...]) -> TensorRef:

@@ -97,3 +97,25 @@ def test_all_meshes_on_a_stack():
     check_points(ft)
     times = np.array([p.time_s for p in ft.points])
     assert np.all(np.diff(times) > 0)
+
+
+@pytest.mark.parametrize("layers", [7, 12])
+def test_stack_pruning_keeps_the_frontier_exact(layers):
+    """The bounds and boundary dominance only drop points that cannot win: with them on and off
+    the frontier is the same, on every mesh of a long stack."""
+    g = stack(layers)
+    on = search(g, CLUSTER, JOB)
+    off = search(g, CLUSTER, JOB, prune=False)
+    same_frontier(on.points, off.points)
+    check_points(on)
+
+
+def test_stack_pruning_on_a_real_model():
+    from search.capture import capture_model
+    from search.zoo import get_model
+
+    g = capture_model(get_model("gpt2"), 8, 64)
+    on = search(g, CLUSTER, JOB)
+    off = search(g, CLUSTER, JOB, prune=False)
+    assert len(on.points) > 10
+    same_frontier(on.points, off.points)
