@@ -28,9 +28,18 @@ def frontier_html(result: SearchResult, plans: list[Plan], budget: float, best: 
     if best is not None:
         fig.add_trace(go.Scatter(x=[best.memory_bytes / GIB], y=[best.time_s * 1e3], mode="markers",
                                  name="fastest that fits", marker=dict(symbol="star", size=16, color="black")))
-    fig.add_vline(x=budget / GIB, line_dash="dash", annotation_text=f"budget {format_size(int(budget))}")
+    mems = [p.memory_bytes / GIB for p in result.points] or [0.0]
+    lo, hi = min(mems), max(mems)
+    pad = max((hi - lo) * 0.08, hi * 0.01, 1e-3)
+    title = f"{result.graph.name} on {result.cluster.describe()}: {len(result.points)} Pareto-optimal plans"
+    if budget / GIB <= hi + pad:  # draw the budget where it cuts the frontier; don't squash the chart for it
+        fig.add_vline(x=budget / GIB, line_dash="dash", annotation_text=f"budget {format_size(int(budget))}")
+        hi = max(hi, budget / GIB)
+    else:
+        title += f" (all within the {format_size(int(budget))} budget)"
+    fig.update_xaxes(range=[max(lo - pad, 0.0), hi + pad])
     fig.update_layout(
-        title=f"{result.graph.name} on {result.cluster.describe()}: {len(result.points)} Pareto-optimal plans",
+        title=title,
         xaxis_title="peak memory per device (GiB)", yaxis_title="iteration time (ms)", template="plotly_white",
     )
     return fig.to_html(include_plotlyjs=True, full_html=True)
