@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--eps", type=float, default=0.0, help="approximate mode: keep one point per (1+eps) cell")
     s.add_argument("--exhaustive", action="store_true", help="enumerate every plan (the exact reference; small graphs)")
     s.add_argument("--no-block-reuse", action="store_true", help="solve every layer separately")
+    s.add_argument("--zero", default="0,1,2,3", help="ZeRO stages to consider, e.g. 0 or 1,3 (default 0,1,2,3)")
+    s.add_argument("--no-recompute", action="store_true", help="never recompute activations of a block")
     s.add_argument("--json", dest="json_out", help="write the frontier with every full Plan as JSON")
     s.add_argument("--html", dest="html_out", help="write an interactive offline Plotly chart of the frontier")
     s.add_argument("--dump-graph", help="write the captured OpGraph as JSON")
@@ -112,6 +114,7 @@ def _search(args: argparse.Namespace) -> int:
     if args.seq_len is not None and args.seq_len < 1:
         raise InputError(f"--seq-len must be >= 1, got {args.seq_len}")
     batch = args.global_batch or max(8, cluster.num_devices)
+    zero_stages = _zero_stages(args.zero)
     for out in (args.json_out, args.html_out, args.dump_graph):  # fail before a long search, not after
         if out and not Path(out).resolve().parent.is_dir():
             raise InputError(f"cannot write {out!r}: folder {str(Path(out).parent)!r} does not exist")
@@ -134,11 +137,13 @@ def _search(args: argparse.Namespace) -> int:
     if args.exhaustive:
         from search.exhaustive import exhaustive_search
 
-        result = exhaustive_search(graph, cluster, job, tie_blocks=not args.no_block_reuse)
+        result = exhaustive_search(graph, cluster, job, tie_blocks=not args.no_block_reuse, zero_stages=zero_stages,
+                                   recompute=not args.no_recompute)
     else:
         from search.ft import search
 
-        result = search(graph, cluster, job, eps=args.eps, reuse_blocks=not args.no_block_reuse)
+        result = search(graph, cluster, job, eps=args.eps, reuse_blocks=not args.no_block_reuse,
+                        zero_stages=zero_stages, recompute=not args.no_recompute)
     from search.plan import pick
 
     best = pick(result.points, budget)
@@ -159,6 +164,16 @@ def _search(args: argparse.Namespace) -> int:
             f"no plan fits the memory budget of {format_size(int(budget))} per device; the leanest plan needs "
             f"{format_size(int(least))}", int(least))
     return 0
+
+
+def _zero_stages(text: str) -> tuple[int, ...]:
+    try:
+        stages = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        stages = ()
+    if not stages or any(s not in (0, 1, 2, 3) for s in stages):
+        raise InputError(f"--zero takes stages 0-3 separated by commas, got {text!r}")
+    return stages
 
 
 def _write(path: str, text: str) -> None:
@@ -195,7 +210,9 @@ def _print_table(result, best, budget: float, capture_s: float, show_all: bool) 
     print(f"{len(pts)} Pareto-optimal plans{shown}; '*' fastest that fits {format_size(int(budget))}, "
           f"'!' over budget")
     mode = "exhaustive" if result.stats.get("exhaustive") else ("exact" if result.eps == 0 else f"eps={result.eps}")
-    print(f"search ({mode}) took {result.search_seconds:.3f} s over {len(result.solutions)} meshes; "
+    zeros = ",".join(str(z) for z in result.stats.get("zero_stages", [0]))
+    print(f"search ({mode}) took {result.search_seconds:.3f} s over {len(result.stats.get('meshes', []))} meshes "
+          f"x ZeRO stages {zeros}{' with per-layer recomputation' if result.stats.get('recompute') else ''}; "
           f"capture {capture_s:.2f} s")
 
 

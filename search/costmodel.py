@@ -96,6 +96,9 @@ class OpCosts:
     mem: np.ndarray           # [C] bytes per device
     parts: np.ndarray         # [C, 4] params, grads, optimizer, activations
     comm: np.ndarray          # [C, n_axes] bytes communicated per device per axis
+    time_rc: np.ndarray       # [C] the same inside a recomputed block
+    mem_rc: np.ndarray        # [C]
+    parts_rc: np.ndarray      # [C, 4]
     estimated: bool = True    # priced from the roofline, not a measured profile
 
 
@@ -154,11 +157,19 @@ class CostModel:
         return float(alpha[kind] + beta[kind] * nbytes)
 
     # ---- ops --------------------------------------------------------------------------------
-    def op_costs(self, op: Op, mesh: Mesh) -> OpCosts:
+    def op_costs(self, op: Op, mesh: Mesh, zero: int = 0, checkpoint: bool = False) -> OpCosts:
+        """Costs of every configuration of `op` on `mesh`, under ZeRO stage `zero` (0-3): the
+        states of a parameter are sharded over its data-parallel group (the axes that split
+        data but not the parameter) - optimizer states from stage 1, gradients from 2, the
+        parameters themselves from 3, which then all-gathers them in forward and backward.
+        The `_rc` arrays are the same op inside a recomputed block: its forward runs twice and
+        it keeps no activations - except the op whose output is the block's output
+        (`checkpoint`): that output is the next block's input, kept to recompute from."""
         cfgs = op_configs(op, mesh)
         n_axes = len(mesh.axes)
         C = len(cfgs)
         time = np.zeros(C)
+        fwd = np.zeros(C)
         parts = np.zeros((C, 4))
         comm = np.zeros((C, n_axes))
         b = self.bytes
@@ -169,26 +180,37 @@ class CostModel:
             in_locals = [t.numel / shard_factor(input_placement(cfg, t), mesh) for t in op.inputs]
             moved = out_local * self.esize(op.output) + sum(n * self.esize(t) for n, t in zip(in_locals, op.inputs))
             t_sync = 0.0
-            owned_local = 0.0
             for p in op.params:
                 local = p.numel / shard_factor(param_placement(cfg, p.dims), mesh)
                 moved += local * b.param
                 if not p.owner:
                     continue
-                owned_local += local
-                for ai, (ax, lab) in enumerate(zip(mesh.axes, cfg)):
-                    if lab is not None and lab not in p.dims:  # replicated weight, split data: sync grads
-                        nbytes = local * b.grad
-                        t_sync += self.collective_time(mesh, ai, ALL_REDUCE, nbytes)
-                        comm[ci, ai] += 2 * nbytes * (ax.size - 1) / ax.size
+                group = [ai for ai, lab in enumerate(cfg) if lab is not None and lab not in p.dims]
+                r = math.prod(mesh.axes[ai].size for ai in group)
+                for ai in group:  # replicated weight, split data: synchronise the gradients
+                    n = mesh.axes[ai].size
+                    g, w = local * b.grad, local * b.param
+                    if zero == 0:
+                        steps = [(ALL_REDUCE, g)]
+                    else:  # reduce-scatter gradients, all-gather updated (stage 3: also used) params
+                        steps = [(REDUCE_SCATTER, g)] + [(ALL_GATHER, w)] * (2 if zero == 3 else 1)
+                    for kind, nbytes in steps:
+                        t_sync += self.collective_time(mesh, ai, kind, nbytes)
+                        comm[ci, ai] += (2.0 if kind == ALL_REDUCE else 1.0) * nbytes * (n - 1) / n
+                parts[ci, 0] += local * b.param / (r if zero >= 3 else 1)
+                parts[ci, 1] += local * b.grad / (r if zero >= 2 else 1)
+                parts[ci, 2] += local * b.optimizer / (r if zero >= 1 else 1)
             t_fwd = max(op.flops / shards / self.peak, moved / self.mem_bw)
-            t_opt = owned_local * 2 * (b.param + b.grad + b.optimizer) / self.mem_bw
+            updated = parts[ci, 2] / b.optimizer  # parameters this rank's optimizer step updates
+            t_opt = updated * 2 * (b.param + b.grad + b.optimizer) / self.mem_bw
             time[ci] = 3.0 * t_fwd + t_sync + t_opt
-            parts[ci, 0] = owned_local * b.param
-            parts[ci, 1] = owned_local * b.grad
-            parts[ci, 2] = owned_local * b.optimizer
+            fwd[ci] = t_fwd
             parts[ci, 3] = self._saved_bytes(op, cfg, mesh, out_local, in_locals)
-        return OpCosts(configs=cfgs, time=time, mem=parts.sum(axis=1), parts=parts, comm=comm)
+        parts_rc = parts.copy()
+        if not checkpoint:
+            parts_rc[:, 3] = 0.0
+        return OpCosts(configs=cfgs, time=time, mem=parts.sum(axis=1), parts=parts, comm=comm,
+                       time_rc=time + fwd, mem_rc=parts_rc.sum(axis=1), parts_rc=parts_rc)
 
     def _saved_bytes(self, op: Op, cfg: Config, mesh: Mesh, out_local: float, in_locals: list[float]) -> float:
         saved = 0.0
@@ -247,16 +269,21 @@ class CostModel:
         return EdgeCosts(src=prod.name, dst=cons.name, time=time, mem=mem, comm=comm)
 
     # ---- constants ---------------------------------------------------------------------------
-    def buffers(self, mesh: Mesh, ops: list[Op] | None = None) -> float:
+    def buffers(self, mesh: Mesh, ops: list[Op] | None = None, zero: int = 0) -> float:
         """Transient workspace: the largest op output (and its gradient) under the op's leanest
-        configuration. Config-independent, so adding it keeps the frontier exact. `ops` may
-        name a subset that stands for the rest (one layer of a stack of identical layers)."""
-        worst = 0.0
+        configuration, plus under ZeRO-3 the largest gathered parameter. Config-independent,
+        so adding it keeps the frontier exact. `ops` may name a subset that stands for the rest
+        (one layer of a stack of identical layers)."""
+        worst = gathered = 0.0
         for op in self.graph.ops if ops is None else ops:
             cfgs = op_configs(op, mesh)
             lean = min(op.output.numel / shard_factor(output_placement(c, op), mesh) for c in cfgs)
             worst = max(worst, 2 * lean * self.esize(op.output))
-        return worst
+            if zero == 3 and op.params:
+                lean_w = min(sum(p.numel / shard_factor(param_placement(c, p.dims), mesh) for p in op.params)
+                             for c in cfgs)
+                gathered = max(gathered, lean_w * self.bytes.param)
+        return worst + gathered
 
 
 def _kind_matrix(src: list[str], dst: list[str], forward: bool) -> np.ndarray:

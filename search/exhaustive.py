@@ -17,7 +17,8 @@ from search.cluster import Cluster
 from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
 from search.errors import InputError
 from search.frontier import pareto_mask
-from search.ft import FrontierPoint, MeshSolution, SearchResult, find_chain
+from search.ft import (ZERO_STAGES, FrontierPoint, MeshSolution, SearchResult, find_chain, layer_index,
+                       layer_outputs, recompute_var)
 from search.frontier import Factor, Stats
 from search.graph import OpGraph
 from search.mesh import Mesh, mesh_candidates
@@ -25,8 +26,10 @@ from search.mesh import Mesh, mesh_candidates
 MAX_ASSIGNMENTS = 5_000_000
 
 
-def tables(graph: OpGraph, cm: CostModel, mesh: Mesh) -> tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts]]:
-    ops = {op.name: cm.op_costs(op, mesh) for op in graph.ops}
+def tables(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int = 0
+           ) -> tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts]]:
+    outputs = layer_outputs(graph)
+    ops = {op.name: cm.op_costs(op, mesh, zero, checkpoint=op.name in outputs) for op in graph.ops}
     edges: dict[tuple[str, str], EdgeCosts] = {}
     for op in graph.ops:
         for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
@@ -35,8 +38,10 @@ def tables(graph: OpGraph, cm: CostModel, mesh: Mesh) -> tuple[dict[str, OpCosts
 
 
 def evaluate(op_costs: dict[str, OpCosts], edge_costs: dict[tuple[str, str], EdgeCosts], buffers: float,
-             assignment: dict[str, np.ndarray | int]) -> dict[str, np.ndarray]:
-    """Time, memory and their parts for one or many assignments (arrays of config indices)."""
+             assignment: dict[str, np.ndarray | int], layer_of: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Time, memory and their parts for one or many assignments (arrays of config indices).
+    With `layer_of`, the assignment also holds each layer's recomputation choice."""
+    layer_of = layer_of or {}
     any_v = next(iter(assignment.values()))
     n = np.size(any_v)
     t = np.zeros(n)
@@ -44,16 +49,24 @@ def evaluate(op_costs: dict[str, OpCosts], edge_costs: dict[tuple[str, str], Edg
     edge_mem = np.zeros(n)
     n_axes = next(iter(op_costs.values())).comm.shape[1]
     comm = np.zeros((n, n_axes))
+
+    def recomputed(name: str) -> np.ndarray:
+        var = recompute_var(layer_of[name]) if name in layer_of else None
+        if var is None or var not in assignment:  # a search without recomputation
+            return np.zeros(n, dtype=bool)
+        return np.asarray(assignment[var]).reshape(-1).astype(bool)
+
     for name, oc in op_costs.items():
         c = np.asarray(assignment[name]).reshape(-1)
-        t += oc.time[c]
-        parts += oc.parts[c]
+        rc = recomputed(name)
+        t += np.where(rc, oc.time_rc[c], oc.time[c])
+        parts += np.where(rc[:, None], oc.parts_rc[c], oc.parts[c])
         comm += oc.comm[c]
     for (src, dst), ec in edge_costs.items():
         cu = np.asarray(assignment[src]).reshape(-1)
         cv = np.asarray(assignment[dst]).reshape(-1)
         t += ec.time[cu, cv]
-        edge_mem += ec.mem[cu, cv]
+        edge_mem += np.where(recomputed(dst), 0.0, ec.mem[cu, cv])
         comm += ec.comm[cu, cv]
     parts[:, 3] += edge_mem
     return {"time": t, "memory": parts.sum(axis=1) + buffers, "parts": parts, "buffers": np.full(n, buffers),
@@ -61,36 +74,41 @@ def evaluate(op_costs: dict[str, OpCosts], edge_costs: dict[tuple[str, str], Edg
 
 
 def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh] | None = None,
-                      tie_blocks: bool = True, limit: int = MAX_ASSIGNMENTS) -> SearchResult:
+                      tie_blocks: bool = True, limit: int = MAX_ASSIGNMENTS,
+                      zero_stages: tuple[int, ...] = ZERO_STAGES, recompute: bool = True) -> SearchResult:
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job)
     meshes = meshes if meshes is not None else mesh_candidates(cluster)
     chain = find_chain(graph) if tie_blocks else None
     tied = {layer[-1]: chain.boundary for layer in chain.layers[1:]} if chain else {}
+    layer_of = layer_index(graph) if recompute else {}
+    rc_vars = sorted({recompute_var(i) for i in layer_of.values()})
     all_t, all_m, all_mesh, all_assign = [], [], [], []
     solutions: list[MeshSolution] = []
-    for mi, mesh in enumerate(meshes):
-        ops, edges = tables(graph, cm, mesh)
-        free = [op.name for op in graph.ops if op.name not in tied]
-        dims = [len(ops[v].configs) for v in free]
-        total = math.prod(dims)
-        if total > limit:
-            raise InputError(f"--exhaustive would enumerate {total:.3g} assignments on mesh {mesh.describe()} "
-                             f"(limit {limit:.0e}); use it on small graphs only")
-        flat = np.unravel_index(np.arange(total), dims) if dims else ()
-        assign = {v: flat[i] for i, v in enumerate(free)}
-        for out, boundary in tied.items():
-            assign[out] = assign[boundary]
-        buffers = cm.buffers(mesh)
-        res = evaluate(ops, edges, buffers, assign)
-        keep = pareto_mask(np.zeros(total, dtype=np.int64), res["time"], res["memory"])
-        all_t.append(res["time"][keep])
-        all_m.append(res["memory"][keep])
-        all_mesh.append(np.full(len(keep), mi))
-        all_assign.append({v: a[keep] for v, a in assign.items()})
-        root = Factor(scope=(), keys=np.zeros((len(keep), 0), dtype=np.int32), t=res["time"][keep], m=res["memory"][keep])
-        solutions.append(MeshSolution(mesh=mesh, root=root, chain=chain, op_costs=ops, edge_costs=edges,
-                                      buffers=buffers, stats=Stats()))
+    for mesh in meshes:
+        for zero in zero_stages:
+            ops, edges = tables(graph, cm, mesh, zero)
+            free = [op.name for op in graph.ops if op.name not in tied]
+            dims = [len(ops[v].configs) for v in free] + [2] * len(rc_vars)
+            total = math.prod(dims)
+            if total > limit:
+                raise InputError(f"--exhaustive would enumerate {total:.3g} assignments on mesh {mesh.describe()} "
+                                 f"(limit {limit:.0e}); use it on small graphs only")
+            flat = np.unravel_index(np.arange(total), dims) if dims else ()
+            assign = {v: flat[i] for i, v in enumerate(free + rc_vars)}
+            for out, boundary in tied.items():
+                assign[out] = assign[boundary]
+            buffers = cm.buffers(mesh, zero=zero)
+            res = evaluate(ops, edges, buffers, assign, layer_of)
+            keep = pareto_mask(np.zeros(total, dtype=np.int64), res["time"], res["memory"])
+            all_t.append(res["time"][keep])
+            all_m.append(res["memory"][keep])
+            all_mesh.append(np.full(len(keep), len(solutions)))
+            all_assign.append({v: a[keep] for v, a in assign.items()})
+            root = Factor(scope=(), keys=np.zeros((len(keep), 0), dtype=np.int32), t=res["time"][keep],
+                          m=res["memory"][keep])
+            solutions.append(MeshSolution(mesh=mesh, root=root, chain=chain, op_costs=ops, edge_costs=edges,
+                                          buffers=buffers, stats=Stats(), zero=zero))
     t = np.concatenate(all_t)
     m = np.concatenate(all_m)
     which = np.concatenate(all_mesh)
@@ -105,4 +123,5 @@ def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes
     return SearchResult(graph=graph, cluster=cluster, job=job, solutions=solutions, points=points,
                         search_seconds=_time.perf_counter() - start, eps=0.0,
                         stats={"ops": len(graph.ops), "frontier": len(points), "exhaustive": True,
-                               "meshes": [m_.describe() for m_ in meshes]})
+                               "meshes": [m_.describe() for m_ in meshes], "zero_stages": list(zero_stages),
+                               "recompute": bool(rc_vars)})

@@ -44,6 +44,7 @@ class Factor:
     # chains of identical layers (see ft.py): this factor covers `layers` consecutive layers
     layers: int = 0
     layer_leaf: bool = False              # the points below use the template layer's op names
+    is_union: bool = False                # parent_idx = (which parent, index in it) per point
     note: str = ""
 
     def __len__(self) -> int:
@@ -224,23 +225,47 @@ def restrict_equal(f: Factor, a: str, b: str, new_name: str) -> Factor:
     return Factor(scope=scope, keys=keys, t=f.t[sel], m=f.m[sel], parents=(f,), parent_idx=(sel,))
 
 
+def union(parts: list[Factor], var: str, note: str = "") -> Factor:
+    """The points of several factors over the same scope, each tagged with its position in
+    `parts` as the value of a new variable `var` (e.g. whether a block is recomputed)."""
+    scope = parts[0].scope
+    assert all(p.scope == scope for p in parts)
+    which = np.concatenate([np.full(len(p), i, dtype=np.int64) for i, p in enumerate(parts)])
+    inner = np.concatenate([np.arange(len(p)) for p in parts])
+    keys = np.concatenate([np.c_[p.keys, np.full(len(p), i, dtype=p.keys.dtype)] for i, p in enumerate(parts)])
+    return Factor(scope=scope + (var,), keys=keys, t=np.concatenate([p.t for p in parts]),
+                  m=np.concatenate([p.m for p in parts]), parents=tuple(parts), parent_idx=(which, inner),
+                  note=note or "union", is_union=True)
+
+
 def assignments(root: Factor, idx: np.ndarray, layer_maps: list[dict[str, str]] | None = None) -> dict[str, np.ndarray]:
     """Configuration of every variable for the points `idx` of `root`, read back through the
     provenance. Chain factors (see ft.py) map the template layer's names to each layer's."""
+    idx = np.asarray(idx)
+    n = len(idx)
     out: dict[str, np.ndarray] = {}
-    stack: list[tuple[Factor, np.ndarray, int, dict[str, str] | None]] = [(root, np.asarray(idx), 0, None)]
+    # (factor, point indices, their positions in the output, layer offset, name mapping)
+    stack: list[tuple[Factor, np.ndarray, np.ndarray, int, dict[str, str] | None]] = [
+        (root, idx, np.arange(n), 0, None)]
     while stack:
-        f, ix, offset, mapping = stack.pop()
+        f, ix, pos, offset, mapping = stack.pop()
         if f.layer_leaf and layer_maps is not None:
             mapping = layer_maps[offset]
         for j, v in enumerate(f.scope):
             name = mapping.get(v, v) if mapping else v
-            out[name] = f.keys[ix, j]
+            out.setdefault(name, np.zeros(n, dtype=np.int64))[pos] = f.keys[ix, j]
+        if f.is_union:
+            which, inner = f.parent_idx
+            for k, p in enumerate(f.parents):
+                sel = which[ix] == k
+                if sel.any():
+                    stack.append((p, inner[ix[sel]], pos[sel], offset, mapping))
+            continue
         if f.layers and len(f.parents) == 2 and not f.layer_leaf:
             left, right = f.parents
-            stack.append((left, f.parent_idx[0][ix], offset, mapping))
-            stack.append((right, f.parent_idx[1][ix], offset + left.layers, mapping))
+            stack.append((left, f.parent_idx[0][ix], pos, offset, mapping))
+            stack.append((right, f.parent_idx[1][ix], pos, offset + left.layers, mapping))
             continue
         for p, pix in zip(f.parents, f.parent_idx):
-            stack.append((p, pix[ix], offset, mapping))
+            stack.append((p, pix[ix], pos, offset, mapping))
     return out

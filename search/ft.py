@@ -41,8 +41,8 @@ import numpy as np
 from search.cluster import Cluster
 from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
 from search.frontier import (RTOL, Factor, Stats, assignments, eliminate_var, join, leaf, pareto_mask,
-                             restrict_equal, select)
-from search.graph import OpGraph
+                             restrict_equal, select, union)
+from search.graph import Op, OpGraph
 from search.mesh import Mesh, mesh_candidates, op_configs
 
 
@@ -70,8 +70,24 @@ class Chain:
         for i in range(1, len(self.layers)):
             m = dict(zip(self.template, self.layers[i]))
             m[self.boundary] = self.layers[i - 1][-1]
+            m[recompute_var(1)] = recompute_var(i)
             maps.append(m)
         return maps
+
+
+def recompute_var(layer: int) -> str:
+    """The variable choosing whether layer `layer` of the block stack is recomputed (0 or 1)."""
+    return f"recompute@{layer}"
+
+
+def layer_index(graph: OpGraph) -> dict[str, int]:
+    """op name -> its layer in the block stack (the unit of activation recomputation)."""
+    return {name: i for b in graph.blocks[:1] for i, layer in enumerate(b.layers) for name in layer}
+
+
+def layer_outputs(graph: OpGraph) -> set[str]:
+    """The last op of every layer: its output is kept even when its layer is recomputed."""
+    return {layer[-1] for b in graph.blocks[:1] for layer in b.layers}
 
 
 def find_chain(graph: OpGraph) -> Chain | None:
@@ -117,6 +133,10 @@ class MeshSolution:
     edge_costs: dict[tuple[str, str], EdgeCosts]
     buffers: float
     stats: Stats
+    zero: int = 0
+
+    def describe(self) -> str:
+        return f"{self.mesh.describe()} zero{self.zero}"
 
 
 @dataclass
@@ -145,16 +165,27 @@ class SearchResult:
     stats: dict = field(default_factory=dict)
 
 
-def _op_factor(name: str, oc: OpCosts) -> Factor:
-    c = len(oc.configs)
-    return leaf((name,), np.arange(c)[:, None], oc.time, oc.mem, note=f"op {name}")
+def _op_factor(name: str, oc: OpCosts, rc: str | None = None) -> Factor:
+    """One point per configuration; inside a block also per recomputation choice of the block."""
+    c = np.arange(len(oc.configs))
+    if rc is None:
+        return leaf((name,), c[:, None], oc.time, oc.mem, note=f"op {name}")
+    keys = np.concatenate([np.stack([c, np.zeros_like(c)], 1), np.stack([c, np.ones_like(c)], 1)])
+    return leaf((name, rc), keys, np.concatenate([oc.time, oc.time_rc]), np.concatenate([oc.mem, oc.mem_rc]),
+                note=f"op {name}")
 
 
-def _edge_factor(ec: EdgeCosts, src_name: str, dst_name: str) -> Factor:
+def _edge_factor(ec: EdgeCosts, src_name: str, dst_name: str, rc: str | None = None) -> Factor:
+    """Resharding time and the kept redistributed copy; a recomputed block keeps no copy."""
     cu, cv = ec.time.shape
     ku, kv = np.meshgrid(np.arange(cu), np.arange(cv), indexing="ij")
-    return leaf((src_name, dst_name), np.stack([ku.ravel(), kv.ravel()], axis=1), ec.time.ravel(), ec.mem.ravel(),
-                note=f"edge {src_name}->{dst_name}")
+    keys = np.stack([ku.ravel(), kv.ravel()], axis=1)
+    if rc is None or not ec.mem.any():
+        return leaf((src_name, dst_name), keys, ec.time.ravel(), ec.mem.ravel(), note=f"edge {src_name}->{dst_name}")
+    n = len(keys)
+    keys = np.concatenate([np.c_[keys, np.zeros(n, int)], np.c_[keys, np.ones(n, int)]])
+    return leaf((src_name, dst_name, rc), keys, np.tile(ec.time.ravel(), 2),
+                np.concatenate([ec.mem.ravel(), np.zeros(n)]), note=f"edge {src_name}->{dst_name}")
 
 
 def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str, ...] = (), eps: float = 0.0,
@@ -228,18 +259,33 @@ class MeshProblem:
     factors: list[Factor]
     unit: Factor | None = None
     outside: Factor | None = None
+    zero: int = 0
 
 
-def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool = True, eps: float = 0.0) -> MeshProblem:
-    stats = Stats()
-    chain = find_chain(graph) if reuse_blocks else None
+def mesh_costs(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int, chain: Chain | None) -> dict[str, OpCosts]:
+    """Op cost tables for every op FT will see (with a stack: all but layers 2..n-1)."""
     covered = {n for layer in chain.layers[2:] for n in layer} if chain else set()
-    rename: dict[str, str] = {chain.layers[-1][-1]: chain.boundary} if chain else {}
-    costed = [op for op in graph.ops if op.name not in covered]
-    op_costs = {op.name: cm.op_costs(op, mesh) for op in costed}
+    outputs = layer_outputs(graph)
+    return {op.name: cm.op_costs(op, mesh, zero, checkpoint=op.name in outputs)
+            for op in graph.ops if op.name not in covered}
+
+
+def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool = True, eps: float = 0.0,
+                 zero: int = 0, recompute: bool = True, op_costs: dict[str, OpCosts] | None = None) -> MeshProblem:
+    """Cost tables and factors of one mesh under ZeRO stage `zero`; with `recompute`, every
+    layer of the block stack may also be recomputed. With a stack, the template layer and the
+    rest of the graph are each solved twice, their layer recomputed or not, and the two
+    frontiers united (a hub variable touching every op of a layer would double every table)."""
+    stats = Stats()
+    layer_of = layer_index(graph) if recompute else {}
+    chain = find_chain(graph) if reuse_blocks else None
+    op_costs = op_costs if op_costs is not None else mesh_costs(graph, cm, mesh, zero, chain)
     if chain and len(op_costs[chain.boundary].configs) != len(op_costs[chain.template[-1]].configs):
-        return prepare_mesh(graph, cm, mesh, reuse_blocks=False, eps=eps)
+        return prepare_mesh(graph, cm, mesh, reuse_blocks=False, eps=eps, zero=zero, recompute=recompute)
+    rename: dict[str, str] = {chain.layers[-1][-1]: chain.boundary} if chain else {}
+    costed = [graph.op(name) for name in op_costs]
     domain = {name: len(oc.configs) for name, oc in op_costs.items()}
+    domain.update({recompute_var(i): 2 for i in set(layer_of.values())})
     edge_costs: dict[tuple[str, str], EdgeCosts] = {}
 
     def edge(src: str, dst: str) -> EdgeCosts:
@@ -250,29 +296,59 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
             edge_costs[(src, dst)] = cm.edge_costs(prod, cons, mesh, op_configs(prod, mesh), op_costs[dst].configs)
         return edge_costs[(src, dst)]
 
-    template = set(chain.template) if chain else set()
-    rest_factors: list[Factor] = []
-    block_factors: list[Factor] = []
-    for op in costed:
-        target = block_factors if op.name in template else rest_factors
-        target.append(_op_factor(op.name, op_costs[op.name]))
-        for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
-            # ops after the stack read the last layer's output; the boundary variable stands for it
-            target.append(_edge_factor(edge(src, op.name), rename.get(src, src), op.name))
-    prob = MeshProblem(mesh=mesh, chain=chain, op_costs=op_costs, edge_costs=edge_costs, domain=domain,
-                       buffers=cm.buffers(mesh, costed), stats=stats, factors=rest_factors)
-    if chain:
-        out_t = chain.template[-1]
-        block = eliminate_all(block_factors, domain, keep=(chain.boundary, out_t), eps=eps, stats=stats)
-        prob.unit = restrict_equal(block, chain.boundary, out_t, chain.boundary)
-        prob.unit.layer_leaf = True
-        prob.unit.layers = 1
-        # reduce everything else to a factor over the boundary first: the stack's factor is the
-        # largest table, and it should meet one frontier per boundary configuration, not one
-        # per configuration of every op it happens to share a table with
-        prob.outside = eliminate_all(rest_factors, domain, keep=(chain.boundary,), eps=eps, stats=stats)
-        prob.factors = []
-    return prob
+    def factors(ops: list[Op], fixed: dict[int, int]) -> list[Factor]:
+        """Factors of `ops`; a layer in `fixed` takes that recomputation choice, any other
+        layer keeps its choice as a variable."""
+        out: list[Factor] = []
+        for op in ops:
+            layer = layer_of.get(op.name)
+            rc = recompute_var(layer) if layer is not None and layer not in fixed else None
+            oc = _with_recompute(op_costs[op.name], fixed.get(layer, 0)) if layer in fixed else op_costs[op.name]
+            out.append(_op_factor(op.name, oc, rc))
+            for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
+                # ops after the stack read the last layer's output; the boundary variable stands for it
+                ec = edge(src, op.name)
+                if layer in fixed and fixed[layer]:
+                    ec = EdgeCosts(src=ec.src, dst=ec.dst, time=ec.time, mem=np.zeros_like(ec.mem), comm=ec.comm)
+                out.append(_edge_factor(ec, rename.get(src, src), op.name, rc))
+        return out
+
+    buffers = cm.buffers(mesh, costed, zero)
+    if not chain:
+        return MeshProblem(mesh=mesh, chain=None, op_costs=op_costs, edge_costs=edge_costs, domain=domain,
+                           buffers=buffers, stats=stats, factors=factors(costed, {}), zero=zero)
+    template = set(chain.template)
+    block_ops = [op for op in costed if op.name in template]
+    rest_ops = [op for op in costed if op.name not in template]
+    out_t = chain.template[-1]
+    choices = (0, 1) if recompute_var(1) in domain else (0,)
+
+    def solved(ops: list[Op], layer: int, keep: tuple[str, ...], finish) -> Factor:
+        cases = [finish(eliminate_all(factors(ops, {layer: r}), domain, keep=keep, eps=eps, stats=stats))
+                 for r in choices]
+        if len(cases) == 1:
+            return cases[0]
+        var = recompute_var(layer)
+        return eliminate_var(union(cases, var), var, domain, eps)
+
+    unit = solved(block_ops, 1, (chain.boundary, out_t),
+                  lambda f: restrict_equal(f, chain.boundary, out_t, chain.boundary))
+    unit.layer_leaf = True
+    unit.layers = 1
+    # reduce everything else to a factor over the boundary first: the stack's factor is the
+    # largest table, and it should meet one frontier per boundary configuration, not one per
+    # configuration of every op it happens to share a table with
+    outside = solved(rest_ops, 0, (chain.boundary,), lambda f: f)
+    return MeshProblem(mesh=mesh, chain=chain, op_costs=op_costs, edge_costs=edge_costs, domain=domain,
+                       buffers=buffers, stats=stats, factors=[], zero=zero, unit=unit, outside=outside)
+
+
+def _with_recompute(oc: OpCosts, r: int) -> OpCosts:
+    """The op's tables with its block's recomputation fixed to r (as the plain arrays)."""
+    if not r:
+        return oc
+    return OpCosts(configs=oc.configs, time=oc.time_rc, mem=oc.mem_rc, parts=oc.parts_rc, comm=oc.comm,
+                   time_rc=oc.time_rc, mem_rc=oc.mem_rc, parts_rc=oc.parts_rc, estimated=oc.estimated)
 
 
 def finish_mesh(prob: MeshProblem, eps: float = 0.0, envelope: tuple[np.ndarray, np.ndarray] | None = None,
@@ -294,12 +370,12 @@ def finish_mesh(prob: MeshProblem, eps: float = 0.0, envelope: tuple[np.ndarray,
                   parent_idx=(np.arange(len(root)),))
     stats.sizes.append(len(root))
     return MeshSolution(mesh=prob.mesh, root=root, chain=prob.chain, op_costs=prob.op_costs,
-                        edge_costs=prob.edge_costs, buffers=prob.buffers, stats=stats)
+                        edge_costs=prob.edge_costs, buffers=prob.buffers, stats=stats, zero=prob.zero)
 
 
 def solve_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, eps: float = 0.0, reuse_blocks: bool = True,
-               envelope: tuple[np.ndarray, np.ndarray] | None = None) -> MeshSolution:
-    return finish_mesh(prepare_mesh(graph, cm, mesh, reuse_blocks, eps), eps, envelope)
+               envelope: tuple[np.ndarray, np.ndarray] | None = None, zero: int = 0) -> MeshSolution:
+    return finish_mesh(prepare_mesh(graph, cm, mesh, reuse_blocks, eps, zero), eps, envelope)
 
 
 def _chain(unit: Factor, n: int, domain: dict[str, int], eps: float, stats: Stats, memo: dict[int, Factor],
@@ -468,13 +544,51 @@ class _StackBound:
                                         & self.hull_admit(f.t, f.m, c, layers, with_outside)))
 
 
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def _no_worse(a: dict[str, OpCosts], b: dict[str, OpCosts]) -> bool:
+    """Every op in every configuration (with and without recomputation) costs no more time and
+    no more memory under tables a than under b."""
+    if a.keys() != b.keys():
+        return False
+    for name, oa in a.items():
+        ob = b[name]
+        for x, y in ((oa.time, ob.time), (oa.time_rc, ob.time_rc), (oa.mem, ob.mem), (oa.mem_rc, ob.mem_rc)):
+            if x.shape != y.shape or np.any(x > y * (1 + RTOL) + 1e-300):
+                return False
+    return True
+
+
+def _drop_dominated_stages(tables: list[tuple[Mesh, int, dict[str, OpCosts]]], cm: CostModel,
+                           chain: Chain | None) -> list[tuple[Mesh, int, dict[str, OpCosts]]]:
+    """Exact: on one mesh, a ZeRO stage that another beats op by op (the edges do not depend on
+    the stage) and in its constant buffers adds no frontier point (of two equals the first stays)."""
+    ops = [cm.graph.op(n) for n in tables[0][2]] if tables else []
+    buffers = [cm.buffers(mesh, ops, zero) for mesh, zero, _ in tables]
+
+    def beats(i: int, j: int) -> bool:
+        return (tables[i][0] == tables[j][0] and buffers[i] <= buffers[j] * (1 + RTOL)
+                and _no_worse(tables[i][2], tables[j][2]))
+
+    return [t for j, t in enumerate(tables)
+            if not any(i != j and beats(i, j) and not (i > j and beats(j, i)) for i in range(len(tables)))]
+
+
 def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh] | None = None,
-           eps: float = 0.0, reuse_blocks: bool = True, prune: bool = True) -> SearchResult:
-    """The Pareto frontier of (iteration time, peak memory per device) over every mesh."""
+           eps: float = 0.0, reuse_blocks: bool = True, prune: bool = True,
+           zero_stages: tuple[int, ...] = ZERO_STAGES, recompute: bool = True) -> SearchResult:
+    """The Pareto frontier of (iteration time, peak memory per device) over every mesh and ZeRO
+    stage, with per-layer activation recomputation when `recompute`."""
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job)
     meshes = meshes if meshes is not None else mesh_candidates(cluster)
-    problems = [prepare_mesh(graph, cm, mesh, reuse_blocks, eps) for mesh in meshes]
+    chain = find_chain(graph) if reuse_blocks else None
+    tables = [(mesh, zero, mesh_costs(graph, cm, mesh, zero, chain)) for mesh in meshes for zero in zero_stages]
+    if prune:
+        tables = _drop_dominated_stages(tables, cm, chain)
+    problems = [prepare_mesh(graph, cm, mesh, reuse_blocks, eps, zero, recompute, costs)
+                for mesh, zero, costs in tables]
     envelope = (np.zeros(0), np.zeros(0))
     if prune and eps == 0.0 and any(p.chain for p in problems) and len(problems) > 1:
         # A coarse pass over every mesh finds real plans close to the whole frontier in a
@@ -507,10 +621,12 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
     elapsed = _time.perf_counter() - start
     stats = {
         "ops": len(graph.ops),
-        "meshes": [s.mesh.describe() for s in solutions],
+        "meshes": sorted({s.mesh.describe() for s in solutions}),
+        "zero_stages": list(zero_stages),
+        "recompute": recompute and bool(graph.blocks),
         "configurations": {s.mesh.describe(): int(sum(len(oc.configs) for oc in s.op_costs.values())) for s in solutions},
         "max_configs_per_op": max((len(oc.configs) for s in solutions for oc in s.op_costs.values()), default=0),
-        "frontier_per_mesh": {s.mesh.describe(): int(len(s.root)) for s in solutions},
+        "frontier_per_mesh": {s.describe(): int(len(s.root)) for s in solutions},
         "frontier": len(points),
         "largest_factor": max((s.stats.max_factor_points for s in solutions), default=0),
         "pairs_combined": int(sum(s.stats.pairs for s in solutions)),

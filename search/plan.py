@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from search.costmodel import EdgeCosts, OpCosts
 from search.exhaustive import evaluate
-from search.ft import FrontierPoint, MeshSolution, SearchResult
+from search.ft import FrontierPoint, MeshSolution, SearchResult, layer_index, recompute_var
 from search.graph import Op, OpGraph
 from search.mesh import Mesh, format_placement, op_configs, output_placement, param_placement
 
@@ -117,7 +117,8 @@ def recost(graph: OpGraph, sol: MeshSolution, assignment: dict[str, np.ndarray])
     op_map, edge_map = _cost_names(sol)
     ops: dict[str, OpCosts] = {}
     edges: dict[tuple[str, str], EdgeCosts] = {}
-    remap: dict[str, np.ndarray] = {}
+    remap: dict[str, np.ndarray] = {v: a for v, a in assignment.items() if v.startswith("recompute@")}
+    layer_of = layer_index(graph) if remap else {}
     for op in graph.ops:
         ops[op.name] = sol.op_costs[op_map.get(op.name, op.name)]
         remap[op.name] = assignment[op.name]
@@ -128,7 +129,7 @@ def recost(graph: OpGraph, sol: MeshSolution, assignment: dict[str, np.ndarray])
                 if k not in sol.edge_costs:
                     k = (src, op.name)
             edges[(src, op.name)] = sol.edge_costs[k]
-    return evaluate(ops, edges, sol.buffers, remap)
+    return evaluate(ops, edges, sol.buffers, remap, layer_of)
 
 
 def _op_plan(op: Op, mesh: Mesh, cfg: tuple[str | None, ...]) -> OpPlan:
@@ -153,9 +154,16 @@ def _role(op: Op, label: str | None, batch: str) -> str:
     return "other"
 
 
-def summarize(graph: OpGraph, mesh: Mesh, configs: dict[str, tuple[str | None, ...]]) -> str:
-    """One line: the mesh, then per axis how the parameter-carrying ops use it (by weight count)."""
-    parts = [mesh.describe()]
+def summarize(graph: OpGraph, mesh: Mesh, configs: dict[str, tuple[str | None, ...]], zero: int = 0,
+              recomputed: int = 0) -> str:
+    """One line: the mesh, ZeRO stage and recomputed layers, then per axis how the
+    parameter-carrying ops use it (by weight count)."""
+    head = mesh.describe()
+    if zero:
+        head += f" zero{zero}"
+    if graph.blocks:
+        head += f" recompute {recomputed}/{len(graph.blocks[0].layers)}"
+    parts = [head]
     for ai, ax in enumerate(mesh.axes):
         if ax.size == 1:
             continue
@@ -208,6 +216,8 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
             pred = Prediction(time_s=float(costs["time"][j]), memory_bytes=int(round(costs["memory"][j])),
                               breakdown=breakdown,
                               comm_bytes={ax.name: float(costs["comm"][j][a]) for a, ax in enumerate(mesh.axes)})
+            recomputed = [f"{b.prefix}.{k}" for b in graph.blocks[:1] for k in range(len(b.layers))
+                          if recompute_var(k) in assign and assign[recompute_var(k)][j]]
             out[i] = Plan(
                 model=graph.meta.get("model", graph.name) if graph.meta else graph.name,
                 cluster=cluster.describe(), device=cluster.device.name, num_devices=cluster.num_devices,
@@ -215,7 +225,8 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
                 precision=job.precision,
                 mesh=MeshSpec(pp=mesh.pp, axes=[AxisSpec(name=a.name, size=a.size, stride=a.stride) for a in mesh.axes]),
                 ops=[_op_plan(op, mesh, configs[op.name]) for op in graph.ops if op.name not in block_names],
-                blocks=blocks, predicted=pred, summary=summarize(graph, mesh, configs),
+                blocks=blocks, predicted=pred, zero_stage=sol.zero, recompute=recomputed,
+                summary=summarize(graph, mesh, configs, sol.zero, len(recomputed)),
             )
     return [out[i] for i in range(len(points))]
 

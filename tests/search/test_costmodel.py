@@ -267,3 +267,61 @@ def test_indivisible_label_is_not_offered() -> None:
     assert ("f", "f") not in both
     assert ("f", None) in both and (None, "f") in both
     assert ("batch", "f") in both and ("f", "k") in both
+
+
+# ---- ZeRO stages and recomputation (worked by hand) ----------------------------------------------
+def _dp_linear_costs(zero: int, n: int = 8):
+    """One linear W[64, 32] (2048 weights) with batch sharded on a dp axis of n: the weight is
+    replicated, so its whole data-parallel group is the axis."""
+    from search.costmodel import CostModel, TrainingJob, ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+    from search.cluster import make_cluster
+    from search.graph import OpGraph, Op, ParamRef, TensorRef
+    from search.mesh import Mesh, MeshAxis, op_configs
+
+    x = TensorRef(source=None, shape=(16, 4, 32), dims=("batch", "seq", "k"))
+    op = Op(name="fc", kind="linear", inputs=(x,), output=TensorRef(shape=(16, 4, 64), dims=("batch", "seq", "n")),
+            params=(ParamRef(name="fc.weight", shape=(64, 32), dims=("n", "k")),),
+            splittable=("batch", "n", "k"), flops=2.0 * 16 * 4 * 64 * 32)
+    g = OpGraph(ops=(op,))
+    cm = CostModel(g, make_cluster("h100-80gb", n), TrainingJob(global_batch=16, precision="bf16"))
+    mesh = Mesh(pp=1, axes=(MeshAxis("dp", n, 1), MeshAxis("tp", 1, 1)))
+    c = op_configs(op, mesh).index(("batch", None))
+    oc = cm.op_costs(op, mesh, zero=zero)
+    return cm, mesh, oc, c, (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER)
+
+
+@pytest.mark.parametrize("zero,params,grads,opt", [
+    (0, 2048 * 2, 2048 * 2, 2048 * 12),      # everything replicated over dp=8
+    (1, 2048 * 2, 2048 * 2, 2048 * 12 / 8),  # optimizer states sharded
+    (2, 2048 * 2, 2048 * 2 / 8, 2048 * 12 / 8),
+    (3, 2048 * 2 / 8, 2048 * 2 / 8, 2048 * 12 / 8),
+])
+def test_zero_stages_shard_states_over_the_data_parallel_group(zero, params, grads, opt):
+    _, _, oc, c, _ = _dp_linear_costs(zero)
+    assert oc.parts[c, 0] == pytest.approx(params)
+    assert oc.parts[c, 1] == pytest.approx(grads)
+    assert oc.parts[c, 2] == pytest.approx(opt)
+
+
+def test_zero_communication_volumes():
+    # per device, ring collectives over n=8 of a 4096-byte gradient / weight (bf16):
+    # ZeRO-0: all-reduce 2*(7/8)*4096; ZeRO-1/2: reduce-scatter + all-gather = the same volume;
+    # ZeRO-3: one more all-gather of the weights (forward and backward each gather them)
+    vol = {z: _dp_linear_costs(z)[2].comm[_dp_linear_costs(z)[3], 0] for z in (0, 1, 2, 3)}
+    assert vol[0] == pytest.approx(2 * 7 / 8 * 4096)
+    assert vol[1] == pytest.approx(vol[0]) and vol[2] == pytest.approx(vol[0])
+    assert vol[3] == pytest.approx(3 * 7 / 8 * 4096)
+
+
+def test_recompute_costs_one_more_forward_and_keeps_no_activations():
+    cm, mesh, oc, c, _ = _dp_linear_costs(0)
+    # forward of the batch-sharded op on one of 8 devices, bf16: it moves its output [2,4,64],
+    # its input [2,4,32] and the whole weight [64,32], 2 bytes each = 5632 bytes, far more time
+    # than its 2*2*4*64*32 = 32768 FLOPs take, so the roofline is memory-bound
+    fwd = max(32768 / cm.peak, (2 * 4 * 64 + 2 * 4 * 32 + 2048) * 2 / cm.mem_bw)
+    assert oc.time_rc[c] - oc.time[c] == pytest.approx(fwd)
+    assert oc.parts[c, 3] > 0 and oc.parts_rc[c, 3] == 0
+    assert (oc.parts_rc[c, :3] == oc.parts[c, :3]).all()
+    # a block's output op keeps its output (the checkpoint the next block recomputes from)
+    kept = cm.op_costs(cm.graph.ops[0], mesh, checkpoint=True)
+    assert kept.parts_rc[c, 3] == kept.parts[c, 3]

@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 from search.cluster import make_cluster
 from search.costmodel import TrainingJob
-from search.exhaustive import evaluate, exhaustive_search
+from search.costmodel import CostModel
+from search.exhaustive import evaluate, exhaustive_search, tables
+from search.ft import layer_index
 from search.frontier import RTOL
 from search.ft import search
 from search.mesh import Mesh, MeshAxis
@@ -37,11 +39,8 @@ def check_points(result) -> None:
             if i != j:
                 assert not (q.time_s <= p.time_s and q.memory_bytes <= p.memory_bytes * (1 - RTOL)), "dominated point"
         sol = result.solutions[p.mesh_index]
-        full = {name: p.assignment[name] for name in p.assignment}
-        from search.exhaustive import tables
-        from search.costmodel import CostModel
-        ops, edges = tables(result.graph, CostModel(result.graph, result.cluster, result.job), sol.mesh)
-        res = evaluate(ops, edges, sol.buffers, full)
+        ops, edges = tables(result.graph, CostModel(result.graph, result.cluster, result.job), sol.mesh, sol.zero)
+        res = evaluate(ops, edges, sol.buffers, p.assignment, layer_index(result.graph))
         assert res["time"][0] == pytest.approx(p.time_s, rel=1e-9)
         assert res["memory"][0] == pytest.approx(p.memory_bytes, rel=1e-9)
 
@@ -68,23 +67,24 @@ def test_ft_equals_exhaustive_on_larger_dags_1d(choices):
     same_frontier(ft.points, ex.points)
 
 
-@pytest.mark.parametrize("layers", [3, 4])
-def test_block_reuse_equals_exhaustive_over_the_same_space(layers):
+@pytest.mark.parametrize("layers,recompute", [(3, True), (4, False)])
+def test_block_reuse_equals_exhaustive_over_the_same_space(layers, recompute):
+    """Covers the ZeRO stages and, per layer, activation recomputation."""
     g = stack(layers)
-    ft = search(g, CLUSTER, JOB, meshes=MESH_4)
+    ft = search(g, CLUSTER, JOB, meshes=MESH_4, recompute=recompute)
     assert ft.stats["block_reuse"] and ft.stats["layers_solved_once"] == layers - 1
-    ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4, tie_blocks=True)
+    ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4, tie_blocks=True, recompute=recompute)
     same_frontier(ft.points, ex.points)
     check_points(ft)
 
 
 def test_without_reuse_ft_equals_untied_exhaustive():
     g = stack(3)
-    ft = search(g, CLUSTER, JOB, meshes=MESH_4, reuse_blocks=False)
-    ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4, tie_blocks=False)
+    ft = search(g, CLUSTER, JOB, meshes=MESH_4, reuse_blocks=False, zero_stages=(0, 3), recompute=False)
+    ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4, tie_blocks=False, zero_stages=(0, 3), recompute=False)
     same_frontier(ft.points, ex.points)
     # the tie only removes plans, so the untied frontier is at least as good everywhere
-    tied = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4, tie_blocks=True)
+    tied = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4, tie_blocks=True, zero_stages=(0, 3), recompute=False)
     for p in tied.points:
         assert any(q.time_s <= p.time_s * (1 + 1e-9) and q.memory_bytes <= p.memory_bytes * (1 + 1e-9)
                    for q in ex.points)
