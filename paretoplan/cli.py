@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-block-reuse", action="store_true", help="solve every layer separately")
     s.add_argument("--zero", default="0,1,2,3", help="ZeRO stages to consider, e.g. 0 or 1,3 (default 0,1,2,3)")
     s.add_argument("--no-recompute", action="store_true", help="never recompute activations of a block")
+    s.add_argument("--no-baselines", action="store_true", help="skip the baseline planners (DP, FSDP, Megatron)")
     s.add_argument("--json", dest="json_out", help="write the frontier with every full Plan as JSON")
     s.add_argument("--html", dest="html_out", help="write an interactive offline Plotly chart of the frontier")
     s.add_argument("--dump-graph", help="write the captured OpGraph as JSON")
@@ -148,16 +149,21 @@ def _search(args: argparse.Namespace) -> int:
 
     best = pick(result.points, budget)
     _print_table(result, best, budget, capture_s, args.all)
+    bases = [] if args.no_baselines else _baselines(result, budget)
+    if bases:
+        _print_baselines(result, bases)
     if args.json_out or args.html_out:
         from search.plan import build_plans
 
         plans = build_plans(result)
         if args.json_out:
-            _write(args.json_out, json.dumps(_json_doc(result, plans, best, budget, capture_s), indent=1))
+            doc = _json_doc(result, plans, best, budget, capture_s)
+            doc["baselines"] = _baselines_json(result, bases)
+            _write(args.json_out, json.dumps(doc, indent=1))
         if args.html_out:
             from paretoplan.report import frontier_html
 
-            _write(args.html_out, frontier_html(result, plans, budget, best))
+            _write(args.html_out, frontier_html(result, plans, budget, best, bases))
     if best is None:
         least = min((p.memory_bytes for p in result.points), default=0.0)
         raise NoFeasiblePlan(
@@ -174,6 +180,51 @@ def _zero_stages(text: str) -> tuple[int, ...]:
     if not stages or any(s not in (0, 1, 2, 3) for s in stages):
         raise InputError(f"--zero takes stages 0-3 separated by commas, got {text!r}")
     return stages
+
+
+def _baselines(result, budget: float) -> list:
+    from search.baselines import baselines
+
+    return baselines(result.graph, result.cluster, result.job, budget=budget, result=result)
+
+
+def _against_frontier(points, b) -> dict:
+    """The frontier point that beats baseline b at its memory (fastest within it) and at its
+    time (leanest within it), and by how much."""
+    at_mem = min((p for p in points if p.memory_bytes <= b.memory_bytes * (1 + 1e-9)), key=lambda p: p.time_s,
+                 default=None)
+    at_time = min((p for p in points if p.time_s <= b.time_s * (1 + 1e-9)), key=lambda p: p.memory_bytes,
+                  default=None)
+    return {
+        "faster_point": points.index(at_mem) if at_mem else None,
+        "speedup": b.time_s / at_mem.time_s if at_mem else None,
+        "leaner_point": points.index(at_time) if at_time else None,
+        "memory_ratio": b.memory_bytes / at_time.memory_bytes if at_time else None,
+    }
+
+
+def _print_baselines(result, bases) -> None:
+    from search.cluster import format_size
+
+    print()
+    print(f"{'baseline (same cost model)':<30} {'time/iter':>11} {'memory':>10}   frontier at its memory / at its time")
+    for b in bases:
+        d = _against_frontier(result.points, b)
+        faster = f"#{d['faster_point']} {d['speedup']:.2f}x faster" if d["speedup"] else "-"
+        leaner = f"#{d['leaner_point']} {d['memory_ratio']:.2f}x less memory" if d["memory_ratio"] else "-"
+        print(f"{b.name:<30} {b.time_s * 1e3:>8.2f} ms {format_size(int(b.memory_bytes)):>10}   {faster} / {leaner}")
+
+
+def _baselines_json(result, bases) -> list[dict]:
+    if not bases:
+        return []
+    from search.baselines import as_result
+    from search.plan import build_plans
+
+    plans = build_plans(as_result(result.graph, result.cluster, result.job, bases))
+    return [{"name": b.name, "description": b.description, "time_s": b.time_s,
+             "memory_bytes": int(round(b.memory_bytes)), "against_frontier": _against_frontier(result.points, b),
+             "plan": plan.model_dump()} for b, plan in zip(bases, plans)]
 
 
 def _write(path: str, text: str) -> None:

@@ -11,7 +11,8 @@ from search.plan import Plan
 GIB = 2**30
 
 
-def frontier_html(result: SearchResult, plans: list[Plan], budget: float, best: FrontierPoint | None) -> str:
+def frontier_html(result: SearchResult, plans: list[Plan], budget: float, best: FrontierPoint | None,
+                  baselines: list | None = None) -> str:
     fig = go.Figure()
     by_mesh: dict[str, list[int]] = {}
     for i, plan in enumerate(plans):
@@ -25,10 +26,15 @@ def frontier_html(result: SearchResult, plans: list[Plan], budget: float, best: 
                   f"activations {format_size(plans[i].predicted.breakdown.activations)}" for i in idxs],
             hovertemplate="%{y:.2f} ms, %{x:.2f} GiB<br>%{text}<extra></extra>",
         ))
+    for b in baselines or []:
+        fig.add_trace(go.Scatter(x=[b.memory_bytes / GIB], y=[b.time_s * 1e3], mode="markers+text", name=b.name,
+                                 text=[b.name], textposition="top center", marker=dict(symbol="x", size=11),
+                                 hovertemplate=f"{b.name}: %{{y:.2f}} ms, %{{x:.2f}} GiB<br>{b.description}"
+                                               "<extra></extra>"))
     if best is not None:
         fig.add_trace(go.Scatter(x=[best.memory_bytes / GIB], y=[best.time_s * 1e3], mode="markers",
                                  name="fastest that fits", marker=dict(symbol="star", size=16, color="black")))
-    mems = [p.memory_bytes / GIB for p in result.points] or [0.0]
+    mems = [p.memory_bytes / GIB for p in result.points] + [b.memory_bytes / GIB for b in baselines or []] or [0.0]
     lo, hi = min(mems), max(mems)
     pad = max((hi - lo) * 0.08, hi * 0.01, 1e-3)
     title = f"{result.graph.name} on {result.cluster.describe()}: {len(result.points)} Pareto-optimal plans"

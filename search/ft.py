@@ -590,10 +590,11 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
     problems = [prepare_mesh(graph, cm, mesh, reuse_blocks, eps, zero, recompute, costs)
                 for mesh, zero, costs in tables]
     envelope = (np.zeros(0), np.zeros(0))
-    if prune and eps == 0.0 and any(p.chain for p in problems) and len(problems) > 1:
+    if prune and eps < PREPASS_EPS and any(p.chain for p in problems) and len(problems) > 1:
         # A coarse pass over every mesh finds real plans close to the whole frontier in a
-        # fraction of the time; as an envelope they let the exact pass drop, on every mesh,
-        # the partial stacks that cannot win. The result is still exact.
+        # fraction of the time; as an envelope they let the main pass drop, on every mesh, the
+        # partial stacks that cannot win. An exact result stays exact; an approximate one keeps
+        # its bound (a dropped point is beaten by a real plan, itself near a returned one).
         for prob in problems:
             rough = finish_mesh(prob, PREPASS_EPS, envelope)
             envelope = (np.concatenate([envelope[0], rough.root.t]), np.concatenate([envelope[1], rough.root.m]))

@@ -154,8 +154,18 @@ def _role(op: Op, label: str | None, batch: str) -> str:
     return "other"
 
 
+def weighted_ops(graph: OpGraph) -> list[tuple[Op, int]]:
+    """The ops a summary describes (those carrying parameters, and attention) with their weight."""
+    out = []
+    for op in graph.ops:
+        n = sum(p.numel for p in op.params)
+        if op.kind in ("linear", "embedding", "conv", "attention") and (n or op.kind == "attention"):
+            out.append((op, max(n, 1)))
+    return out
+
+
 def summarize(graph: OpGraph, mesh: Mesh, configs: dict[str, tuple[str | None, ...]], zero: int = 0,
-              recomputed: int = 0) -> str:
+              recomputed: int = 0, weighted: list[tuple[Op, int]] | None = None) -> str:
     """One line: the mesh, ZeRO stage and recomputed layers, then per axis how the
     parameter-carrying ops use it (by weight count)."""
     head = mesh.describe()
@@ -164,14 +174,13 @@ def summarize(graph: OpGraph, mesh: Mesh, configs: dict[str, tuple[str | None, .
     if graph.blocks:
         head += f" recompute {recomputed}/{len(graph.blocks[0].layers)}"
     parts = [head]
+    weighted = weighted_ops(graph) if weighted is None else weighted
     for ai, ax in enumerate(mesh.axes):
         if ax.size == 1:
             continue
         weights: Counter[str] = Counter()
-        for op in graph.ops:
-            n = sum(p.numel for p in op.params) or 0
-            if op.kind in ("linear", "embedding", "conv", "attention") and (n or op.kind == "attention"):
-                weights[_role(op, configs[op.name][ai], graph.batch_label)] += max(n, 1)
+        for op, n in weighted:
+            weights[_role(op, configs[op.name][ai], graph.batch_label)] += n
         total = sum(weights.values()) or 1
         desc = " ".join(f"{r} {100 * w / total:.0f}%" for r, w in weights.most_common() if w / total >= 0.005)
         parts.append(f"{ax.name}: {desc}")
@@ -196,8 +205,16 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
         # (a layer priced through the template carries the template's index, not its labels)
         cfg_list = {op.name: op_configs(op, mesh) for op in graph.ops}
         block_names = {n for b in graph.blocks for layer in b.layers for n in layer}
+        op_plans: dict[tuple[str, int], OpPlan] = {}  # the same op in the same configuration, shared
+        weighted = weighted_ops(graph)
+
+        def op_plan(name: str, k: int) -> OpPlan:
+            if (name, k) not in op_plans:
+                op_plans[(name, k)] = _op_plan(graph.op(name), mesh, cfg_list[name][k])
+            return op_plans[(name, k)]
+
         for j, i in enumerate(idxs):
-            configs = {name: cfg_list[name][int(assign[name][j])] for name in cfg_list}
+            configs = {op.name: cfg_list[op.name][int(assign[op.name][j])] for op, _ in weighted}
             blocks = []
             for b in graph.blocks:
                 variants: dict[tuple, int] = {}
@@ -207,7 +224,7 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
                     key = tuple(int(assign[n][j]) for n in layer)
                     if key not in variants:
                         variants[key] = len(vlist)
-                        vlist.append([_op_plan(graph.op(n0), mesh, cfg_list[n0][k]) for n0, k in zip(b.layers[0], key)])
+                        vlist.append([op_plan(n0, k) for n0, k in zip(b.layers[0], key)])
                     layer_variant.append(variants[key])
                 blocks.append(BlockPlan(prefix=b.prefix, variants=vlist, layer_variant=layer_variant))
             parts = costs["parts"][j]
@@ -224,9 +241,9 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
                 devices_per_node=cluster.devices_per_node, global_batch=job.global_batch, seq_len=job.seq_len,
                 precision=job.precision,
                 mesh=MeshSpec(pp=mesh.pp, axes=[AxisSpec(name=a.name, size=a.size, stride=a.stride) for a in mesh.axes]),
-                ops=[_op_plan(op, mesh, configs[op.name]) for op in graph.ops if op.name not in block_names],
+                ops=[op_plan(op.name, int(assign[op.name][j])) for op in graph.ops if op.name not in block_names],
                 blocks=blocks, predicted=pred, zero_stage=sol.zero, recompute=recomputed,
-                summary=summarize(graph, mesh, configs, sol.zero, len(recomputed)),
+                summary=summarize(graph, mesh, configs, sol.zero, len(recomputed), weighted),
             )
     return [out[i] for i in range(len(points))]
 

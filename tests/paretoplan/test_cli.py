@@ -330,3 +330,20 @@ def test_readme_example_gpt2_medium(tmp_path):
     rows = table_rows(proc.stdout)
     assert sum(r["mark"] == "*" for r in rows) == 1
     assert "search (exact) took" in proc.stdout
+
+
+def test_baselines_beside_the_frontier(tiny, tiny_doc):
+    """Baselines are listed under the table and in the JSON with full plans, each beaten (or
+    matched) by the frontier at its own memory."""
+    _, proc = tiny
+    assert "baseline (same cost model)" in proc.stdout
+    names = [b["name"] for b in tiny_doc["baselines"]]
+    assert "data-parallel" in names and "fsdp" in names
+    frontier = tiny_doc["frontier"]
+    for b in tiny_doc["baselines"]:
+        assert b["plan"]["predicted"]["time_s"] == pytest.approx(b["time_s"], rel=1e-9)
+        vs = b["against_frontier"]
+        assert vs["faster_point"] is not None and vs["speedup"] >= 1 - 1e-9
+        p = frontier[vs["faster_point"]]
+        assert p["memory_bytes"] <= b["memory_bytes"] + 2 and p["time_s"] <= b["time_s"] * (1 + 1e-9)
+        assert b["name"] in proc.stdout

@@ -1,0 +1,349 @@
+"""Baseline planners: one plan each, configured the way practitioners do it today.
+
+Every baseline is an assignment in FT's own strategy space - a mesh, a ZeRO stage, one
+configuration per op (an index into ``mesh.op_configs(op, mesh)``) and a recomputation choice
+per layer of the block stack - priced by the same cost model (``exhaustive.tables`` +
+``exhaustive.evaluate``), so the frontier can be compared with it point by point. Since the
+search covers that space, no baseline may lie strictly below-left of the frontier.
+
+Planners (each skipped when it cannot apply, e.g. the global batch does not divide dp):
+
+- ``data-parallel``: mesh dp=N x tp1; every op splits the batch on dp where it can; ZeRO 0
+  (PyTorch DDP); ``data-parallel+recompute`` also recomputes every layer of the block stack.
+- ``fsdp``: the same assignment under ZeRO-3 (FSDP / FSDP2 full sharding); ``fsdp+recompute``
+  adds full activation checkpointing (torchtitan's usual setting).
+- ``megatron-tp{t}-dp``: t = the largest divisor of gcd(N, devices per node) (a tensor-parallel
+  group inside a node) that the model allows - every op of the block stack takes its Megatron
+  split, as Megatron-LM requires heads and hidden sizes to divide tp - and dp = N/t. Batch on dp; on tp the Megatron-LM pattern inside the block
+  stack: q/k/v, fc1, gate/up are column-parallel, attention splits heads, o/fc2/down are
+  row-parallel, the pointwise ops between a column and a row linear split the column's label;
+  norms, residual adds, embeddings, the lm head and the loss replicate on tp. ZeRO 0: plain
+  Megatron-LM DDP (``--use-distributed-optimizer``, i.e. ZeRO-1, is an opt-in flag there, and
+  with dp=1 it changes nothing). ``+recompute`` recomputes every layer (``--recompute-granularity
+  full --recompute-method uniform``).
+- ``megatron-tp{t}-sp-dp``: the same with sequence parallelism: the norms and pointwise ops
+  outside the column->row spans (residual adds, dropouts, the final norm, the embedding sum)
+  split the sequence label on tp where they can.
+- ``min-time@budget``: what Alpa / Galvatron return - the single fastest plan under a memory
+  budget - taken from a search result's frontier (``result=``).
+
+Configurations a planner asks for that the op does not offer (a dimension that does not divide)
+fall back to replication on that axis; the baseline lists those ops in ``fallbacks``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from search.cluster import Cluster
+from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
+from search.exhaustive import evaluate, tables
+from search.frontier import Factor, Stats
+from search.ft import FrontierPoint, MeshSolution, SearchResult, layer_index, recompute_var
+from search.graph import Op, OpGraph
+from search.mesh import Config, Mesh, MeshAxis, op_configs
+
+SEQ_LABEL = "seq"          # the label sequence parallelism splits
+MEGATRON_ZERO = 0          # Megatron-LM's default DDP; its distributed optimizer (ZeRO-1) is opt-in
+SP_KINDS = ("norm", "elementwise")  # ops sequence parallelism moves into the sequence-split region
+
+DP, TP = "dp", "tp"
+
+
+@dataclass
+class Baseline:
+    name: str
+    description: str
+    time_s: float
+    memory_bytes: float
+    # mesh_index = this baseline's position in the list `baselines` returns, so that
+    # [b.solution for b in bs][b.point.mesh_index] is b.solution (see `as_result`)
+    point: FrontierPoint
+    solution: MeshSolution
+    breakdown: dict[str, float] = field(default_factory=dict)   # params, grads, optimizer, activations, buffers
+    comm_bytes: dict[str, float] = field(default_factory=dict)  # bytes sent per device per iteration, per axis
+    fallbacks: list[str] = field(default_factory=list)          # ops that could not take the planned config
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.solution.mesh
+
+    @property
+    def zero(self) -> int:
+        return self.solution.zero
+
+    def configs(self, graph: OpGraph) -> dict[str, Config]:
+        """op name -> its configuration (one label or None per mesh axis)."""
+        mesh = self.solution.mesh
+        return {op.name: op_configs(op, mesh)[int(self.point.configs[op.name][self.point.row])] for op in graph.ops}
+
+    def recomputed_layers(self) -> list[int]:
+        return sorted(int(k.split("@")[1]) for k, v in self.point.configs.items()
+                      if k.startswith("recompute@") and int(v[self.point.row]))
+
+
+# ---- labels ------------------------------------------------------------------------------------
+def _param_labels(op: Op) -> set[str]:
+    return {d for p in op.params for d in p.dims}
+
+
+def column_label(op: Op, batch: str) -> str | None:
+    """A Linear's (or an embedding's) output-features label: on a parameter and on the output."""
+    params = _param_labels(op)
+    return next((lab for lab in op.splittable if lab != batch and lab in params and lab in op.output.dims), None)
+
+
+def row_label(op: Op, batch: str) -> str | None:
+    """A Linear's reduction label (an embedding's vocabulary): on a parameter, not on the output."""
+    params = _param_labels(op)
+    return next((lab for lab in op.splittable if lab != batch and lab in params and lab not in op.output.dims), None)
+
+
+def heads_label(op: Op, batch: str) -> str | None:
+    """The label an attention op splits across devices: its first splittable label other than batch."""
+    return next((lab for lab in op.splittable if lab != batch), None)
+
+
+# ---- turning wishes into configuration indices --------------------------------------------------
+def _choose(op: Op, mesh: Mesh, want: dict[str, str | None], cache: dict[str, list[Config]]) -> tuple[int, bool]:
+    """Index of the configuration closest to `want` (axis name -> label; a label the op cannot
+    split at all means replicate): the wished config if the op offers it, else the one with the
+    fewest axes replicated instead (inner axes give way first). Returns (index, whether it had
+    to fall back because a wished split does not divide)."""
+    cfgs = cache.setdefault(op.name, op_configs(op, mesh))
+    wished = tuple(want.get(ax.name) if ax.size > 1 and want.get(ax.name) in op.splittable else None
+                   for ax in mesh.axes)
+    index = {c: i for i, c in enumerate(cfgs)}
+    if wished in index:  # a label the op does not have is no fallback: the op simply replicates
+        return index[wished], False
+    set_axes = [i for i, lab in enumerate(wished) if lab is not None]
+    for k in range(1, len(set_axes) + 1):
+        for drop in itertools.combinations(reversed(set_axes), k):
+            cand = tuple(None if i in drop else lab for i, lab in enumerate(wished))
+            if cand in index:
+                return index[cand], True
+    return index[tuple(None for _ in mesh.axes)], True
+
+
+def _mesh(cluster: Cluster, tp: int) -> Mesh:
+    """The same mesh the search builds for this tp (mesh.mesh_candidates)."""
+    n = cluster.num_devices
+    return Mesh(pp=1, axes=(MeshAxis(DP, n // tp, tp), MeshAxis(TP, tp, 1)))
+
+
+def _block_ops(graph: OpGraph) -> list[list[str]]:
+    return [list(layer) for b in graph.blocks for layer in b.layers]
+
+
+def megatron_tp_labels(graph: OpGraph, sequence_parallel: bool = False) -> dict[str, str | None]:
+    """op name -> the label Megatron-LM's tensor parallelism splits on the tp axis (None: replicate).
+
+    Inside each layer of the block stack, in topological order: a Linear whose reduction label is
+    the output-features label of an earlier column Linear or an attention op's heads label is
+    row-parallel (o, fc2, down); any other Linear is column-parallel (q, k, v, fc1, gate, up) and
+    its output label joins the layer's split span; attention splits heads; any other op that can
+    split a label of the span does (gelu, the SwiGLU product, rotary embeddings, unfused attention
+    matmuls and softmax). Everything else - and everything outside the stack - replicates, or
+    with `sequence_parallel`, norms and pointwise ops split the sequence label where they can."""
+    batch = graph.batch_label
+    order = {op.name: i for i, op in enumerate(graph.topological())}
+    tp: dict[str, str | None] = {op.name: None for op in graph.ops}
+    for layer in _block_ops(graph):
+        span: set[str] = set()
+        for name in sorted(layer, key=order.__getitem__):
+            op = graph.op(name)
+            if op.kind == "linear":
+                col, row = column_label(op, batch), row_label(op, batch)
+                if row is not None and row in span:
+                    tp[name] = row
+                elif col is not None:
+                    tp[name] = col
+                    span.add(col)
+            elif op.kind == "attention":
+                heads = heads_label(op, batch)
+                tp[name] = heads
+                if heads is not None:
+                    span.add(heads)
+            else:
+                tp[name] = next((lab for lab in op.splittable if lab in span), None)
+    if sequence_parallel:
+        for op in graph.ops:
+            if tp[op.name] is None and op.kind in SP_KINDS and SEQ_LABEL in op.splittable:
+                tp[op.name] = SEQ_LABEL
+    return tp
+
+
+# ---- costing ----------------------------------------------------------------------------------
+class _Pricer:
+    """Cost tables per (mesh, zero), built once per `baselines` call."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, job: TrainingJob) -> None:
+        self.graph, self.cluster, self.job = graph, cluster, job
+        self.cm = CostModel(graph, cluster, job)
+        self.layer_of = layer_index(graph)
+        self.n_layers = len(graph.blocks[0].layers) if graph.blocks else 0
+        self._tables: dict[tuple[Mesh, int], tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts], float]] = {}
+        self._cfgs: dict[Mesh, dict[str, list[Config]]] = {}
+
+    def tables(self, mesh: Mesh, zero: int):
+        key = (mesh, zero)
+        if key not in self._tables:
+            ops, edges = tables(self.graph, self.cm, mesh, zero)
+            self._tables[key] = (ops, edges, self.cm.buffers(mesh, zero=zero))
+        return self._tables[key]
+
+    def assign(self, mesh: Mesh, dp: dict[str, str | None], tp: dict[str, str | None]
+               ) -> tuple[dict[str, int], list[str]]:
+        cache = self._cfgs.setdefault(mesh, {})
+        out, fallbacks = {}, []
+        for op in self.graph.ops:
+            idx, fell = _choose(op, mesh, {DP: dp.get(op.name), TP: tp.get(op.name)}, cache)
+            out[op.name] = idx
+            if fell:
+                fallbacks.append(op.name)
+        return out, fallbacks
+
+    def price(self, name: str, description: str, mesh: Mesh, zero: int, assignment: dict[str, int],
+              recompute: bool, fallbacks: list[str]) -> Baseline:
+        ops, edges, buffers = self.tables(mesh, zero)
+        configs = {k: np.array([v]) for k, v in assignment.items()}
+        for i in range(self.n_layers):
+            configs[recompute_var(i)] = np.array([int(recompute)])
+        res = evaluate(ops, edges, buffers, configs, self.layer_of)
+        t, m = float(res["time"][0]), float(res["memory"][0])
+        root = Factor(scope=(), keys=np.zeros((1, 0), dtype=np.int32), t=np.array([t]), m=np.array([m]))
+        sol = MeshSolution(mesh=mesh, root=root, chain=None, op_costs=ops, edge_costs=edges, buffers=buffers,
+                           stats=Stats(), zero=zero)
+        parts = res["parts"][0]
+        breakdown = {"params": float(parts[0]), "grads": float(parts[1]), "optimizer": float(parts[2]),
+                     "activations": float(parts[3]), "buffers": float(buffers)}
+        comm = {ax.name: float(res["comm"][0][a]) for a, ax in enumerate(mesh.axes)}
+        if fallbacks:
+            description += f"; {len(fallbacks)} ops replicate where the planned split does not divide"
+        return Baseline(name=name, description=description, time_s=t, memory_bytes=m,
+                        point=FrontierPoint(time_s=t, memory_bytes=m, mesh_index=-1, configs=configs, row=0),
+                        solution=sol, breakdown=breakdown, comm_bytes=comm, fallbacks=fallbacks)
+
+
+# ---- the planners -------------------------------------------------------------------------------
+def _batch_on_dp(graph: OpGraph) -> dict[str, str | None]:
+    return {op.name: graph.batch_label for op in graph.ops}
+
+
+def _batch_divides(job: TrainingJob, dp: int) -> bool:
+    return job.global_batch % dp == 0
+
+
+def data_parallel(pr: _Pricer) -> list[Baseline]:
+    graph, cluster = pr.graph, pr.cluster
+    n = cluster.num_devices
+    if not _batch_divides(pr.job, n):
+        return []
+    mesh = _mesh(cluster, 1)
+    assignment, fallbacks = pr.assign(mesh, _batch_on_dp(graph), {})
+    out = [pr.price("data-parallel", f"DDP: batch split {n} ways, parameters replicated, ZeRO 0", mesh, 0,
+                    assignment, False, fallbacks),
+           pr.price("fsdp", f"FSDP (ZeRO-3): batch split {n} ways, parameters, gradients and optimizer "
+                    "states sharded and all-gathered per use", mesh, 3, assignment, False, fallbacks)]
+    if pr.n_layers:
+        out += [pr.price("data-parallel+recompute", "DDP with every layer of the block stack recomputed",
+                         mesh, 0, assignment, True, fallbacks),
+                pr.price("fsdp+recompute", "FSDP (ZeRO-3) with full activation checkpointing of every layer",
+                         mesh, 3, assignment, True, fallbacks)]
+    return out
+
+
+def megatron_tp_size(pr: _Pricer) -> int | None:
+    """The largest tensor-parallel size a Megatron-LM user can set: it divides the devices per
+    node and the device count (tp stays inside a node) and every op of the block stack can take
+    its Megatron split (Megatron-LM requires the heads, the hidden and the FFN sizes to divide
+    tp; GPT-2's 12 heads allow tp 4 on a node of 8, not 8). None if only tp 1 qualifies."""
+    graph, cluster = pr.graph, pr.cluster
+    n = cluster.num_devices
+    g = math.gcd(n, cluster.devices_per_node)
+    block = {name for layer in _block_ops(graph) for name in layer}
+    tp = megatron_tp_labels(graph)
+    for t in sorted((d for d in range(2, g + 1) if g % d == 0), reverse=True):
+        if not _batch_divides(pr.job, n // t):
+            continue
+        _, fallbacks = pr.assign(_mesh(cluster, t), _batch_on_dp(graph), tp)
+        if not block.intersection(fallbacks):
+            return t
+    return None
+
+
+def megatron(pr: _Pricer) -> list[Baseline]:
+    graph, cluster = pr.graph, pr.cluster
+    n = cluster.num_devices
+    t = megatron_tp_size(pr) if graph.blocks else None
+    if t is None:
+        return []
+    mesh = _mesh(cluster, t)
+    dp = _batch_on_dp(graph)
+    out = []
+    for sp in (False, True):
+        tp = megatron_tp_labels(graph, sequence_parallel=sp)
+        if sp and tp == megatron_tp_labels(graph):
+            continue  # nothing to split on the sequence: identical to the plain plan
+        assignment, fallbacks = pr.assign(mesh, dp, tp)
+        name = f"megatron-tp{t}{'-sp' if sp else ''}-dp"
+        desc = (f"Megatron-LM: tensor parallel {t} inside a node (column q/k/v/fc1, heads, row o/fc2)"
+                f"{', sequence-parallel norms and residuals' if sp else ''}, data parallel {n // t}, "
+                f"ZeRO {MEGATRON_ZERO}")
+        out.append(pr.price(name, desc, mesh, MEGATRON_ZERO, assignment, False, fallbacks))
+        out.append(pr.price(name + "+recompute", desc + ", every layer recomputed", mesh, MEGATRON_ZERO,
+                            assignment, True, fallbacks))
+    return out
+
+
+def min_time_at_budget(result: SearchResult, budget: float, points: list[FrontierPoint] | None = None
+                       ) -> Baseline | None:
+    """The fastest frontier point within `budget` bytes per device (less memory on ties)."""
+    points = result.points if points is None else points
+    fitting = [p for p in points if p.memory_bytes <= budget]
+    if not fitting:
+        return None
+    p = min(fitting, key=lambda q: (q.time_s, q.memory_bytes))
+    sol = result.solutions[p.mesh_index]
+    return Baseline(name="min-time@budget",
+                    description=f"fastest searched plan within {budget / 2**30:.2f} GiB per device "
+                                f"(Alpa/Galvatron-style single answer): {sol.describe()}",
+                    time_s=p.time_s, memory_bytes=p.memory_bytes,
+                    point=FrontierPoint(time_s=p.time_s, memory_bytes=p.memory_bytes, mesh_index=-1,
+                                        configs=p.configs, row=p.row),
+                    solution=sol)
+
+
+def baselines(graph: OpGraph, cluster: Cluster, job: TrainingJob, budget: float | None = None,
+              frontier: list[FrontierPoint] | SearchResult | None = None,
+              result: SearchResult | None = None) -> list[Baseline]:
+    """Every baseline that applies, each priced by the search's own cost model.
+
+    ``min-time@budget`` needs a budget and the search result the frontier came from (``result``,
+    or a SearchResult passed as ``frontier``); a plain list of points in ``frontier`` then
+    restricts which of the result's points it may pick."""
+    if isinstance(frontier, SearchResult):
+        result, frontier = frontier, None
+    if frontier is not None and result is None and budget is not None:
+        raise ValueError("min-time@budget needs the SearchResult its frontier points index into: pass result=")
+    pr = _Pricer(graph, cluster, job)
+    out = data_parallel(pr) + megatron(pr)
+    if budget is not None and result is not None:
+        b = min_time_at_budget(result, budget, frontier)
+        if b is not None:
+            out.append(b)
+    for i, b in enumerate(out):
+        b.point.mesh_index = i
+    return out
+
+
+def as_result(graph: OpGraph, cluster: Cluster, job: TrainingJob, bs: list[Baseline]) -> SearchResult:
+    """The baselines as a SearchResult (one solution and one point each), e.g. for plan.build_plans."""
+    return SearchResult(graph=graph, cluster=cluster, job=job, solutions=[b.solution for b in bs],
+                        points=[FrontierPoint(time_s=b.time_s, memory_bytes=b.memory_bytes, mesh_index=i,
+                                              configs=b.point.configs, row=b.point.row) for i, b in enumerate(bs)],
+                        search_seconds=0.0, eps=0.0, stats={"baselines": [b.name for b in bs]})
