@@ -68,6 +68,8 @@ PRECISION_BYTES: dict[str, Bytes] = {
     "fp16": Bytes(activation=2, param=2, grad=2, optimizer=12, compute_dtype="fp16"),
 }
 
+BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
+
 # Collective kinds, indices into the coefficient tables below.
 NONE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL = range(5)
 COLLECTIVE_NAMES = ("none", "all_gather", "reduce_scatter", "all_reduce", "all_to_all")
@@ -150,6 +152,15 @@ class CostModel:
         beta = np.array([0.0, frac / bw, frac / bw, 2 * frac / bw, frac / n / bw])
         return alpha, beta
 
+    def bucketed_time(self, mesh: Mesh, axis: int, kind: int, nbytes: float) -> float:
+        """A gradient (or ZeRO parameter) collective: DDP and FSDP fuse many parameters into one
+        collective per bucket, so each parameter pays the latency in proportion to its share of
+        a bucket (additive, so frontiers stay exact)."""
+        if kind == NONE or mesh.axes[axis].size == 1:
+            return 0.0
+        alpha, beta = self.collective_coefficients(mesh, axis)
+        return float(alpha[kind] * min(1.0, nbytes / BUCKET_BYTES) + beta[kind] * nbytes)
+
     def collective_time(self, mesh: Mesh, axis: int, kind: int, nbytes: float) -> float:
         if kind == NONE or mesh.axes[axis].size == 1:
             return 0.0
@@ -195,7 +206,7 @@ class CostModel:
                     else:  # reduce-scatter gradients, all-gather updated (stage 3: also used) params
                         steps = [(REDUCE_SCATTER, g)] + [(ALL_GATHER, w)] * (2 if zero == 3 else 1)
                     for kind, nbytes in steps:
-                        t_sync += self.collective_time(mesh, ai, kind, nbytes)
+                        t_sync += self.bucketed_time(mesh, ai, kind, nbytes)
                         comm[ci, ai] += (2.0 if kind == ALL_REDUCE else 1.0) * nbytes * (n - 1) / n
                 parts[ci, 0] += local * b.param / (r if zero >= 3 else 1)
                 parts[ci, 1] += local * b.grad / (r if zero >= 2 else 1)

@@ -149,7 +149,11 @@ def test_sequence_parallel_needs_no_more_memory():
 def test_fsdp_and_recompute_trade_time_for_memory():
     bs = planned()
     assert bs["fsdp"].memory_bytes < bs["data-parallel"].memory_bytes
-    assert bs["fsdp"].time_s >= bs["data-parallel"].time_s
+    # FSDP moves half as much again: reduce-scatter + all-gather in forward and in backward,
+    # against DDP's all-reduce (= reduce-scatter + all-gather). Its time is not simply higher:
+    # each rank's optimizer step updates an eighth of the parameters, and nothing here models
+    # DDP's overlap of the all-reduce with backward.
+    assert bs["fsdp"].comm_bytes["dp"] == pytest.approx(1.5 * bs["data-parallel"].comm_bytes["dp"], rel=0.01)
     for name in ("data-parallel", "fsdp", "megatron-tp4-dp", "megatron-tp4-sp-dp"):
         assert bs[name + "+recompute"].memory_bytes < bs[name].memory_bytes
         assert bs[name + "+recompute"].time_s > bs[name].time_s

@@ -1,0 +1,33 @@
+"""The frontier beats or matches every baseline planner, on the issue's reference cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from search.baselines import baselines
+from search.capture import capture_model
+from search.cluster import make_cluster
+from search.costmodel import TrainingJob
+from search.ft import search
+from search.zoo import get_model
+
+CASES = [("gpt2-xl", 16, 32), ("llama-7b", 64, 256), ("bert-large", 8, 64)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,devices,batch", CASES)
+def test_no_baseline_below_left_of_the_frontier(model, devices, batch):
+    graph = capture_model(get_model(model), batch)
+    cluster = make_cluster("h100-80gb", devices)
+    job = TrainingJob(global_batch=batch)
+    result = search(graph, cluster, job)
+    bases = baselines(graph, cluster, job)
+    assert len(bases) >= 2  # data-parallel and fsdp apply everywhere
+    for b in bases:
+        # at the baseline's memory the frontier is at least as fast ...
+        fitting = [p for p in result.points if p.memory_bytes <= b.memory_bytes * (1 + 1e-9)]
+        assert fitting, f"{b.name}: no frontier point within its {b.memory_bytes:.3g} bytes"
+        assert min(p.time_s for p in fitting) <= b.time_s * (1 + 1e-9), b.name
+        # ... and no frontier point is beaten in both objectives by it
+        assert not any(b.time_s < p.time_s * (1 - 1e-9) and b.memory_bytes < p.memory_bytes * (1 - 1e-9)
+                       for p in result.points), b.name
