@@ -183,9 +183,23 @@ def _zero_stages(text: str) -> tuple[int, ...]:
 
 
 def _baselines(result, budget: float) -> list:
+    """The baselines inside the space that was searched (a restricted search, e.g. --zero 0,
+    says nothing about FSDP)."""
     from search.baselines import baselines
 
-    return baselines(result.graph, result.cluster, result.job, budget=budget, result=result)
+    stages = set(result.stats.get("zero_stages", [0, 1, 2, 3]))
+    recompute = result.stats.get("recompute", True)
+
+    def inside(b) -> bool:
+        rc = any(v.startswith("recompute@") and int(a[b.point.row]) for v, a in b.point.configs.items())
+        return b.solution.zero in stages and (recompute or not rc)
+
+    return [b for b in baselines(result.graph, result.cluster, result.job, budget=budget, result=result) if inside(b)]
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.2f}" if ms >= 0.1 else f"{ms:.4f}"
 
 
 def _against_frontier(points, b) -> dict:
@@ -212,7 +226,7 @@ def _print_baselines(result, bases) -> None:
         d = _against_frontier(result.points, b)
         faster = f"#{d['faster_point']} {d['speedup']:.2f}x faster" if d["speedup"] else "-"
         leaner = f"#{d['leaner_point']} {d['memory_ratio']:.2f}x less memory" if d["memory_ratio"] else "-"
-        print(f"{b.name:<30} {b.time_s * 1e3:>8.2f} ms {format_size(int(b.memory_bytes)):>10}   {faster} / {leaner}")
+        print(f"{b.name:<30} {_ms(b.time_s):>8} ms {format_size(int(b.memory_bytes)):>10}   {faster} / {leaner}")
 
 
 def _baselines_json(result, bases) -> list[dict]:
@@ -234,18 +248,28 @@ def _write(path: str, text: str) -> None:
         raise InputError(f"cannot write {path!r}: {e.strerror or e}") from None
 
 
-def _sample(n: int, k: int) -> list[int]:
+def _sample(points, k: int) -> list[int]:
+    """k rows spread evenly along the frontier's curve (arc length in log time and log memory),
+    so a frontier with a long flat tail still shows its knee."""
+    import numpy as np
+
+    n = len(points)
     if n <= k:
         return list(range(n))
-    step = (n - 1) / (k - 1)
-    return sorted({round(i * step) for i in range(k)})
+    t = np.log([max(p.time_s, 1e-300) for p in points])
+    m = np.log([max(p.memory_bytes, 1.0) for p in points])
+    t = (t - t.min()) / (np.ptp(t) or 1.0)
+    m = (m - m.min()) / (np.ptp(m) or 1.0)
+    arc = np.concatenate([[0.0], np.cumsum(np.hypot(np.diff(t), np.diff(m)))])
+    targets = np.linspace(0.0, arc[-1], k)
+    return sorted({int(i) for i in np.searchsorted(arc, targets, side="left").clip(0, n - 1)} | {0, n - 1})
 
 
 def _print_table(result, best, budget: float, capture_s: float, show_all: bool) -> None:
     from search.cluster import format_size
 
     pts = result.points
-    rows = list(range(len(pts))) if show_all else _sample(len(pts), 20)
+    rows = list(range(len(pts))) if show_all else _sample(pts, 20)
     best_i = pts.index(best) if best is not None else None
     if best_i is not None and best_i not in rows:
         rows = sorted(rows + [best_i])
@@ -256,7 +280,7 @@ def _print_table(result, best, budget: float, capture_s: float, show_all: bool) 
     for i, s in zip(rows, summaries):
         p = pts[i]
         mark = "*" if i == best_i else (" " if p.memory_bytes <= budget else "!")
-        print(f"{mark:2}{i:>5} {p.time_s * 1e3:>9.2f} ms {format_size(int(p.memory_bytes)):>14}  {s}")
+        print(f"{mark:2}{i:>5} {_ms(p.time_s):>9} ms {format_size(int(p.memory_bytes)):>14}  {s}")
     shown = "" if len(rows) == len(pts) else f" (showing {len(rows)}; --all for every point)"
     print(f"{len(pts)} Pareto-optimal plans{shown}; '*' fastest that fits {format_size(int(budget))}, "
           f"'!' over budget")
