@@ -421,9 +421,6 @@ class _Capture:
         lead = list(a.labels[:-1])
         # broadcast batch dims of a batched matmul between activations
         if isinstance(w, _Act) and len(b_shape) > 2:
-            for k in range(1, min(len(a.shape), len(b_shape)) - 1):
-                if a.shape[-1 - k] == b_shape[-1 - k] and k >= 1 and len(a.shape) - 1 - k >= 0:
-                    pass
             nb = len(b_shape) - 2
             for k in range(nb):
                 ai = len(a.shape) - 2 - nb + k
@@ -721,8 +718,12 @@ def capture_module(module: nn.Module, example_args: tuple[torch.Tensor, ...], na
     except Exception as e:  # noqa: BLE001 - export errors are many and varied
         raise InputError(f"cannot capture {name}: torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     cap = _Capture(ep, input_labels or [])
-    cap.run()
-    return cap.graph(name, meta or {})
+    try:
+        cap.run()
+        return cap.graph(name, meta or {})
+    except (AssertionError, KeyError, IndexError, TypeError, ValueError) as e:
+        # an aten pattern the translation does not know: say so, rather than a traceback
+        raise InputError(f"cannot capture {name}: unsupported graph pattern ({type(e).__name__}: {e})") from None
 
 
 def _get_attr(root: nn.Module, dotted: str) -> nn.Module:
