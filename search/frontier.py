@@ -26,7 +26,7 @@ point is within (1 + eps)^d of a point of the returned frontier.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,8 +56,6 @@ class Stats:
     joins: int = 0
     pairs: int = 0
     max_factor_points: int = 0
-    reductions: int = 0
-    sizes: list[int] = field(default_factory=list)
 
 
 def leaf(scope: tuple[str, ...], keys: np.ndarray, t: np.ndarray, m: np.ndarray, note: str = "") -> Factor:

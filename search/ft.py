@@ -368,14 +368,8 @@ def finish_mesh(prob: MeshProblem, eps: float = 0.0, envelope: tuple[np.ndarray,
     root = eliminate_all(factors, domain, keep=(), eps=eps, stats=stats)
     root = Factor(scope=(), keys=root.keys, t=root.t, m=root.m + prob.buffers, parents=(root,),
                   parent_idx=(np.arange(len(root)),))
-    stats.sizes.append(len(root))
     return MeshSolution(mesh=prob.mesh, root=root, chain=prob.chain, op_costs=prob.op_costs,
                         edge_costs=prob.edge_costs, buffers=prob.buffers, stats=stats, zero=prob.zero)
-
-
-def solve_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, eps: float = 0.0, reuse_blocks: bool = True,
-               envelope: tuple[np.ndarray, np.ndarray] | None = None, zero: int = 0) -> MeshSolution:
-    return finish_mesh(prepare_mesh(graph, cm, mesh, reuse_blocks, eps, zero), eps, envelope)
 
 
 def _chain(unit: Factor, n: int, domain: dict[str, int], eps: float, stats: Stats, memo: dict[int, Factor],
