@@ -286,7 +286,8 @@ def _print_table(result, best, budget: float, capture_s: float, show_all: bool) 
           f"'!' over budget")
     mode = "exhaustive" if result.stats.get("exhaustive") else ("exact" if result.eps == 0 else f"eps={result.eps}")
     zeros = ",".join(str(z) for z in result.stats.get("zero_stages", [0]))
-    print(f"search ({mode}) took {result.search_seconds:.3f} s over {len(result.stats.get('meshes', []))} meshes "
+    n_meshes = len(result.stats.get("meshes", []))
+    print(f"search ({mode}) took {result.search_seconds:.3f} s over {n_meshes} mesh{'es' if n_meshes != 1 else ''} "
           f"x ZeRO stages {zeros}{' with per-layer recomputation' if result.stats.get('recompute') else ''}; "
           f"capture {capture_s:.2f} s")
 
