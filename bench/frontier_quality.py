@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from search.baselines import baselines
+from search.baselines import against_frontier, baselines
 from search.capture import capture_model
 from search.cluster import make_cluster
 from search.costmodel import TrainingJob
@@ -35,15 +35,13 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         best = pick(result.points, cluster.memory_per_device)
         for b in baselines(graph, cluster, job):
-            at_mem = min((p.time_s for p in result.points if p.memory_bytes <= b.memory_bytes * (1 + 1e-9)),
-                         default=None)
-            at_time = min((p.memory_bytes for p in result.points if p.time_s <= b.time_s * (1 + 1e-9)), default=None)
+            d = against_frontier(result.points, b)
             fits = b.memory_bytes <= cluster.memory_per_device
             best_fit = f"{b.time_s / best.time_s:.2f}x" if best and fits else "-"
+            at_mem = f"{d['speedup']:.2f}x" if d["speedup"] else "-"
+            at_time = f"{d['memory_ratio']:.2f}x less" if d["memory_ratio"] else "-"
             print(f"{model:<11} {devices:>4} {b.name:<30} {b.time_s * 1e3:>9.2f} {b.memory_bytes / GIB:>8.2f} "
-                  f"{'yes' if fits else 'no':>4} {best_fit:>9} "
-                  f"{(f'{b.time_s / at_mem:.2f}x' if at_mem else '-'):>10} "
-                  f"{(f'{b.memory_bytes / at_time:.2f}x less' if at_time else '-'):>15}", flush=True)
+                  f"{'yes' if fits else 'no':>4} {best_fit:>9} {at_mem:>10} {at_time:>15}", flush=True)
         print(f"{model:<11} {devices:>4} {'frontier: ' + str(len(result.points)) + ' plans':<30} "
               f"{best.time_s * 1e3 if best else float('nan'):>9.2f} "
               f"{best.memory_bytes / GIB if best else float('nan'):>8.2f}  (fastest that fits; search {seconds:.1f} s)")

@@ -202,28 +202,14 @@ def _ms(seconds: float) -> str:
     return f"{ms:.2f}" if ms >= 0.1 else f"{ms:.4f}"
 
 
-def _against_frontier(points, b) -> dict:
-    """The frontier point that beats baseline b at its memory (fastest within it) and at its
-    time (leanest within it), and by how much."""
-    at_mem = min((p for p in points if p.memory_bytes <= b.memory_bytes * (1 + 1e-9)), key=lambda p: p.time_s,
-                 default=None)
-    at_time = min((p for p in points if p.time_s <= b.time_s * (1 + 1e-9)), key=lambda p: p.memory_bytes,
-                  default=None)
-    return {
-        "faster_point": points.index(at_mem) if at_mem else None,
-        "speedup": b.time_s / at_mem.time_s if at_mem else None,
-        "leaner_point": points.index(at_time) if at_time else None,
-        "memory_ratio": b.memory_bytes / at_time.memory_bytes if at_time else None,
-    }
-
-
 def _print_baselines(result, bases) -> None:
+    from search.baselines import against_frontier
     from search.cluster import format_size
 
     print()
     print(f"{'baseline (same cost model)':<30} {'time/iter':>11} {'memory':>10}   frontier at its memory / at its time")
     for b in bases:
-        d = _against_frontier(result.points, b)
+        d = against_frontier(result.points, b)
         faster = f"#{d['faster_point']} {d['speedup']:.2f}x faster" if d["speedup"] else "-"
         leaner = f"#{d['leaner_point']} {d['memory_ratio']:.2f}x less memory" if d["memory_ratio"] else "-"
         print(f"{b.name:<30} {_ms(b.time_s):>8} ms {format_size(int(b.memory_bytes)):>10}   {faster} / {leaner}")
@@ -232,12 +218,12 @@ def _print_baselines(result, bases) -> None:
 def _baselines_json(result, bases) -> list[dict]:
     if not bases:
         return []
-    from search.baselines import as_result
+    from search.baselines import against_frontier, as_result
     from search.plan import build_plans
 
     plans = build_plans(as_result(result.graph, result.cluster, result.job, bases))
     return [{"name": b.name, "description": b.description, "time_s": b.time_s,
-             "memory_bytes": int(round(b.memory_bytes)), "against_frontier": _against_frontier(result.points, b),
+             "memory_bytes": int(round(b.memory_bytes)), "against_frontier": against_frontier(result.points, b),
              "plan": plan.model_dump()} for b, plan in zip(bases, plans)]
 
 

@@ -46,6 +46,7 @@ from search.frontier import Factor, Stats
 from search.ft import FrontierPoint, MeshSolution, SearchResult, layer_index, recompute_var
 from search.graph import Op, OpGraph
 from search.mesh import Config, Mesh, MeshAxis, op_configs
+from search.plan import pick
 
 SEQ_LABEL = "seq"          # the label sequence parallelism splits
 MEGATRON_ZERO = 0          # Megatron-LM's default DDP; its distributed optimizer (ZeRO-1) is opt-in
@@ -303,11 +304,9 @@ def megatron(pr: _Pricer) -> list[Baseline]:
 def min_time_at_budget(result: SearchResult, budget: float, points: list[FrontierPoint] | None = None
                        ) -> Baseline | None:
     """The fastest frontier point within `budget` bytes per device (less memory on ties)."""
-    points = result.points if points is None else points
-    fitting = [p for p in points if p.memory_bytes <= budget]
-    if not fitting:
+    p = pick(result.points if points is None else points, budget)
+    if p is None:
         return None
-    p = min(fitting, key=lambda q: (q.time_s, q.memory_bytes))
     sol = result.solutions[p.mesh_index]
     return Baseline(name="min-time@budget",
                     description=f"fastest searched plan within {budget / 2**30:.2f} GiB per device "
@@ -347,3 +346,18 @@ def as_result(graph: OpGraph, cluster: Cluster, job: TrainingJob, bs: list[Basel
                         points=[FrontierPoint(time_s=b.time_s, memory_bytes=b.memory_bytes, mesh_index=i,
                                               configs=b.point.configs, row=b.point.row) for i, b in enumerate(bs)],
                         search_seconds=0.0, eps=0.0, stats={"baselines": [b.name for b in bs]})
+
+
+def against_frontier(points: list[FrontierPoint], b: Baseline) -> dict:
+    """The frontier point that beats baseline b at its memory (fastest within it) and at its
+    time (leanest within it), and by how much (None where no frontier point qualifies)."""
+    at_mem = min((p for p in points if p.memory_bytes <= b.memory_bytes * (1 + 1e-9)), key=lambda p: p.time_s,
+                 default=None)
+    at_time = min((p for p in points if p.time_s <= b.time_s * (1 + 1e-9)), key=lambda p: p.memory_bytes,
+                  default=None)
+    return {
+        "faster_point": points.index(at_mem) if at_mem else None,
+        "speedup": b.time_s / at_mem.time_s if at_mem else None,
+        "leaner_point": points.index(at_time) if at_time else None,
+        "memory_ratio": b.memory_bytes / at_time.memory_bytes if at_time else None,
+    }

@@ -416,14 +416,22 @@ def _range_max(table: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.where(valid, np.maximum(a, b), -np.inf)
 
 
+def _staircase(t: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points sorted by time with the running minimum of memory: `_least_memory` looks it up."""
+    order = np.argsort(t)
+    return t[order], np.minimum.accumulate(m[order])
+
+
+def _least_memory(stair: tuple[np.ndarray, np.ndarray], within: np.ndarray) -> np.ndarray:
+    """Per query, the least memory of the staircase's points whose time is <= `within` (inf if none)."""
+    st, sm = stair
+    i = np.searchsorted(st, within, side="right") - 1
+    return np.where(i >= 0, sm[np.clip(i, 0, None)] if len(sm) else np.inf, np.inf)
+
+
 def _covered(a_t: np.ndarray, a_m: np.ndarray, b_t: np.ndarray, b_m: np.ndarray) -> bool:
     """Is every point of frontier A weakly dominated (within RTOL) by some point of B?"""
-    if len(b_t) == 0:
-        return len(a_t) == 0
-    order = np.argsort(b_t)
-    bt, bm = b_t[order], np.minimum.accumulate(b_m[order])
-    i = np.searchsorted(bt, a_t * (1.0 + RTOL), side="right") - 1
-    return bool(np.all((i >= 0) & (bm[np.clip(i, 0, None)] <= a_m * (1.0 + RTOL))))
+    return bool(np.all(_least_memory(_staircase(b_t, b_m), a_t * (1.0 + RTOL)) <= a_m * (1.0 + RTOL)))
 
 
 def _drop_dominated_boundaries(unit: Factor, outside: Factor) -> tuple[Factor, Factor]:
@@ -458,7 +466,8 @@ class _StackBound:
         self.n = n
         self.buffers = buffers
         self.enabled = envelope is not None
-        envelope = envelope if envelope is not None else (np.zeros(0), np.zeros(0))
+        if envelope is None:
+            return  # prune() returns its factor untouched and the join gets no admit test
         keys = int(max(unit.keys[:, 0].max(initial=0), outside.keys[:, 0].max(initial=0))) + 1
         inf = np.full(keys, np.inf)
         self.unit_t, self.unit_m = inf.copy(), inf.copy()
@@ -477,9 +486,7 @@ class _StackBound:
                 ms.append((outside.m[o][:, None] + n * unit.m[d][None, :]).ravel() + buffers)
         t, m = np.concatenate(ts), np.concatenate(ms)
         keep = pareto_mask(np.zeros(len(t), dtype=np.int64), t, m)
-        order = np.argsort(t[keep])
-        self.env_t = t[keep][order]
-        self.env_m = np.minimum.accumulate(m[keep][order])
+        self.env_t, self.env_m = _staircase(t[keep], m[keep])
         self._hull_setup(unit, outside, keys)
 
     # ---- a tighter bound: the remaining layers' convex hull instead of their ideal point -------
@@ -526,8 +533,7 @@ class _StackBound:
         lt = t + (self.n - layers) * self.unit_t[c] + (0.0 if with_outside else self.out_t[c])
         lm = m + (self.n - layers) * self.unit_m[c] + (0.0 if with_outside else self.out_m[c]) + self.buffers
         # the least envelope memory among plans faster by more than RTOL
-        i = np.searchsorted(self.env_t, lt * (1.0 - RTOL), side="right") - 1
-        env_m = np.where(i >= 0, self.env_m[np.clip(i, 0, None)], np.inf)
+        env_m = _least_memory((self.env_t, self.env_m), lt * (1.0 - RTOL))
         return ~(env_m < lm * (1.0 - RTOL))
 
     def prune(self, f: Factor, layers: int, with_outside: bool = False) -> Factor:
@@ -554,8 +560,8 @@ def _no_worse(a: dict[str, OpCosts], b: dict[str, OpCosts]) -> bool:
     return True
 
 
-def _drop_dominated_stages(tables: list[tuple[Mesh, int, dict[str, OpCosts]]], cm: CostModel,
-                           chain: Chain | None) -> list[tuple[Mesh, int, dict[str, OpCosts]]]:
+def _drop_dominated_stages(tables: list[tuple[Mesh, int, dict[str, OpCosts]]],
+                           cm: CostModel) -> list[tuple[Mesh, int, dict[str, OpCosts]]]:
     """Exact: on one mesh, a ZeRO stage that another beats op by op (the edges do not depend on
     the stage) and in its constant buffers adds no frontier point (of two equals the first stays)."""
     ops = [cm.graph.op(n) for n in tables[0][2]] if tables else []
@@ -580,7 +586,7 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
     chain = find_chain(graph) if reuse_blocks else None
     tables = [(mesh, zero, mesh_costs(graph, cm, mesh, zero, chain)) for mesh in meshes for zero in zero_stages]
     if prune:
-        tables = _drop_dominated_stages(tables, cm, chain)
+        tables = _drop_dominated_stages(tables, cm)
     problems = [prepare_mesh(graph, cm, mesh, reuse_blocks, eps, zero, recompute, costs)
                 for mesh, zero, costs in tables]
     envelope = (np.zeros(0), np.zeros(0))

@@ -249,6 +249,7 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
 
 
 def pick(points: list[FrontierPoint], budget_bytes: float) -> FrontierPoint | None:
-    """The fastest point whose peak memory per device fits the budget; None if none does."""
+    """The fastest point whose peak memory per device fits the budget (the leaner of equally
+    fast ones); None if none does."""
     fitting = [p for p in points if p.memory_bytes <= budget_bytes]
-    return min(fitting, key=lambda p: p.time_s) if fitting else None
+    return min(fitting, key=lambda p: (p.time_s, p.memory_bytes)) if fitting else None
