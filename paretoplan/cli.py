@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from search.errors import InputError, NoFeasiblePlan
@@ -100,76 +99,74 @@ def _devices() -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from search.capture import capture_model
-    from search.cluster import format_size, load_cluster, make_cluster, parse_size
-    from search.costmodel import TrainingJob
-    from search.graph import load_graph
-    from search.zoo import get_model, model_from_hf_config
+    from search.api import run_search
+    from search.cluster import format_size
 
-    cluster = load_cluster(args.cluster) if args.cluster else make_cluster(args.device, args.devices, args.devices_per_node)
-    budget = parse_size(args.memory_budget) if args.memory_budget else cluster.memory_per_device
-    if args.eps < 0:
-        raise InputError(f"--eps must be >= 0, got {args.eps}")
-    if args.global_batch is not None and args.global_batch < 1:
-        raise InputError(f"--global-batch must be >= 1, got {args.global_batch}")
-    if args.seq_len is not None and args.seq_len < 1:
-        raise InputError(f"--seq-len must be >= 1, got {args.seq_len}")
-    batch = args.global_batch or max(8, cluster.num_devices)
-    zero_stages = _zero_stages(args.zero)
+    req = _request(args)
     for out in (args.json_out, args.html_out, args.dump_graph):  # fail before a long search, not after
         if out and not Path(out).resolve().parent.is_dir():
             raise InputError(f"cannot write {out!r}: folder {str(Path(out).parent)!r} does not exist")
-
-    t0 = time.perf_counter()
-    if args.graph:
-        graph = load_graph(args.graph)
-        batch = int(graph.meta.get("global_batch", batch))
-        seq = graph.meta.get("seq_len")
-        seq_len = int(seq) if seq is not None else None
-    else:
-        spec = get_model(args.model) if args.model else model_from_hf_config(args.hf_config)
-        graph = capture_model(spec, batch, args.seq_len)
-        seq_len = args.seq_len or spec.default_seq_len if spec.kind != "vision" else None
-    capture_s = time.perf_counter() - t0
+    o = run_search(req)
+    result = o.result
     if args.dump_graph:
-        _write(args.dump_graph, graph.to_json())
-    job = TrainingJob(global_batch=batch, seq_len=seq_len, precision=args.precision)
+        _write(args.dump_graph, result.graph.to_json())
+    _print_table(result, o.best, o.budget, o.capture_seconds, args.all)
+    if o.baselines:
+        _print_baselines(result, o.baselines)
+    if args.json_out:
+        _write(args.json_out, o.report.model_dump_json(indent=1))
+    if args.html_out:
+        from paretoplan.report import frontier_html
 
-    if args.exhaustive:
-        from search.exhaustive import exhaustive_search
-
-        result = exhaustive_search(graph, cluster, job, tie_blocks=not args.no_block_reuse, zero_stages=zero_stages,
-                                   recompute=not args.no_recompute)
-    else:
-        from search.ft import search
-
-        result = search(graph, cluster, job, eps=args.eps, reuse_blocks=not args.no_block_reuse,
-                        zero_stages=zero_stages, recompute=not args.no_recompute)
-    from search.plan import pick
-
-    best = pick(result.points, budget)
-    _print_table(result, best, budget, capture_s, args.all)
-    bases = [] if args.no_baselines else _baselines(result, budget)
-    if bases:
-        _print_baselines(result, bases)
-    if args.json_out or args.html_out:
-        from search.plan import build_plans
-
-        plans = build_plans(result)
-        if args.json_out:
-            doc = _json_doc(result, plans, best, budget, capture_s)
-            doc["baselines"] = _baselines_json(result, bases)
-            _write(args.json_out, json.dumps(doc, indent=1))
-        if args.html_out:
-            from paretoplan.report import frontier_html
-
-            _write(args.html_out, frontier_html(result, plans, budget, best, bases))
-    if best is None:
+        _write(args.html_out, frontier_html(result, o.plans, o.budget, o.best, o.baselines))
+    if o.best is None:
         least = min((p.memory_bytes for p in result.points), default=0.0)
         raise NoFeasiblePlan(
-            f"no plan fits the memory budget of {format_size(int(budget))} per device; the leanest plan needs "
+            f"no plan fits the memory budget of {format_size(int(o.budget))} per device; the leanest plan needs "
             f"{format_size(int(least))}", int(least))
     return 0
+
+
+def _read_json(path: str, what: str) -> object:
+    p = Path(path)
+    if what == "HF config" and p.is_dir():
+        p = p / "config.json"
+    try:
+        return json.loads(p.read_text())
+    except OSError as e:
+        raise InputError(f"cannot read {what} file {str(p)!r}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{what} file {str(p)!r} is not valid JSON: {e}") from None
+
+
+def _request(args: argparse.Namespace):
+    """The CLI's flags as the SearchRequest the service takes too (one validation path)."""
+    from pydantic import ValidationError
+
+    from search.api import SearchRequest
+
+    fields: dict = dict(device=args.device, devices=args.devices, devices_per_node=args.devices_per_node,
+                        memory_budget=args.memory_budget, global_batch=args.global_batch, seq_len=args.seq_len,
+                        precision=args.precision, eps=args.eps, zero_stages=list(_zero_stages(args.zero)),
+                        recompute=not args.no_recompute, baselines=not args.no_baselines,
+                        exhaustive=args.exhaustive, reuse_blocks=not args.no_block_reuse)
+    if args.cluster:
+        fields["cluster"] = _read_json(args.cluster, "cluster")
+    if args.model:
+        fields["model"] = args.model
+    elif args.hf_config:
+        p = Path(args.hf_config)
+        fields["hf_config"] = _read_json(args.hf_config, "HF config")
+        fields["name"] = p.name if p.is_dir() else (p.parent.name or p.stem) if p.name == "config.json" else p.stem
+    else:
+        fields["graph"] = _read_json(args.graph, "graph")
+    try:
+        return SearchRequest(**fields)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        flag = f"--{where.replace('_', '-')}" if where else "arguments"
+        raise InputError(f"{flag}: {first.get('msg', 'invalid')}") from None
 
 
 def _zero_stages(text: str) -> tuple[int, ...]:
@@ -180,21 +177,6 @@ def _zero_stages(text: str) -> tuple[int, ...]:
     if not stages or any(s not in (0, 1, 2, 3) for s in stages):
         raise InputError(f"--zero takes stages 0-3 separated by commas, got {text!r}")
     return stages
-
-
-def _baselines(result, budget: float) -> list:
-    """The baselines inside the space that was searched (a restricted search, e.g. --zero 0,
-    says nothing about FSDP)."""
-    from search.baselines import baselines
-
-    stages = set(result.stats.get("zero_stages", [0, 1, 2, 3]))
-    recompute = result.stats.get("recompute", True)
-
-    def inside(b) -> bool:
-        rc = any(v.startswith("recompute@") and int(a[b.point.row]) for v, a in b.point.configs.items())
-        return b.solution.zero in stages and (recompute or not rc)
-
-    return [b for b in baselines(result.graph, result.cluster, result.job, budget=budget, result=result) if inside(b)]
 
 
 def _ms(seconds: float) -> str:
@@ -213,18 +195,6 @@ def _print_baselines(result, bases) -> None:
         faster = f"#{d['faster_point']} {d['speedup']:.2f}x faster" if d["speedup"] else "-"
         leaner = f"#{d['leaner_point']} {d['memory_ratio']:.2f}x less memory" if d["memory_ratio"] else "-"
         print(f"{b.name:<30} {_ms(b.time_s):>8} ms {format_size(int(b.memory_bytes)):>10}   {faster} / {leaner}")
-
-
-def _baselines_json(result, bases) -> list[dict]:
-    if not bases:
-        return []
-    from search.baselines import against_frontier, as_result
-    from search.plan import build_plans
-
-    plans = build_plans(as_result(result.graph, result.cluster, result.job, bases))
-    return [{"name": b.name, "description": b.description, "time_s": b.time_s,
-             "memory_bytes": int(round(b.memory_bytes)), "against_frontier": against_frontier(result.points, b),
-             "plan": plan.model_dump()} for b, plan in zip(bases, plans)]
 
 
 def _write(path: str, text: str) -> None:
@@ -282,22 +252,6 @@ def _summaries(result, points) -> list[str]:
     from search.plan import build_plans
 
     return [p.summary for p in build_plans(result, points)]
-
-
-def _json_doc(result, plans, best, budget: float, capture_s: float) -> dict:
-    return {
-        "model": result.graph.name,
-        "cluster": result.cluster.describe(),
-        "job": result.job.model_dump(),
-        "memory_budget_bytes": int(budget),
-        "search_seconds": result.search_seconds,
-        "capture_seconds": capture_s,
-        "eps": result.eps,
-        "stats": result.stats,
-        "picked": result.points.index(best) if best is not None else None,
-        "frontier": [{"time_s": p.time_s, "memory_bytes": int(round(p.memory_bytes)), "plan": plan.model_dump()}
-                     for p, plan in zip(result.points, plans)],
-    }
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -41,6 +41,7 @@ __all__ = [
     "DeviceSpec",
     "format_size",
     "get_device",
+    "cluster_from_dict",
     "load_cluster",
     "make_cluster",
     "parse_size",
@@ -731,6 +732,12 @@ def load_cluster(path: str | Path) -> Cluster:
         ) from None
     except ValueError as exc:
         raise InputError(f"{path}: invalid JSON: {exc}") from None
+    return cluster_from_dict(data, str(path))
+
+
+def cluster_from_dict(data: Any, origin: str = "cluster") -> Cluster:
+    """A cluster from its JSON form (already parsed); problems raise InputError naming `origin`."""
+    path = origin
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}")
     unknown = sorted(set(data) - _CLUSTER_KEYS)
@@ -777,7 +784,7 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not allowed")
 
 
-def _device_from_json(value: Any, path: Path) -> DeviceSpec:
+def _device_from_json(value: Any, path: str) -> DeviceSpec:
     """A catalog name, or an inline DeviceSpec object for custom hardware."""
     if isinstance(value, str):
         return get_device(value)

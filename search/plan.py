@@ -10,6 +10,7 @@ the prediction with its memory breakdown and communication volume per mesh axis.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -76,6 +77,22 @@ class Prediction(BaseModel):
     estimated: bool = Field(default=True, description="priced from the device catalog's roofline, not a profile")
 
 
+class PipelineSpec(BaseModel):
+    """How the layers are split into pipeline stages over the mesh's pp axis (stages == 1: none).
+
+    Stage s holds block-stack layers [stage_layers[s][0], stage_layers[s][1]); stage 0 also holds
+    every op before the stack, the last stage every op after it."""
+
+    stages: int = Field(default=1, ge=1)
+    schedule: Literal["none", "gpipe", "1f1b", "2bw"] = "none"
+    micro_batches: int = Field(default=1, ge=1)
+    micro_batch_size: int | None = Field(default=None, description="samples per micro-batch per data-parallel rank")
+    stage_layers: list[list[int]] = Field(default_factory=list)
+    stage_time_s: list[float] = Field(default_factory=list, description="predicted time of one micro-batch per stage")
+    stage_memory_bytes: list[int] = Field(default_factory=list, description="predicted peak memory per stage")
+    async_weights: bool = Field(default=False, description="PipeDream-2BW: weight updates are 1-stale")
+
+
 class Plan(BaseModel):
     version: int = PLAN_VERSION
     model: str
@@ -89,7 +106,7 @@ class Plan(BaseModel):
     mesh: MeshSpec
     ops: list[OpPlan] = Field(description="ops outside block stacks")
     blocks: list[BlockPlan] = Field(default_factory=list)
-    pipeline: dict[str, int | str] = Field(default_factory=lambda: {"stages": 1, "schedule": "none", "micro_batches": 1})
+    pipeline: PipelineSpec = Field(default_factory=PipelineSpec)
     zero_stage: int = 0
     recompute: list[str] = Field(default_factory=list)
     predicted: Prediction

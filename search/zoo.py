@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -878,6 +879,13 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"HF config '{p}' is not valid JSON: {e}") from None
+    label = (p.parent.name or "config") if p.name == "config.json" else p.stem
+    return spec_from_hf_config(raw, label, origin=str(p))
+
+
+def spec_from_hf_config(raw: Any, label: str = "config", origin: str = "config") -> ModelSpec:
+    """A ``ModelSpec`` for the parsed contents of a HuggingFace ``config.json``."""
+    p = origin
     if not isinstance(raw, dict):
         raise InputError(f"HF config '{p}' must be a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
@@ -909,7 +917,6 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     arch = type(model.model).__name__
     dim = _first_int(config, "hidden_size", "n_embd", "d_model")
 
-    label = (p.parent.name or "config") if p.name == "config.json" else p.stem
     spec = ModelSpec(
         name=f"hf:{model_type}:{label}",
         family="hf",

@@ -1,0 +1,199 @@
+"""One entry point for a whole search: request in, frontier with Plans and baselines out.
+
+The CLI, the service and the worker's `run` all go through `run_search`, so a job submitted over
+REST and the same job typed at a shell produce the same document. `SearchRequest` is the pydantic
+model at the edge (what a user may ask for); `FrontierReport` is what is stored and served.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from search.errors import InputError
+
+Progress = Callable[[str, float], None]  # (stage, fraction done in [0, 1])
+
+
+class SearchRequest(BaseModel):
+    """What to search: a model (exactly one of zoo name, HF config contents, OpGraph JSON), a
+    cluster (a catalog device and counts, or a cluster JSON object) and the training job."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(default=None, description="zoo model name (see GET /api/models)")
+    name: str | None = Field(default=None, max_length=200, description="label for a model given as hf_config")
+    hf_config: dict[str, Any] | None = Field(default=None, description="contents of a HuggingFace config.json")
+    graph: dict[str, Any] | None = Field(default=None, description="an OpGraph in its JSON form")
+    device: str = Field(default="h100-80gb", description="catalog device type")
+    devices: int = Field(default=8, gt=0, le=1_000_000, description="number of devices")
+    devices_per_node: int | None = Field(default=None, gt=0, le=1_000_000)
+    cluster: dict[str, Any] | None = Field(default=None, description="cluster JSON (overrides device/devices)")
+    memory_budget: int | str | None = Field(default=None, description="bytes or a size such as '40GiB'")
+    global_batch: int | None = Field(default=None, gt=0, le=10_000_000)
+    seq_len: int | None = Field(default=None, gt=0, le=10_000_000)
+    precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+    eps: float = Field(default=0.0, ge=0.0, le=1.0, description="approximate mode: one point per (1+eps) cell")
+    zero_stages: list[int] = Field(default=[0, 1, 2, 3], min_length=1)
+    recompute: bool = True
+    pipeline: bool = True
+    allow_async_pipeline: bool = Field(default=False, description="admit PipeDream-2BW (1-stale weights)")
+    baselines: bool = True
+    exhaustive: bool = False
+    reuse_blocks: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchRequest:
+        given = [k for k in ("model", "hf_config", "graph") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of model, hf_config, graph (got {', '.join(given) or 'none'})")
+        if any(z not in (0, 1, 2, 3) for z in self.zero_stages):
+            raise ValueError(f"zero_stages must be among 0-3, got {self.zero_stages}")
+        self.zero_stages = sorted(set(self.zero_stages))
+        return self
+
+
+class FrontierEntry(BaseModel):
+    time_s: float
+    memory_bytes: int
+    plan: dict[str, Any]
+
+
+class BaselineEntry(BaseModel):
+    name: str
+    description: str
+    time_s: float
+    memory_bytes: int
+    against_frontier: dict[str, Any]
+    plan: dict[str, Any]
+
+
+class FrontierReport(BaseModel):
+    model: str
+    params: int
+    cluster: str
+    device: str
+    num_devices: int
+    memory_per_device: int
+    job: dict[str, Any]
+    memory_budget_bytes: int
+    search_seconds: float
+    capture_seconds: float
+    eps: float
+    stats: dict[str, Any]
+    picked: int | None = Field(description="index of the fastest plan that fits the budget")
+    frontier: list[FrontierEntry]
+    baselines: list[BaselineEntry] = Field(default_factory=list)
+
+
+def resolve(req: SearchRequest, progress: Progress | None = None):
+    """The graph, cluster, job and budget a request names (InputError on anything invalid)."""
+    from search.capture import capture_model
+    from search.cluster import cluster_from_dict, make_cluster, parse_size
+    from search.costmodel import TrainingJob
+    from search.graph import parse_graph
+    from search.zoo import get_model, spec_from_hf_config
+
+    cluster = (cluster_from_dict(req.cluster) if req.cluster is not None
+               else make_cluster(req.device, req.devices, req.devices_per_node))
+    budget = parse_size(req.memory_budget) if req.memory_budget is not None else cluster.memory_per_device
+    if budget <= 0:
+        raise InputError(f"memory budget must be positive, got {req.memory_budget!r}")
+    batch = req.global_batch or max(8, cluster.num_devices)
+    if progress:
+        progress("capture", 0.0)
+    if req.graph is not None:
+        graph = parse_graph(req.graph)
+        batch = int(graph.meta.get("global_batch", batch))
+        seq = graph.meta.get("seq_len")
+        seq_len = int(seq) if seq is not None else None
+    else:
+        spec = get_model(req.model) if req.model else spec_from_hf_config(req.hf_config, req.name or "config",
+                                                                                 origin=req.name or "hf_config")
+        graph = capture_model(spec, batch, req.seq_len)
+        seq_len = (req.seq_len or spec.default_seq_len) if spec.kind != "vision" else None
+    job = TrainingJob(global_batch=batch, seq_len=seq_len, precision=req.precision)
+    return graph, cluster, job, float(budget)
+
+
+@dataclass
+class SearchOutcome:
+    result: Any            # search.ft.SearchResult
+    baselines: list        # search.baselines.Baseline, inside the searched space
+    plans: list            # search.plan.Plan per frontier point
+    best: Any              # the FrontierPoint picked at the budget, or None
+    budget: float
+    capture_seconds: float
+    report: FrontierReport  # what gets stored and served
+
+
+def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOutcome:
+    """Search the frontier a request asks for."""
+    from search.plan import build_plans, pick
+
+    t0 = time.perf_counter()
+    graph, cluster, job, budget = resolve(req, progress)
+    capture_s = time.perf_counter() - t0
+    if progress:
+        progress("search", 0.1)
+    if req.exhaustive:
+        from search.exhaustive import exhaustive_search
+
+        result = exhaustive_search(graph, cluster, job, tie_blocks=req.reuse_blocks, zero_stages=tuple(req.zero_stages),
+                                   recompute=req.recompute)
+    else:
+        from search.ft import search
+
+        result = search(graph, cluster, job, eps=req.eps, reuse_blocks=req.reuse_blocks,
+                        zero_stages=tuple(req.zero_stages), recompute=req.recompute)
+    if progress:
+        progress("plans", 0.8)
+    best = pick(result.points, budget)
+    bases = baseline_points(result, budget) if req.baselines else []
+    plans = build_plans(result)
+    if progress:
+        progress("baselines", 0.9)
+    report = FrontierReport(
+        model=graph.meta.get("model", graph.name) if graph.meta else graph.name,
+        params=graph.param_count(), cluster=cluster.describe(), device=cluster.device.name,
+        num_devices=cluster.num_devices, memory_per_device=int(cluster.memory_per_device),
+        job=job.model_dump(), memory_budget_bytes=int(budget), search_seconds=result.search_seconds,
+        capture_seconds=capture_s, eps=result.eps, stats=result.stats,
+        picked=result.points.index(best) if best is not None else None,
+        frontier=[FrontierEntry(time_s=p.time_s, memory_bytes=int(round(p.memory_bytes)), plan=plan.model_dump())
+                  for p, plan in zip(result.points, plans)],
+        baselines=baselines_json(result, bases),
+    )
+    if progress:
+        progress("done", 1.0)
+    return SearchOutcome(result, bases, plans, best, budget, capture_s, report)
+
+
+def baseline_points(result, budget: float) -> list:
+    """The baselines inside the space that was searched (a restricted search, e.g. zero 0, says
+    nothing about FSDP)."""
+    from search.baselines import baselines
+
+    stages = set(result.stats.get("zero_stages", [0, 1, 2, 3]))
+    recompute = result.stats.get("recompute", True)
+
+    def inside(b) -> bool:
+        rc = any(v.startswith("recompute@") and int(a[b.point.row]) for v, a in b.point.configs.items())
+        return b.solution.zero in stages and (recompute or not rc)
+
+    return [b for b in baselines(result.graph, result.cluster, result.job, budget=budget, result=result) if inside(b)]
+
+
+def baselines_json(result, bases: list) -> list[BaselineEntry]:
+    if not bases:
+        return []
+    from search.baselines import against_frontier, as_result
+    from search.plan import build_plans
+
+    plans = build_plans(as_result(result.graph, result.cluster, result.job, bases))
+    return [BaselineEntry(name=b.name, description=b.description, time_s=b.time_s,
+                          memory_bytes=int(round(b.memory_bytes)), against_frontier=against_frontier(result.points, b),
+                          plan=plan.model_dump()) for b, plan in zip(bases, plans)]
