@@ -39,11 +39,13 @@ class SearchRequest(BaseModel):
     eps: float = Field(default=0.0, ge=0.0, le=1.0, description="approximate mode: one point per (1+eps) cell")
     zero_stages: list[int] = Field(default=[0, 1, 2, 3], min_length=1)
     recompute: bool = True
-    pipeline: bool = True
+    pipeline: bool = Field(default=False, description="also split the layers into pipeline stages (slower search)")
     allow_async_pipeline: bool = Field(default=False, description="admit PipeDream-2BW (1-stale weights)")
     baselines: bool = True
     exhaustive: bool = False
     reuse_blocks: bool = True
+    profile: dict[str, Any] | None = Field(default=None, description="a DeviceProfile (paretoplan.profile/1): price "
+                                           "ops and collectives from measured costs; sets the device unless given")
 
     @model_validator(mode="after")
     def _check(self) -> SearchRequest:
@@ -97,8 +99,13 @@ def resolve(req: SearchRequest, progress: Progress | None = None):
     from search.graph import parse_graph
     from search.zoo import get_model, spec_from_hf_config
 
+    prof = request_profile(req)
+    device = prof.device if prof is not None and "device" not in req.model_fields_set else req.device
     cluster = (cluster_from_dict(req.cluster) if req.cluster is not None
-               else make_cluster(req.device, req.devices, req.devices_per_node))
+               else make_cluster(device, req.devices, req.devices_per_node))
+    if prof is not None and cluster.device.name != prof.device:
+        raise InputError(f"the profile was measured on {prof.device!r}, but the cluster is of {cluster.device.name!r}; "
+                         f"search {prof.device!r} devices with it (or profile {cluster.device.name!r})")
     budget = parse_size(req.memory_budget) if req.memory_budget is not None else cluster.memory_per_device
     if budget <= 0:
         raise InputError(f"memory budget must be positive, got {req.memory_budget!r}")
@@ -133,27 +140,32 @@ class SearchOutcome:
 def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOutcome:
     """Search the frontier a request asks for."""
     from search.plan import build_plans, pick
+    from search.profile import ProfileLookup
 
     t0 = time.perf_counter()
     graph, cluster, job, budget = resolve(req, progress)
     capture_s = time.perf_counter() - t0
+    profile = ProfileLookup(request_profile(req), job.precision) if req.profile is not None else None
     if progress:
         progress("search", 0.1)
     if req.exhaustive:
         from search.exhaustive import exhaustive_search
 
         result = exhaustive_search(graph, cluster, job, tie_blocks=req.reuse_blocks, zero_stages=tuple(req.zero_stages),
-                                   recompute=req.recompute)
+                                   recompute=req.recompute, profile=profile)
     else:
         from search.ft import search
 
         result = search(graph, cluster, job, eps=req.eps, reuse_blocks=req.reuse_blocks,
-                        zero_stages=tuple(req.zero_stages), recompute=req.recompute)
+                        zero_stages=tuple(req.zero_stages), recompute=req.recompute, profile=profile,
+                        pipeline=req.pipeline or req.allow_async_pipeline, allow_async=req.allow_async_pipeline)
     if progress:
         progress("plans", 0.8)
     best = pick(result.points, budget)
-    bases = baseline_points(result, budget) if req.baselines else []
-    plans = build_plans(result)
+    bases = baseline_points(result, budget, profile) if req.baselines else []
+    plans = mark_estimated(result, build_plans(result), profile)
+    if profile is not None:
+        result.stats["profile"] = profile.summary()
     if progress:
         progress("baselines", 0.9)
     report = FrontierReport(
@@ -165,14 +177,40 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
         picked=result.points.index(best) if best is not None else None,
         frontier=[FrontierEntry(time_s=p.time_s, memory_bytes=int(round(p.memory_bytes)), plan=plan.model_dump())
                   for p, plan in zip(result.points, plans)],
-        baselines=baselines_json(result, bases),
+        baselines=baselines_json(result, bases, profile),
     )
     if progress:
         progress("done", 1.0)
     return SearchOutcome(result, bases, plans, best, budget, capture_s, report)
 
 
-def baseline_points(result, budget: float) -> list:
+def request_profile(req: SearchRequest):
+    """The request's DeviceProfile, parsed (InputError when it is not a valid one)."""
+    if req.profile is None:
+        return None
+    from search.profile import parse_profile
+
+    return parse_profile(req.profile, origin="profile")
+
+
+def mark_estimated(result, plans: list, profile=None) -> list:
+    """Each plan's `predicted.estimated`: False only when every cost table of its mesh (every
+    op in every configuration, every edge) was priced from measured costs - and, for a
+    pipeline, the profile has a send/recv fit for the stage-to-stage transfers."""
+    for plan, p in zip(plans, result.points):
+        sol = result.solutions[p.mesh_index]
+        ops = getattr(sol, "op_costs", None)
+        edges = getattr(sol, "edge_costs", None)
+        if profile is None or ops is None or edges is None:
+            continue
+        est = any(oc.estimated for oc in ops.values()) or any(ec.estimated for ec in edges.values())
+        if plan.mesh.pp > 1:
+            est = est or profile.profile.collective("send_recv", 2) is None
+        plan.predicted.estimated = est
+    return plans
+
+
+def baseline_points(result, budget: float, profile=None) -> list:
     """The baselines inside the space that was searched (a restricted search, e.g. zero 0, says
     nothing about FSDP)."""
     from search.baselines import baselines
@@ -182,18 +220,23 @@ def baseline_points(result, budget: float) -> list:
 
     def inside(b) -> bool:
         rc = any(v.startswith("recompute@") and int(a[b.point.row]) for v, a in b.point.configs.items())
-        return b.solution.zero in stages and (recompute or not rc)
+        piped = b.point.stages is not None
+        return b.solution.zero in stages and (recompute or not rc) and (not piped or result.stats.get("pipeline"))
 
-    return [b for b in baselines(result.graph, result.cluster, result.job, budget=budget, result=result) if inside(b)]
+    return [b for b in baselines(result.graph, result.cluster, result.job, budget=budget, result=result,
+                                 profile=profile, pipelines=bool(result.stats.get("pipeline")),
+                                 allow_async=bool(result.stats.get("allow_async_pipeline")))
+            if inside(b)]
 
 
-def baselines_json(result, bases: list) -> list[BaselineEntry]:
+def baselines_json(result, bases: list, profile=None) -> list[BaselineEntry]:
     if not bases:
         return []
     from search.baselines import against_frontier, as_result
     from search.plan import build_plans
 
-    plans = build_plans(as_result(result.graph, result.cluster, result.job, bases))
+    as_res = as_result(result.graph, result.cluster, result.job, bases)
+    plans = mark_estimated(as_res, build_plans(as_res), profile)
     return [BaselineEntry(name=b.name, description=b.description, time_s=b.time_s,
                           memory_bytes=int(round(b.memory_bytes)), against_frontier=against_frontier(result.points, b),
                           plan=plan.model_dump()) for b, plan in zip(bases, plans)]

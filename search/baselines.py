@@ -24,6 +24,11 @@ Planners (each skipped when it cannot apply, e.g. the global batch does not divi
 - ``megatron-tp{t}-sp-dp``: the same with sequence parallelism: the norms and pointwise ops
   outside the column->row spans (residual adds, dropouts, the final norm, the embedding sum)
   split the sequence label on tp where they can.
+- ``megatron-3d``: Megatron-LM's TP x PP x DP with 1F1B and equal layers per stage, tuned as
+  practitioners tune it: a grid over tp (inside a node), pp and the micro-batch count, with and
+  without full recomputation, keeping the fastest point that fits the memory budget.
+- ``pipedream-2bw`` (only with allow_async): PipeDream-2BW's planner - equi-replicated stages,
+  double-buffered weights, depth and micro-batch count chosen the same way.
 - ``min-time@budget``: what Alpa / Galvatron return - the single fastest plan under a memory
   budget - taken from a search result's frontier (``result=``).
 
@@ -182,9 +187,9 @@ def megatron_tp_labels(graph: OpGraph, sequence_parallel: bool = False) -> dict[
 class _Pricer:
     """Cost tables per (mesh, zero), built once per `baselines` call."""
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, job: TrainingJob) -> None:
+    def __init__(self, graph: OpGraph, cluster: Cluster, job: TrainingJob, profile=None) -> None:
         self.graph, self.cluster, self.job = graph, cluster, job
-        self.cm = CostModel(graph, cluster, job)
+        self.cm = CostModel(graph, cluster, job, profile=profile)
         self.layer_of = layer_index(graph)
         self.n_layers = len(graph.blocks[0].layers) if graph.blocks else 0
         self._tables: dict[tuple[Mesh, int], tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts], float]] = {}
@@ -301,6 +306,126 @@ def megatron(pr: _Pricer) -> list[Baseline]:
     return out
 
 
+# ---- pipeline planners: a grid search over (tp, pp, micro-batches), as practitioners tune them ----
+def _uniform_split(n_layers: int, p: int) -> tuple[int, ...]:
+    """Megatron-LM's split: equal layers per stage (the remainder on the first stages)."""
+    return tuple(n_layers // p + (1 if s < n_layers % p else 0) for s in range(p))
+
+
+def _pipeline_candidate(pr: _Pricer, tp: int, p: int, m: int, schedule: str, zero: int, recompute: bool,
+                        tp_labels: dict[str, str | None], profile=None):
+    """One pipeline plan on the grid, priced stage by stage; None if it cannot be built."""
+    from search.pipesearch import PipeShape, evaluate_pipeline, micro_batch_graph, pipe_tables
+
+    cache = pr.__dict__.setdefault("_micro", {})
+    if m not in cache:
+        g = micro_batch_graph(pr.graph, m)
+        cache[m] = (g, CostModel(g, pr.cluster, pr.job.model_copy(update={"global_batch": pr.job.global_batch // m}),
+                                 profile=profile))
+    g, cm = cache[m]
+    n = pr.cluster.num_devices
+    sub = Mesh(pp=1, axes=(MeshAxis(DP, n // (tp * p), tp), MeshAxis(TP, tp, 1)))
+    shape = PipeShape(Mesh(pp=p, axes=sub.axes), zero, m, schedule)  # type: ignore[arg-type]
+    tabs = pipe_tables(g, cm, shape)
+    if tabs is None:
+        return None
+    cfg_cache: dict[str, list[Config]] = {}
+    configs: dict[str, np.ndarray] = {}
+    fallbacks = []
+    for op in g.ops:
+        idx, fell = _choose(op, sub, {DP: g.batch_label, TP: tp_labels.get(op.name)}, cfg_cache)
+        configs[op.name] = np.array([idx])
+        if fell:
+            fallbacks.append(op.name)
+    for layer in tabs.chain.layers[1:]:  # the stack's layout is tied, as in the searched space
+        configs[layer[-1]] = configs[tabs.chain.boundary]
+    for i in range(len(tabs.chain.layers)):
+        configs[recompute_var(i)] = np.array([int(recompute)])
+    split = _uniform_split(len(tabs.chain.layers), p)
+    res = evaluate_pipeline(tabs, configs, split)
+    t, mem = float(res["time"][0]), float(res["memory"][0])
+    tabs.root = Factor(scope=(), keys=np.zeros((1, 0), dtype=np.int32), t=np.array([t]), m=np.array([mem]))
+    tabs.partitions, tabs.assigns = [split], configs
+    parts = res["parts"][0]
+    breakdown = {"params": float(parts[0]), "grads": float(parts[1]), "optimizer": float(parts[2]),
+                 "activations": float(parts[3]), "buffers": float(tabs.buffers)}
+    return (t, mem, tabs, configs, split, breakdown, fallbacks)
+
+
+def _grid_pick(pr: _Pricer, name: str, describe, grid, budget: float, profile=None) -> list[Baseline]:
+    """Price every grid point, keep the fastest that fits the budget (else the leanest)."""
+    priced = []
+    for args in grid:
+        got = _pipeline_candidate(pr, *args, profile=profile)
+        if got is not None:
+            priced.append((args, got))
+    if not priced:
+        return []
+    fitting = [x for x in priced if x[1][1] <= budget]
+    args, (t, mem, tabs, configs, split, breakdown, fallbacks) = (
+        min(fitting, key=lambda x: (x[1][0], x[1][1])) if fitting else min(priced, key=lambda x: x[1][1]))
+    desc = describe(*args, split) + ("" if fitting else f"; nothing on its grid fits {budget / 2**30:.1f} GiB: the leanest")
+    return [Baseline(name=name, description=desc, time_s=t, memory_bytes=mem,
+                     point=FrontierPoint(time_s=t, memory_bytes=mem, mesh_index=-1, configs=configs, row=0,
+                                         stages=split),
+                     solution=tabs, breakdown=breakdown, fallbacks=fallbacks)]  # type: ignore[arg-type]
+
+
+def _pipeline_grid(pr: _Pricer, tps: list[int], schedule: str, recompute: tuple[bool, ...]):
+    from search.pipesearch import MAX_STAGES, MICRO_BATCH_FACTORS
+
+    n, B = pr.cluster.num_devices, pr.job.global_batch
+    for tp in tps:
+        for p in range(2, min(n // tp, pr.n_layers, MAX_STAGES) + 1):
+            if (n // tp) % p:
+                continue
+            dp = n // tp // p
+            for f in MICRO_BATCH_FACTORS:
+                m = f * p
+                if B % m or (B // m) % dp:
+                    continue
+                for rc in recompute:
+                    yield tp, p, m, rc
+
+
+def megatron_3d(pr: _Pricer, budget: float, profile=None) -> list[Baseline]:
+    """Megatron-LM 3-D parallelism (TP x PP x DP, 1F1B, equal layers per stage), tuned the way
+    practitioners do: a grid over tp (inside a node), pp and the micro-batch count, with and
+    without full recomputation, keeping the fastest configuration that fits the budget."""
+    if not pr.graph.blocks or pr.n_layers < 2:
+        return []
+    g = math.gcd(pr.cluster.num_devices, pr.cluster.devices_per_node)
+    labels = megatron_tp_labels(pr.graph)
+    block = {name for layer in _block_ops(pr.graph) for name in layer}
+    tps = [1] + [t for t in range(2, g + 1) if g % t == 0
+                 and not block.intersection(pr.assign(_mesh(pr.cluster, t), {}, labels)[1])]
+    grid = [(tp, p, m, "1f1b", MEGATRON_ZERO, rc, labels) for tp, p, m, rc in _pipeline_grid(pr, tps, "1f1b", (False, True))]
+
+    def describe(tp, p, m, schedule, zero, rc, labels, split):
+        dp = pr.cluster.num_devices // (tp * p)
+        return (f"Megatron-LM 3-D: tp {tp} x pp {p} x dp {dp}, 1F1B with {m} micro-batches, layers "
+                f"{'/'.join(map(str, split))}, ZeRO {zero}{', every layer recomputed' if rc else ''} "
+                "(fastest fitting point of a tp/pp/micro-batch grid)")
+
+    return _grid_pick(pr, "megatron-3d", describe, grid, budget, profile)
+
+
+def pipedream_2bw(pr: _Pricer, budget: float, profile=None) -> list[Baseline]:
+    """PipeDream-2BW's planner: equi-replicated stages (every stage data-parallel over the same
+    number of devices, no tensor parallelism), double-buffered weights, the depth and micro-batch
+    count chosen for throughput within memory, with or without recomputation."""
+    if not pr.graph.blocks or pr.n_layers < 2:
+        return []
+    grid = [(1, p, m, "2bw", 0, rc, {}) for _, p, m, rc in _pipeline_grid(pr, [1], "2bw", (False, True))]
+
+    def describe(tp, p, m, schedule, zero, rc, labels, split):
+        dp = pr.cluster.num_devices // p
+        return (f"PipeDream-2BW: {p} stages each replicated {dp} ways, {m} micro-batches per update, 1-stale "
+                f"weights, layers {'/'.join(map(str, split))}{', every layer recomputed' if rc else ''}")
+
+    return _grid_pick(pr, "pipedream-2bw", describe, grid, budget, profile)
+
+
 def min_time_at_budget(result: SearchResult, budget: float, points: list[FrontierPoint] | None = None
                        ) -> Baseline | None:
     """The fastest frontier point within `budget` bytes per device (less memory on ties)."""
@@ -313,14 +438,16 @@ def min_time_at_budget(result: SearchResult, budget: float, points: list[Frontie
                                 f"(Alpa/Galvatron-style single answer): {sol.describe()}",
                     time_s=p.time_s, memory_bytes=p.memory_bytes,
                     point=FrontierPoint(time_s=p.time_s, memory_bytes=p.memory_bytes, mesh_index=-1,
-                                        configs=p.configs, row=p.row),
+                                        configs=p.configs, row=p.row, stages=p.stages),
                     solution=sol)
 
 
 def baselines(graph: OpGraph, cluster: Cluster, job: TrainingJob, budget: float | None = None,
               frontier: list[FrontierPoint] | SearchResult | None = None,
-              result: SearchResult | None = None) -> list[Baseline]:
-    """Every baseline that applies, each priced by the search's own cost model.
+              result: SearchResult | None = None, profile=None, pipelines: bool = True,
+              allow_async: bool = False) -> list[Baseline]:
+    """Every baseline that applies, each priced by the search's own cost model (with the
+    search's DeviceProfile, `profile`, when it had one).
 
     ``min-time@budget`` needs a budget and the search result the frontier came from (``result``,
     or a SearchResult passed as ``frontier``); a plain list of points in ``frontier`` then
@@ -329,8 +456,11 @@ def baselines(graph: OpGraph, cluster: Cluster, job: TrainingJob, budget: float 
         result, frontier = frontier, None
     if frontier is not None and result is None and budget is not None:
         raise ValueError("min-time@budget needs the SearchResult its frontier points index into: pass result=")
-    pr = _Pricer(graph, cluster, job)
+    pr = _Pricer(graph, cluster, job, profile)
     out = data_parallel(pr) + megatron(pr)
+    fit = budget if budget is not None else float(cluster.memory_per_device)
+    if pipelines:
+        out += megatron_3d(pr, fit, profile) + (pipedream_2bw(pr, fit, profile) if allow_async else [])
     if budget is not None and result is not None:
         b = min_time_at_budget(result, budget, frontier)
         if b is not None:
@@ -344,7 +474,8 @@ def as_result(graph: OpGraph, cluster: Cluster, job: TrainingJob, bs: list[Basel
     """The baselines as a SearchResult (one solution and one point each), e.g. for plan.build_plans."""
     return SearchResult(graph=graph, cluster=cluster, job=job, solutions=[b.solution for b in bs],
                         points=[FrontierPoint(time_s=b.time_s, memory_bytes=b.memory_bytes, mesh_index=i,
-                                              configs=b.point.configs, row=b.point.row) for i, b in enumerate(bs)],
+                                              configs=b.point.configs, row=b.point.row, stages=b.point.stages)
+                                for i, b in enumerate(bs)],
                         search_seconds=0.0, eps=0.0, stats={"baselines": [b.name for b in bs]})
 
 

@@ -13,7 +13,13 @@ The transient workspace is a per-mesh constant (the largest op output under its 
 configuration, with its gradient), so it shifts the whole frontier and keeps it exact.
 
 Collectives are priced alpha-beta: time = alpha + beta * bytes, with alpha and beta from the
-cluster's links (or, later, from a measured DeviceProfile).
+cluster's links.
+
+With a DeviceProfile (search/profile.py), an op's compute is its measured forward + backward at
+its local signature and the optimizer step its measured fit, collectives take the profile's fit
+for their kind and group size, and calibration factors scale compute per op kind and collectives
+per axis and add a memory overhead per rank; whatever the profile lacks falls back to the
+figures above, and the op or edge is flagged `estimated`.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from search.cluster import Cluster
 from search.graph import Op, OpGraph, TensorRef
+from search.profile import DeviceProfile, ProfileLookup, as_lookup
 from search.mesh import (
     Config,
     Mesh,
@@ -102,6 +109,8 @@ class OpCosts:
     mem_rc: np.ndarray        # [C]
     parts_rc: np.ndarray      # [C, 4]
     estimated: bool = True    # priced from the roofline, not a measured profile
+    step: np.ndarray | None = None  # [C] the part of `time` paid once per iteration however many
+    #                                 micro-batches run (gradient synchronisation, optimizer step)
 
 
 @dataclass
@@ -111,15 +120,19 @@ class EdgeCosts:
     time: np.ndarray          # [Cu, Cv]
     mem: np.ndarray           # [Cu, Cv] activation bytes
     comm: np.ndarray          # [Cu, Cv, n_axes]
+    estimated: bool = True    # collectives priced from the cluster's links, not a measured profile
 
 
 class CostModel:
     """Prices ops and edges of one graph for one cluster and job, on any mesh."""
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, job: TrainingJob) -> None:
+    def __init__(self, graph: OpGraph, cluster: Cluster, job: TrainingJob,
+                 profile: DeviceProfile | ProfileLookup | dict | None = None) -> None:
         self.graph = graph
         self.cluster = cluster
         self.job = job
+        self.profile = as_lookup(profile, job.precision)
+        self._coef: dict[tuple[Mesh, int], tuple[np.ndarray, np.ndarray]] = {}
         self.bytes = PRECISION_BYTES[job.precision]
         self.peak = cluster.device.peak(self.bytes.compute_dtype)
         self.mem_bw = cluster.device.memory_bandwidth
@@ -150,7 +163,30 @@ class CostModel:
         frac = (n - 1) / n if n > 1 else 0.0
         alpha = np.array([0.0, lat * steps, lat * steps, 2 * lat * steps, lat * steps])
         beta = np.array([0.0, frac / bw, frac / bw, 2 * frac / bw, frac / n / bw])
+        if self.profile is not None:
+            return self._profiled_coefficients(mesh, axis, alpha, beta)
         return alpha, beta
+
+    def _profiled_coefficients(self, mesh: Mesh, axis: int, alpha: np.ndarray, beta: np.ndarray
+                               ) -> tuple[np.ndarray, np.ndarray]:
+        """The profile's fit for each kind at this group size (the link figures where it has
+        none), scaled by the axis's calibration factor."""
+        key = (mesh, axis)
+        if key not in self._coef:
+            ax = mesh.axes[axis]
+            if ax.size > 1:
+                for kind in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL):
+                    fit = self.profile.collective(COLLECTIVE_NAMES[kind], ax.size)
+                    if fit is not None:
+                        alpha[kind], beta[kind] = fit.alpha, fit.beta
+            f = self.profile.comm_factor(ax.name)
+            self._coef[key] = (alpha * f, beta * f)
+        return self._coef[key]
+
+    def _comm_measured(self, mesh: Mesh) -> bool:
+        """Every axis that communicates has measured fits of every collective kind."""
+        return self.profile is not None and all(self.profile.has_collectives(ax.size) for ax in mesh.axes
+                                                if ax.size > 1)
 
     def bucketed_time(self, mesh: Mesh, axis: int, kind: int, nbytes: float) -> float:
         """A gradient (or ZeRO parameter) collective: DDP and FSDP fuse many parameters into one
@@ -167,6 +203,19 @@ class CostModel:
         alpha, beta = self.collective_coefficients(mesh, axis)
         return float(alpha[kind] + beta[kind] * nbytes)
 
+    def p2p_coefficients(self, stages: int, stride: int) -> tuple[float, float]:
+        """(alpha, beta) of one point-to-point transfer between neighbouring pipeline stages
+        `stride` devices apart: the profile's send/recv fit (scaled by the 'pp' calibration
+        factor) when it has one, else the cluster's link (latency, 1 / bandwidth)."""
+        bw, lat = self.cluster.link(stages, stride)
+        if self.profile is not None:
+            fit = self.profile.collective("send_recv", 2)
+            f = self.profile.comm_factor("pp")
+            if fit is not None:
+                return fit.alpha * f, fit.beta * f
+            return lat * f, f / bw
+        return lat, 1.0 / bw
+
     # ---- ops --------------------------------------------------------------------------------
     def op_costs(self, op: Op, mesh: Mesh, zero: int = 0, checkpoint: bool = False) -> OpCosts:
         """Costs of every configuration of `op` on `mesh`, under ZeRO stage `zero` (0-3): the
@@ -181,10 +230,12 @@ class CostModel:
         C = len(cfgs)
         time = np.zeros(C)
         fwd = np.zeros(C)
+        step = np.zeros(C)
         parts = np.zeros((C, 4))
         comm = np.zeros((C, n_axes))
         b = self.bytes
         out_numel = op.output.numel
+        measured, comm_ok = self.profile is not None, self._comm_measured(mesh)
         for ci, cfg in enumerate(cfgs):
             shards = math.prod(ax.size for ax, lab in zip(mesh.axes, cfg) if lab is not None)
             out_local = out_numel / shard_factor(output_placement(cfg, op), mesh)
@@ -214,14 +265,22 @@ class CostModel:
             t_fwd = max(op.flops / shards / self.peak, moved / self.mem_bw)
             updated = parts[ci, 2] / b.optimizer  # parameters this rank's optimizer step updates
             t_opt = updated * 2 * (b.param + b.grad + b.optimizer) / self.mem_bw
-            time[ci] = 3.0 * t_fwd + t_sync + t_opt
+            if self.profile is None:
+                time[ci] = 3.0 * t_fwd + t_sync + t_opt
+            else:  # measured forward and forward + backward, optimizer step, calibrated
+                t_fwd, t_fb, ok = self.profile.compute(op, mesh, cfg, t_fwd)
+                t_opt, ok_opt = self.profile.optimizer(updated, t_opt)
+                measured &= ok and ok_opt and (t_sync == 0.0 or comm_ok)
+                time[ci] = t_fb + t_sync + t_opt
+            step[ci] = t_sync + t_opt
             fwd[ci] = t_fwd
             parts[ci, 3] = self._saved_bytes(op, cfg, mesh, out_local, in_locals)
         parts_rc = parts.copy()
         if not checkpoint:
             parts_rc[:, 3] = 0.0
         return OpCosts(configs=cfgs, time=time, mem=parts.sum(axis=1), parts=parts, comm=comm,
-                       time_rc=time + fwd, mem_rc=parts_rc.sum(axis=1), parts_rc=parts_rc)
+                       time_rc=time + fwd, mem_rc=parts_rc.sum(axis=1), parts_rc=parts_rc, step=step,
+                       estimated=not measured)
 
     def _saved_bytes(self, op: Op, cfg: Config, mesh: Mesh, out_local: float, in_locals: list[float]) -> float:
         saved = 0.0
@@ -277,7 +336,8 @@ class CostModel:
             if keeps_input:
                 local_in = np.array([t.numel / shard_factor(p, mesh) * self.esize(t) for p in in_pl])
                 mem += np.where(changed, local_in[None, :], 0.0)
-        return EdgeCosts(src=prod.name, dst=cons.name, time=time, mem=mem, comm=comm)
+        return EdgeCosts(src=prod.name, dst=cons.name, time=time, mem=mem, comm=comm,
+                         estimated=not self._comm_measured(mesh))
 
     # ---- constants ---------------------------------------------------------------------------
     def buffers(self, mesh: Mesh, ops: list[Op] | None = None, zero: int = 0) -> float:
@@ -294,6 +354,8 @@ class CostModel:
                 lean_w = min(sum(p.numel / shard_factor(param_placement(c, p.dims), mesh) for p in op.params)
                              for c in cfgs)
                 gathered = max(gathered, lean_w * self.bytes.param)
+        if self.profile is not None:  # calibrated framework and allocator overhead per rank
+            return worst + gathered + self.profile.memory_overhead
         return worst + gathered
 
 

@@ -75,9 +75,10 @@ def evaluate(op_costs: dict[str, OpCosts], edge_costs: dict[tuple[str, str], Edg
 
 def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh] | None = None,
                       tie_blocks: bool = True, limit: int = MAX_ASSIGNMENTS,
-                      zero_stages: tuple[int, ...] = ZERO_STAGES, recompute: bool = True) -> SearchResult:
+                      zero_stages: tuple[int, ...] = ZERO_STAGES, recompute: bool = True,
+                      profile=None) -> SearchResult:
     start = _time.perf_counter()
-    cm = CostModel(graph, cluster, job)
+    cm = CostModel(graph, cluster, job, profile=profile)
     meshes = meshes if meshes is not None else mesh_candidates(cluster)
     chain = find_chain(graph) if tie_blocks else None
     tied = {layer[-1]: chain.boundary for layer in chain.layers[1:]} if chain else {}
@@ -125,3 +126,39 @@ def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes
                         stats={"ops": len(graph.ops), "frontier": len(points), "exhaustive": True,
                                "meshes": [m_.describe() for m_ in meshes], "zero_stages": list(zero_stages),
                                "recompute": bool(rc_vars)})
+
+
+def exhaustive_pipeline(graph: OpGraph, cluster: Cluster, job: TrainingJob, shape, recompute: bool = True,
+                        limit: int = MAX_ASSIGNMENTS) -> tuple[np.ndarray, np.ndarray]:
+    """The reference frontier (time, memory) of one pipeline shape: every assignment of every
+    op's configuration (the stack's boundary layout tied, as in FT), every layer's recomputation
+    and every split of the layers into stages inside the band, re-costed stage by stage."""
+    from search.pipesearch import evaluate_pipeline, micro_batch_graph, partitions, pipe_tables
+
+    m = shape.micro_batches
+    g = micro_batch_graph(graph, m)
+    cm = CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}))
+    tabs = pipe_tables(g, cm, shape)
+    if tabs is None:
+        raise InputError(f"{graph.name} cannot be pipelined")
+    chain = tabs.chain
+    tied = {layer[-1]: chain.boundary for layer in chain.layers[1:]}
+    rc_vars = sorted({recompute_var(i) for i in layer_index(g).values()}) if recompute else []
+    free = [op.name for op in g.ops if op.name not in tied]
+    dims = [len(tabs.op_costs[v].configs) for v in free] + [2] * len(rc_vars)
+    total = math.prod(dims)
+    if total > limit:
+        raise InputError(f"exhaustive pipeline search would enumerate {total:.3g} assignments (limit {limit:.0e})")
+    flat = np.unravel_index(np.arange(total), dims)
+    assign = {v: flat[i] for i, v in enumerate(free + rc_vars)}
+    for out, boundary in tied.items():
+        assign[out] = assign[boundary]
+    ts, ms = [], []
+    for split in partitions(len(chain.layers), shape.stages):
+        res = evaluate_pipeline(tabs, assign, split)
+        keep = pareto_mask(np.zeros(total, dtype=np.int64), res["time"], res["memory"])
+        ts.append(res["time"][keep])
+        ms.append(res["memory"][keep])
+    t, mem = np.concatenate(ts), np.concatenate(ms)
+    keep = pareto_mask(np.zeros(len(t), dtype=np.int64), t, mem)
+    return t[keep], mem[keep]

@@ -146,6 +146,7 @@ class FrontierPoint:
     mesh_index: int
     configs: dict[str, np.ndarray]  # op name -> configuration indices, shared by the mesh's points
     row: int                        # this point's position in those arrays
+    stages: tuple[int, ...] | None = None  # a pipeline plan: layers per stage
 
     @property
     def assignment(self) -> dict[str, int]:
@@ -260,6 +261,8 @@ class MeshProblem:
     unit: Factor | None = None
     outside: Factor | None = None
     zero: int = 0
+    head: Factor | None = None   # with split_outside: the ops before the stack and layer 0
+    tail: Factor | None = None   # ... and the ops after the stack (pipelines put them on other stages)
 
 
 def mesh_costs(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int, chain: Chain | None) -> dict[str, OpCosts]:
@@ -271,7 +274,8 @@ def mesh_costs(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int, chain: Chai
 
 
 def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool = True, eps: float = 0.0,
-                 zero: int = 0, recompute: bool = True, op_costs: dict[str, OpCosts] | None = None) -> MeshProblem:
+                 zero: int = 0, recompute: bool = True, op_costs: dict[str, OpCosts] | None = None,
+                 split_outside: bool | tuple[bool, bool] = False) -> MeshProblem:
     """Cost tables and factors of one mesh under ZeRO stage `zero`; with `recompute`, every
     layer of the block stack may also be recomputed. With a stack, the template layer and the
     rest of the graph are each solved twice, their layer recomputed or not, and the two
@@ -323,7 +327,10 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     out_t = chain.template[-1]
     choices = (0, 1) if recompute_var(1) in domain else (0,)
 
-    def solved(ops: list[Op], layer: int, keep: tuple[str, ...], finish) -> Factor:
+    def solved(ops: list[Op], layer: int | None, keep: tuple[str, ...], finish) -> Factor:
+        """`ops` eliminated down to `keep`, with the recomputation of `layer` (if any) chosen."""
+        if layer is None or not any(layer_of.get(op.name) == layer for op in ops):
+            return finish(eliminate_all(factors(ops, {}), domain, keep=keep, eps=eps, stats=stats))
         cases = [finish(eliminate_all(factors(ops, {layer: r}), domain, keep=keep, eps=eps, stats=stats))
                  for r in choices]
         if len(cases) == 1:
@@ -335,12 +342,36 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
                   lambda f: restrict_equal(f, chain.boundary, out_t, chain.boundary))
     unit.layer_leaf = True
     unit.layers = 1
+    prob = MeshProblem(mesh=mesh, chain=chain, op_costs=op_costs, edge_costs=edge_costs, domain=domain,
+                       buffers=buffers, stats=stats, factors=[], zero=zero, unit=unit)
+    if split_outside:
+        want_head, want_tail = split_outside if isinstance(split_outside, tuple) else (True, True)
+        tail_names = after_stack(graph, chain)
+        if want_head:
+            prob.head = solved([op for op in rest_ops if op.name not in tail_names], 0, (chain.boundary,),
+                               lambda f: f)
+        if want_tail:
+            prob.tail = solved([op for op in rest_ops if op.name in tail_names], None, (chain.boundary,),
+                               lambda f: f)
+        return prob
     # reduce everything else to a factor over the boundary first: the stack's factor is the
     # largest table, and it should meet one frontier per boundary configuration, not one per
     # configuration of every op it happens to share a table with
-    outside = solved(rest_ops, 0, (chain.boundary,), lambda f: f)
-    return MeshProblem(mesh=mesh, chain=chain, op_costs=op_costs, edge_costs=edge_costs, domain=domain,
-                       buffers=buffers, stats=stats, factors=[], zero=zero, unit=unit, outside=outside)
+    prob.outside = solved(rest_ops, 0, (chain.boundary,), lambda f: f)
+    return prob
+
+
+def after_stack(graph: OpGraph, chain: Chain) -> set[str]:
+    """The ops after the block stack: those reading, directly or not, the last layer's output."""
+    consumers = graph.consumers()
+    out: set[str] = set()
+    todo = [c for c, _ in consumers[chain.layers[-1][-1]]]
+    while todo:
+        name = todo.pop()
+        if name not in out:
+            out.add(name)
+            todo.extend(c for c, _ in consumers[name])
+    return out
 
 
 def _with_recompute(oc: OpCosts, r: int) -> OpCosts:
@@ -348,7 +379,8 @@ def _with_recompute(oc: OpCosts, r: int) -> OpCosts:
     if not r:
         return oc
     return OpCosts(configs=oc.configs, time=oc.time_rc, mem=oc.mem_rc, parts=oc.parts_rc, comm=oc.comm,
-                   time_rc=oc.time_rc, mem_rc=oc.mem_rc, parts_rc=oc.parts_rc, estimated=oc.estimated)
+                   time_rc=oc.time_rc, mem_rc=oc.mem_rc, parts_rc=oc.parts_rc, estimated=oc.estimated,
+                   step=oc.step)
 
 
 def finish_mesh(prob: MeshProblem, eps: float = 0.0, envelope: tuple[np.ndarray, np.ndarray] | None = None,
@@ -577,11 +609,14 @@ def _drop_dominated_stages(tables: list[tuple[Mesh, int, dict[str, OpCosts]]],
 
 def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh] | None = None,
            eps: float = 0.0, reuse_blocks: bool = True, prune: bool = True,
-           zero_stages: tuple[int, ...] = ZERO_STAGES, recompute: bool = True) -> SearchResult:
+           zero_stages: tuple[int, ...] = ZERO_STAGES, recompute: bool = True, profile=None,
+           pipeline: bool = False, allow_async: bool = False) -> SearchResult:
     """The Pareto frontier of (iteration time, peak memory per device) over every mesh and ZeRO
-    stage, with per-layer activation recomputation when `recompute`."""
+    stage, with per-layer activation recomputation when `recompute`; priced from a measured
+    DeviceProfile when `profile` is given (search/profile.py). With `pipeline`, pipeline plans
+    join the frontier (search/pipesearch.py; PipeDream-2BW only with `allow_async`)."""
     start = _time.perf_counter()
-    cm = CostModel(graph, cluster, job)
+    cm = CostModel(graph, cluster, job, profile=profile)
     meshes = meshes if meshes is not None else mesh_candidates(cluster)
     chain = find_chain(graph) if reuse_blocks else None
     tables = [(mesh, zero, mesh_costs(graph, cm, mesh, zero, chain)) for mesh in meshes for zero in zero_stages]
@@ -604,6 +639,13 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
         solutions.append(sol)
         # what this mesh achieves bounds what later meshes need to keep
         envelope = (np.concatenate([envelope[0], sol.root.t]), np.concatenate([envelope[1], sol.root.m]))
+    if pipeline:
+        from search.pipesearch import search_pipelines
+
+        # the plans without a pipeline bound what a pipeline stage may cost and still matter
+        known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
+        solutions += search_pipelines(graph, cluster, job, zero_stages, recompute, allow_async, eps,
+                                      profile=profile, envelope=known if prune else None)  # type: ignore[arg-type]
     t = np.concatenate([s.root.t for s in solutions]) if solutions else np.zeros(0)
     m = np.concatenate([s.root.m for s in solutions]) if solutions else np.zeros(0)
     which = np.concatenate([np.full(len(s.root), i) for i, s in enumerate(solutions)]) if solutions else np.zeros(0, int)
@@ -614,10 +656,15 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
         sel = keep[which[keep] == i]
         if len(sel) == 0:
             continue
-        assign = assignments(sol.root, local[sel], sol.chain.layer_maps() if sol.chain else None)
+        parts = getattr(sol, "partitions", None)
+        if parts is not None:  # a pipeline shape read its configurations back already
+            assign = {name: v[local[sel]] for name, v in sol.assigns.items()}
+        else:
+            assign = assignments(sol.root, local[sel], sol.chain.layer_maps() if sol.chain else None)
         for j, g in enumerate(sel):
             points.append(FrontierPoint(time_s=float(t[g]), memory_bytes=float(m[g]), mesh_index=i,
-                                        configs=assign, row=j))
+                                        configs=assign, row=j,
+                                        stages=parts[local[g]] if parts is not None else None))
     points.sort(key=lambda p: p.time_s)
     elapsed = _time.perf_counter() - start
     stats = {
@@ -633,6 +680,9 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
         "pairs_combined": int(sum(s.stats.pairs for s in solutions)),
         "block_reuse": bool(solutions and solutions[0].chain is not None),
         "layers_solved_once": len(solutions[0].chain.layers) - 1 if solutions and solutions[0].chain else 0,
+        "pipeline": pipeline,
+        "pipeline_shapes": sum(1 for s in solutions if hasattr(s, "partitions")),
+        "allow_async_pipeline": allow_async,
     }
     return SearchResult(graph=graph, cluster=cluster, job=job, solutions=solutions, points=points,
                         search_seconds=elapsed, eps=eps, stats=stats)

@@ -9,6 +9,7 @@ the prediction with its memory breakdown and communication volume per mesh axis.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Literal
 
@@ -88,7 +89,8 @@ class PipelineSpec(BaseModel):
     micro_batches: int = Field(default=1, ge=1)
     micro_batch_size: int | None = Field(default=None, description="samples per micro-batch per data-parallel rank")
     stage_layers: list[list[int]] = Field(default_factory=list)
-    stage_time_s: list[float] = Field(default_factory=list, description="predicted time of one micro-batch per stage")
+    stage_time_s: list[float] = Field(default_factory=list,
+                                      description="predicted iteration time per stage (its slots and its step)")
     stage_memory_bytes: list[int] = Field(default_factory=list, description="predicted peak memory per stage")
     async_weights: bool = Field(default=False, description="PipeDream-2BW: weight updates are 1-stale")
 
@@ -182,10 +184,13 @@ def weighted_ops(graph: OpGraph) -> list[tuple[Op, int]]:
 
 
 def summarize(graph: OpGraph, mesh: Mesh, configs: dict[str, tuple[str | None, ...]], zero: int = 0,
-              recomputed: int = 0, weighted: list[tuple[Op, int]] | None = None) -> str:
-    """One line: the mesh, ZeRO stage and recomputed layers, then per axis how the
-    parameter-carrying ops use it (by weight count)."""
+              recomputed: int = 0, weighted: list[tuple[Op, int]] | None = None,
+              pipe: PipelineSpec | None = None) -> str:
+    """One line: the mesh, pipeline schedule, ZeRO stage and recomputed layers, then per axis how
+    the parameter-carrying ops use it (by weight count)."""
     head = mesh.describe()
+    if pipe is not None and pipe.stages > 1:
+        head += f" {pipe.schedule} m{pipe.micro_batches} layers {'/'.join(str(b - a) for a, b in pipe.stage_layers)}"
     if zero:
         head += f" zero{zero}"
     if graph.blocks:
@@ -217,10 +222,12 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
         mesh = sol.mesh
         rows = np.array([points[i].row for i in idxs])
         assign = {name: np.asarray(v)[rows] for name, v in points[idxs[0]].configs.items()}
-        costs = recost(graph, sol, assign)
+        piped = getattr(sol, "partitions", None) is not None
+        costs = _pipeline_costs(sol, assign, [points[i].stages for i in idxs]) if piped else recost(graph, sol, assign)
         # configuration indices are positional, so each op reads its own labels from its own list
-        # (a layer priced through the template carries the template's index, not its labels)
-        cfg_list = {op.name: op_configs(op, mesh) for op in graph.ops}
+        # (a layer priced through the template carries the template's index, not its labels);
+        # a pipeline's ops were configured on its micro-batch graph
+        cfg_list = {op.name: op_configs(op, mesh) for op in (sol.graph if piped else graph).ops}
         block_names = {n for b in graph.blocks for layer in b.layers for n in layer}
         op_plans: dict[tuple[str, int], OpPlan] = {}  # the same op in the same configuration, shared
         weighted = weighted_ops(graph)
@@ -247,9 +254,13 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
             parts = costs["parts"][j]
             breakdown = MemoryBreakdown(params=int(parts[0]), grads=int(parts[1]), optimizer=int(parts[2]),
                                         activations=int(parts[3]), buffers=int(costs["buffers"][j]))
+            comm = {ax.name: float(costs["comm"][j][a]) for a, ax in enumerate(mesh.axes)}
+            pipe = PipelineSpec()
+            if piped:
+                comm["pp"] = float(costs["pp_bytes"][j])
+                pipe = _pipeline_spec(sol, points[i].stages, costs, j, job.global_batch)
             pred = Prediction(time_s=float(costs["time"][j]), memory_bytes=int(round(costs["memory"][j])),
-                              breakdown=breakdown,
-                              comm_bytes={ax.name: float(costs["comm"][j][a]) for a, ax in enumerate(mesh.axes)})
+                              breakdown=breakdown, comm_bytes=comm)
             recomputed = [f"{b.prefix}.{k}" for b in graph.blocks[:1] for k in range(len(b.layers))
                           if recompute_var(k) in assign and assign[recompute_var(k)][j]]
             out[i] = Plan(
@@ -259,10 +270,35 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
                 precision=job.precision,
                 mesh=MeshSpec(pp=mesh.pp, axes=[AxisSpec(name=a.name, size=a.size, stride=a.stride) for a in mesh.axes]),
                 ops=[op_plan(op.name, int(assign[op.name][j])) for op in graph.ops if op.name not in block_names],
-                blocks=blocks, predicted=pred, zero_stage=sol.zero, recompute=recomputed,
-                summary=summarize(graph, mesh, configs, sol.zero, len(recomputed), weighted),
+                blocks=blocks, predicted=pred, zero_stage=sol.zero, recompute=recomputed, pipeline=pipe,
+                summary=summarize(graph, mesh, configs, sol.zero, len(recomputed), weighted, pipe),
             )
     return [out[i] for i in range(len(points))]
+
+
+def _pipeline_costs(sol, assign: dict[str, np.ndarray], stages: list[tuple[int, ...] | None]) -> dict[str, np.ndarray]:
+    """Re-cost pipeline points stage by stage (each point may split the layers differently)."""
+    from search.pipesearch import evaluate_pipeline
+
+    rows = [evaluate_pipeline(sol, {k: v[j:j + 1] for k, v in assign.items()}, split)  # type: ignore[arg-type]
+            for j, split in enumerate(stages)]
+    return {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+
+
+def _pipeline_spec(sol, split: tuple[int, ...] | None, costs: dict[str, np.ndarray], j: int,
+                   global_batch: int) -> PipelineSpec:
+    assert split is not None
+    shape = sol.shape
+    bounds, first = [], 0
+    for k in split:
+        bounds.append([first, first + k])
+        first += k
+    dp = math.prod(ax.size for ax in sol.mesh.axes if ax.name == "dp")
+    return PipelineSpec(stages=shape.stages, schedule=shape.schedule, micro_batches=shape.micro_batches,
+                        micro_batch_size=max(1, global_batch // shape.micro_batches // dp), stage_layers=bounds,
+                        stage_time_s=[float(x) for x in costs["stage_time"][j]],
+                        stage_memory_bytes=[int(round(x)) for x in costs["stage_memory"][j]],
+                        async_weights=shape.schedule == "2bw")
 
 
 def pick(points: list[FrontierPoint], budget_bytes: float) -> FrontierPoint | None:

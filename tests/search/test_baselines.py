@@ -28,7 +28,7 @@ def setup():
 
 @functools.lru_cache(maxsize=None)
 def planned():
-    return {b.name: b for b in baselines(*setup())}
+    return {b.name: b for b in baselines(*setup(), pipelines=False)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,7 +51,7 @@ def test_every_planner_applies_and_uses_valid_configs():
                        "megatron-tp4-sp-dp", "megatron-tp4-sp-dp+recompute"}
     meshes = mesh_candidates(cluster)
     n_layers = len(graph.blocks[0].layers)
-    for i, b in enumerate(baselines(*setup())):
+    for i, b in enumerate(baselines(*setup(), pipelines=False)):
         assert b.solution.mesh in meshes and b.solution.mesh.num_devices == N
         assert b.point.mesh_index == i and b.point.row == 0
         assert not b.fallbacks
@@ -196,3 +196,29 @@ def test_plans_reproduce_the_baselines():
         assert len(plan.recompute) == len(b.recomputed_layers())
         if b.comm_bytes:  # the planners' own pricing (min-time@budget comes from the search)
             assert plan.predicted.comm_bytes == pytest.approx(b.comm_bytes, rel=1e-9)
+
+
+def test_pipeline_planners_price_their_grid_choice_and_lose_to_the_frontier():
+    """Megatron 3-D and PipeDream-2BW: pipeline plans with equal layers per stage, re-costed stage
+    by stage to the same numbers, and never below-left of a frontier that searches pipelines."""
+    from search.pipesearch import evaluate_pipeline
+
+    graph, cluster, job = setup()
+    bs = {b.name: b for b in baselines(graph, cluster, job, budget=8 * GIB, allow_async=True)}
+    assert {"megatron-3d", "pipedream-2bw"} <= set(bs)
+    for name, schedule in (("megatron-3d", "1f1b"), ("pipedream-2bw", "2bw")):
+        b = bs[name]
+        sol = b.solution
+        assert sol.shape.schedule == schedule and sol.mesh.pp > 1
+        assert max(b.point.stages) - min(b.point.stages) <= 1 and sum(b.point.stages) == 12
+        r = evaluate_pipeline(sol, b.point.configs, b.point.stages)
+        assert r["time"][0] == pytest.approx(b.time_s, rel=1e-12)
+        assert r["memory"][0] == pytest.approx(b.memory_bytes, rel=1e-12)
+        assert b.memory_bytes <= 8 * GIB
+    assert bs["pipedream-2bw"].solution.mesh.axes[1].size == 1  # equi-replicated stages, no TP
+    plans = build_plans(as_result(graph, cluster, job, [bs["megatron-3d"], bs["pipedream-2bw"]]))
+    assert [p.pipeline.schedule for p in plans] == ["1f1b", "2bw"] and plans[1].pipeline.async_weights
+    result = search(graph, cluster, job, pipeline=True, allow_async=True)
+    for b in (bs["megatron-3d"], bs["pipedream-2bw"]):
+        fitting = [p for p in result.points if p.memory_bytes <= b.memory_bytes * (1 + 1e-9)]
+        assert fitting and min(p.time_s for p in fitting) <= b.time_s * (1 + 1e-9), b.name

@@ -1,0 +1,138 @@
+"""Pipeline parallelism in the search: exact against the exhaustive reference, self-consistent
+plans, and the schedule rules (GPipe dominated, 2BW opt-in)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from graphs import stack
+
+from search.capture import capture_model
+from search.cluster import make_cluster
+from search.costmodel import TrainingJob
+from search.exhaustive import exhaustive_pipeline
+from search.ft import search
+from search.pipesearch import (
+    evaluate_pipeline,
+    micro_batch_graph,
+    partitions,
+    pipeline_shapes,
+    search_pipelines,
+    stage_band,
+)
+from search.plan import build_plans
+from search.zoo import get_model
+
+JOB = TrainingJob(global_batch=24, seq_len=None)
+
+
+def same_frontier(t1, m1, t2, m2) -> bool:
+    o1, o2 = np.argsort(t1), np.argsort(t2)
+    return (len(t1) == len(t2) and np.allclose(np.asarray(t1)[o1], np.asarray(t2)[o2], rtol=1e-9)
+            and np.allclose(np.asarray(m1)[o1], np.asarray(m2)[o2], rtol=1e-9))
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny", "cnn-tiny"])
+def test_micro_batch_graph_equals_capturing_the_micro_batch(name):
+    spec = get_model(name)
+    scaled = micro_batch_graph(capture_model(spec, 8, None), 4)
+    direct = capture_model(spec, 2, None)
+    assert [op.model_dump() for op in scaled.ops] == [op.model_dump() for op in direct.ops]
+    assert scaled.op(scaled.ops[0].name) is scaled.ops[0]  # no stale name index from the full batch
+
+
+def test_stage_band_and_partitions():
+    assert list(stage_band(24, 4)) == [4, 5, 6, 7, 8]
+    splits = partitions(5, 2)
+    assert all(sum(s) == 5 and len(s) == 2 for s in splits)
+    assert sorted(splits) == [(1, 4), (2, 3), (3, 2), (4, 1)]
+
+
+@pytest.mark.parametrize("devices", [4, 6])
+def test_pipeline_dp_equals_exhaustive(devices):
+    """Every shape kind (p = 2 and 3, 1F1B, GPipe, 2BW, ZeRO 0 and 1, several m): the DP over
+    stage boundaries and per-op configurations gives exactly the exhaustive frontier."""
+    g = stack(3)
+    cl = make_cluster("h100-80gb", devices)
+    shapes = pipeline_shapes(cl, JOB, 3, (0, 1), allow_async=True, schedules=("1f1b", "gpipe", "2bw"))
+    picked = {}
+    for sh in shapes:  # one shape per (p, schedule) and per (p, ZeRO stage), smallest m: keeps it quick
+        picked.setdefault((sh.stages, sh.schedule), sh)
+        picked.setdefault((sh.stages, sh.zero), sh)
+    assert {sh.stages for sh in picked.values()} == ({2} if devices == 4 else {2, 3})
+    for sh in picked.values():
+        sols = search_pipelines(g, cl, JOB, (0, 1), shapes=[sh])
+        t, m = exhaustive_pipeline(g, cl, JOB, sh)
+        assert sols, sh.describe()
+        assert same_frontier(sols[0].root.t, sols[0].root.m, t, m), sh.describe()
+
+
+def test_every_pipeline_point_recosts_to_itself():
+    g = stack(6)
+    cl = make_cluster("h100-80gb", 8)
+    job = TrainingJob(global_batch=32, seq_len=None)
+    sols = search_pipelines(g, cl, job, (0, 1), allow_async=True)
+    assert {s.shape.stages for s in sols} == {2, 4, 8} - {8}  # 8 stages > 6 layers
+    for sol in sols:
+        for i, split in enumerate(sol.partitions):
+            assert sum(split) == 6
+            r = evaluate_pipeline(sol, {k: v[i:i + 1] for k, v in sol.assigns.items()}, split)
+            assert r["time"][0] == pytest.approx(sol.root.t[i], rel=1e-9)
+            assert r["memory"][0] == pytest.approx(sol.root.m[i], rel=1e-9)
+
+
+def test_gpipe_never_beats_1f1b():
+    """Same bubble, at least as many in-flight micro-batches: every GPipe point is matched by 1F1B."""
+    g = stack(4)
+    cl = make_cluster("h100-80gb", 4)
+    job = TrainingJob(global_batch=16, seq_len=None)
+    for sh in pipeline_shapes(cl, job, 4, (0,), schedules=("gpipe",)):
+        gp = search_pipelines(g, cl, job, (0,), shapes=[sh])[0]
+        sh1 = type(sh)(sh.mesh, sh.zero, sh.micro_batches, "1f1b")
+        fb = search_pipelines(g, cl, job, (0,), shapes=[sh1])[0]
+        for t, m in zip(gp.root.t, gp.root.m):
+            assert np.any((fb.root.t <= t * (1 + 1e-9)) & (fb.root.m <= m * (1 + 1e-9)))
+
+
+def test_2bw_needs_opt_in():
+    cl = make_cluster("h100-80gb", 8)
+    assert all(s.schedule == "1f1b" for s in pipeline_shapes(cl, JOB, 12, (0, 1)))
+    assert {s.schedule for s in pipeline_shapes(cl, JOB, 12, (0, 1), allow_async=True)} == {"1f1b", "2bw"}
+    assert all(s.zero in (0, 1) for s in pipeline_shapes(cl, JOB, 12, (0, 1, 2, 3)))
+
+
+def test_pipeline_plans_in_the_frontier():
+    """A memory-bound stack: pipelines join the frontier, their Plans carry the stages and
+    re-cost to the point, and 2BW plans say their weights are stale."""
+    g = stack(8)
+    cl = make_cluster("h100-80gb", 8)
+    job = TrainingJob(global_batch=32, seq_len=None)
+    flat = search(g, cl, job)
+    piped = search(g, cl, job, pipeline=True, allow_async=True)
+    assert piped.stats["pipeline_shapes"] > 0
+    # the joint frontier is never worse: every flat point is matched
+    pt = np.array([p.time_s for p in piped.points])
+    pm = np.array([p.memory_bytes for p in piped.points])
+    for p in flat.points:
+        assert np.any((pt <= p.time_s * (1 + 1e-9)) & (pm <= p.memory_bytes * (1 + 1e-9)))
+    pipe_points = [p for p in piped.points if p.stages is not None]
+    assert pipe_points, "no pipeline plan on the frontier of a stack this deep"
+    # the leanest plan of all is a pipeline
+    assert min(piped.points, key=lambda p: p.memory_bytes).stages is not None
+    plans = build_plans(piped, pipe_points)
+    for p, plan in zip(pipe_points, plans):
+        spec = plan.pipeline
+        assert spec.stages == plan.mesh.pp == len(spec.stage_layers) > 1
+        assert spec.stage_layers[0][0] == 0 and spec.stage_layers[-1][1] == 8
+        assert all(a[1] == b[0] for a, b in zip(spec.stage_layers, spec.stage_layers[1:]))
+        assert plan.predicted.time_s == pytest.approx(p.time_s, rel=1e-9)
+        assert plan.predicted.memory_bytes == pytest.approx(p.memory_bytes, abs=1)
+        assert max(spec.stage_memory_bytes) == pytest.approx(plan.predicted.memory_bytes, abs=1)
+        assert spec.async_weights == (spec.schedule == "2bw")
+        assert "pp" in plan.predicted.comm_bytes
+        assert spec.schedule in plan.summary
+
+
+def test_graph_without_a_stack_has_no_pipelines():
+    g = capture_model(get_model("gpt2-tiny"), 8, None)  # 2 layers: no stack of 3 to cut
+    assert search_pipelines(g, make_cluster("cpu", 4), TrainingJob(global_batch=8, seq_len=64), (0, 1)) == []
