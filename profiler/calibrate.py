@@ -1,0 +1,289 @@
+"""Calibration: fit correction factors to measured runs and write a calibrated profile.
+
+A RunReport (worker/, issue 7) holds the Plan that ran, its prediction and what was measured:
+``{"plan": {...}, "predicted": {"time_s", "memory_bytes"}, "measured": {"time_s", "memory_bytes",
+"per_rank"}}``. Each plan is re-costed with the profile, and its predicted iteration time split
+into the parts the factors scale - compute per op kind (and the optimizer step), communication
+per mesh axis - by pricing it with one factor at 1 and the others at 0 (the cost model is linear
+in them). The factors then solve a least-squares problem on the relative time error of every
+run, pulled gently towards the profile's current factors so that a part no run exercises, or a
+single run, cannot swing them far; they stay within [1/50, 50]. The memory overhead per rank is
+the median of measured minus predicted peak memory (the framework and allocator the model does
+not see). The errors before and after are in-sample: the runs fitted are the runs scored.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from search.errors import InputError
+from search.profile import Calibration, DeviceProfile, ProfileLookup
+
+FACTOR_MIN, FACTOR_MAX = 0.02, 50.0
+PRIOR_WEIGHT = 0.01  # a factor 1.0 away from its prior costs what a 1% error on one run does
+
+
+# ---- reading reports ---------------------------------------------------------------------------
+def load_report(path: str | Path) -> dict[str, Any]:
+    """A RunReport as a plain dict with the keys calibration reads (InputError when it is not)."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        raise InputError(f"cannot read run report {str(p)!r}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"run report {str(p)!r} is not valid JSON: {e}") from None
+    return check_report(data, str(p))
+
+
+def check_report(data: Any, origin: str = "run report") -> dict[str, Any]:
+    if hasattr(data, "model_dump"):
+        data = data.model_dump()
+    if not isinstance(data, dict):
+        raise InputError(f"{origin}: a run report is a JSON object")
+    for key in ("plan", "predicted", "measured"):
+        if not isinstance(data.get(key), dict):
+            raise InputError(f"{origin}: no {key!r} object (is it a RunReport from `paretoplan run --report`?)")
+    for part in ("predicted", "measured"):
+        for key in ("time_s", "memory_bytes"):
+            v = data[part].get(key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise InputError(f"{origin}: {part}.{key} must be a positive number, got {v!r}")
+    return data
+
+
+# ---- re-costing a plan -------------------------------------------------------------------------
+@dataclass
+class PlanParts:
+    """A plan's predicted time split into what each factor scales, and its memory."""
+
+    base: float                 # seconds no factor scales
+    compute: dict[str, float]   # seconds per op kind (and "optimizer") at factor 1
+    comm: dict[str, float]      # seconds per mesh axis name at factor 1
+    memory: float               # predicted peak bytes per device, without a calibrated overhead
+
+    def time(self, compute: dict[str, float], comm: dict[str, float]) -> float:
+        return (self.base + sum(compute.get(k, 1.0) * v for k, v in self.compute.items())
+                + sum(comm.get(a, 1.0) * v for a, v in self.comm.items()))
+
+
+def plan_parts(plan: dict[str, Any], profile: DeviceProfile) -> PlanParts:
+    """Re-cost a (non-pipelined) Plan with `profile`'s measurements, split by factor."""
+    return Recoster(profile).parts(plan)
+
+
+class Recoster:
+    """Re-costs Plans with a profile's raw measurements (its calibration set aside). Plans of
+    one model, cluster and job share the captured graph, and those on one mesh and ZeRO stage
+    share the cost tables, which are built once per factor setting."""
+
+    def __init__(self, profile: DeviceProfile) -> None:
+        self.profile = profile.model_copy(update={"calibration": None})
+        self._resolved: dict[tuple, tuple] = {}
+        self._tables: dict[tuple, tuple] = {}
+
+    def _resolve(self, plan: dict[str, Any]):
+        from search.api import SearchRequest, resolve
+
+        try:
+            key = (plan["model"], plan["device"], plan["num_devices"], plan.get("devices_per_node"),
+                   plan["global_batch"], plan.get("seq_len"), plan.get("precision", "bf16"))
+        except KeyError as e:
+            raise InputError(f"the report's plan is incomplete: no {e}") from None
+        if key not in self._resolved:
+            try:
+                req = SearchRequest(model=key[0], device=key[1], devices=key[2], devices_per_node=key[3],
+                                    global_batch=key[4], seq_len=key[5], precision=key[6])
+            except ValueError as e:
+                raise InputError(f"the report's plan is not a valid request: {str(e).splitlines()[0]}") from None
+            graph, cluster, job, _ = resolve(req)
+            self._resolved[key] = (graph, cluster, job, ProfileLookup(self.profile, job.precision))
+        return key, self._resolved[key]
+
+    def _price(self, key, resolved, mesh, zero: int, setting: tuple[str, str], kinds, axes):
+        """Cost tables with every factor at 0 but the one `setting` names (("", "") : none)."""
+        from search.costmodel import CostModel
+        from search.exhaustive import tables
+
+        tkey = (key, mesh, zero, setting)
+        if tkey not in self._tables:
+            graph, cluster, job, lookup = resolved
+            lookup.compute_factors = {k: float(setting == ("c", k)) for k in kinds}
+            lookup.comm_factors = {a: float(setting == ("a", a)) for a in axes}
+            lookup.memory_overhead = 0.0
+            cm = CostModel(graph, cluster, job, profile=lookup)
+            ops, edges = tables(graph, cm, mesh, zero)
+            self._tables[tkey] = (ops, edges, cm.buffers(mesh, zero=zero))
+        return self._tables[tkey]
+
+    def parts(self, plan: dict[str, Any]) -> PlanParts:
+        from search.exhaustive import evaluate
+        from search.ft import layer_index, recompute_var
+        from search.mesh import Mesh, MeshAxis, op_configs
+
+        mesh_d = plan.get("mesh") or {}
+        if int(mesh_d.get("pp", 1)) > 1:
+            raise InputError("pipelined plans (pp > 1) cannot be re-costed for calibration yet")
+        key, resolved = self._resolve(plan)
+        graph = resolved[0]
+        try:
+            mesh = Mesh(pp=1, axes=tuple(MeshAxis(a["name"], int(a["size"]), int(a["stride"]))
+                                         for a in mesh_d["axes"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"the report's plan has no valid mesh: {e}") from None
+        assignment = _assignment(plan, graph, mesh, op_configs)
+        layer_of = layer_index(graph)
+        for i in set(layer_of.values()):
+            assignment[recompute_var(i)] = np.array([0])
+        for name in plan.get("recompute", []):
+            assignment[recompute_var(int(name.rsplit(".", 1)[1]))] = np.array([1])
+        zero = int(plan.get("zero_stage", 0))
+        kinds = tuple(sorted({op.kind for op in graph.ops})) + ("optimizer",)
+        axes = tuple(ax.name for ax in mesh.axes if ax.size > 1)
+
+        def run(setting: tuple[str, str]) -> dict[str, np.ndarray]:
+            ops, edges, buffers = self._price(key, resolved, mesh, zero, setting, kinds, axes)
+            return evaluate(ops, edges, buffers, assignment, layer_of)
+
+        none = run(("", ""))
+        base = float(none["time"][0])
+        compute = {k: float(run(("c", k))["time"][0]) - base for k in kinds}
+        comm = {a: float(run(("a", a))["time"][0]) - base for a in axes}
+        return PlanParts(base=base, compute={k: v for k, v in compute.items() if v > 0},
+                         comm={a: v for a, v in comm.items() if v > 0}, memory=float(none["memory"][0]))
+
+
+def _assignment(plan: dict[str, Any], graph, mesh, op_configs) -> dict[str, np.ndarray]:
+    """Configuration index per op from the Plan's per-op labels (layers of a block stack carry
+    layer 0's labels in their variant; indices are positional, so they transfer)."""
+    out: dict[str, np.ndarray] = {}
+
+    def index(op_name: str, config: list[str]) -> int:
+        op = graph.op(op_name)
+        cfg = tuple(None if c == "R" else c for c in config)
+        cfgs = op_configs(op, mesh)
+        if cfg not in cfgs:
+            raise InputError(f"the report's plan gives op {op_name!r} configuration {config}, which this "
+                             f"model and mesh do not offer")
+        return cfgs.index(cfg)
+
+    try:
+        for o in plan.get("ops", []):
+            out[o["op"]] = np.array([index(o["op"], o["config"])])
+        blocks = {b.prefix: b for b in graph.blocks}
+        for bp in plan.get("blocks", []):
+            b = blocks[bp["prefix"]]
+            for k, v in enumerate(bp["layer_variant"]):
+                for j, o in enumerate(bp["variants"][v]):
+                    out[b.layers[k][j]] = np.array([index(o["op"], o["config"])])
+    except KeyError as e:
+        raise InputError(f"the report's plan does not match the model: no {e}") from None
+    missing = [op.name for op in graph.ops if op.name not in out]
+    if missing:
+        raise InputError(f"the report's plan names no configuration for {len(missing)} ops (e.g. {missing[0]!r})")
+    return out
+
+
+# ---- fitting -----------------------------------------------------------------------------------
+@dataclass
+class CalibrationResult:
+    profile: DeviceProfile
+    runs: int
+    skipped: dict[str, str]
+    time_error_before: float
+    time_error_after: float
+    memory_error_before: float
+    memory_error_after: float
+
+    def line(self) -> str:
+        skipped = f"; {len(self.skipped)} skipped" if self.skipped else ""
+        return (f"calibrated from {self.runs} run{'s' if self.runs != 1 else ''}{skipped}: median time error "
+                f"{100 * self.time_error_before:.1f}% -> {100 * self.time_error_after:.1f}%, memory error "
+                f"{100 * self.memory_error_before:.1f}% -> {100 * self.memory_error_after:.1f}% (in-sample)")
+
+
+def fit_factors(parts: list[PlanParts], measured: list[float], prior_compute: dict[str, float],
+                prior_comm: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """Factors minimising the runs' squared relative time errors plus a pull towards the prior,
+    each kept within [FACTOR_MIN, FACTOR_MAX]."""
+    names = sorted({("c", k) for p in parts for k in p.compute} | {("a", a) for p in parts for a in p.comm})
+    if not names:
+        return dict(prior_compute), dict(prior_comm)
+    prior = np.array([(prior_compute if t == "c" else prior_comm).get(n, 1.0) for t, n in names])
+    X = np.array([[(p.compute if t == "c" else p.comm).get(n, 0.0) for t, n in names] for p in parts])
+    y = np.array(measured, dtype=float)
+    base = np.array([p.base for p in parts])
+    A = np.vstack([X / y[:, None], PRIOR_WEIGHT * np.eye(len(names))])
+    b = np.concatenate([(y - base) / y, PRIOR_WEIGHT * prior])
+    fixed: dict[int, float] = {}
+    theta = prior.copy()
+    for _ in range(len(names) + 1):  # active set: clamp out-of-bounds factors, solve for the rest
+        free = [j for j in range(len(names)) if j not in fixed]
+        if not free:
+            break
+        rhs = b - (A[:, list(fixed)] @ np.array(list(fixed.values())) if fixed else 0.0)
+        sol, *_ = np.linalg.lstsq(A[:, free], rhs, rcond=None)
+        theta[free] = sol
+        out = [j for j in free if not FACTOR_MIN <= theta[j] <= FACTOR_MAX]
+        if not out:
+            break
+        for j in out:
+            fixed[j] = float(np.clip(theta[j], FACTOR_MIN, FACTOR_MAX))
+    for j, v in fixed.items():
+        theta[j] = v
+    compute, comm = dict(prior_compute), dict(prior_comm)
+    for (t, n), v in zip(names, theta):
+        (compute if t == "c" else comm)[n] = float(v)
+    return compute, comm
+
+
+def _median_rel(pred: list[float], meas: list[float]) -> float:
+    return float(statistics.median(abs(p - m) / m for p, m in zip(pred, meas))) if meas else 0.0
+
+
+def calibrate(reports: list[dict[str, Any]], profile: DeviceProfile, names: list[str] | None = None
+              ) -> CalibrationResult:
+    """A calibrated copy of `profile` from measured runs (each a RunReport dict)."""
+    names = names or [f"report {i + 1}" for i in range(len(reports))]
+    cal0 = profile.calibration
+    c0 = dict(cal0.compute) if cal0 else {}
+    a0 = dict(cal0.comm) if cal0 else {}
+    o0 = float(cal0.memory_overhead_bytes) if cal0 else 0.0
+    recoster = Recoster(profile)
+    parts: list[PlanParts] = []
+    reps: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    for name, r in zip(names, reports):
+        r = check_report(r, name)
+        if r["plan"].get("device") != profile.device:
+            skipped[name] = f"ran on {r['plan'].get('device')!r}, the profile is of {profile.device!r}"
+            continue
+        try:
+            parts.append(recoster.parts(r["plan"]))
+        except InputError as e:
+            skipped[name] = str(e)
+            continue
+        reps.append(r)
+    if not parts:
+        why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
+        raise InputError(f"no run report could be used for calibration ({why})")
+    t_meas = [float(r["measured"]["time_s"]) for r in reps]
+    m_meas = [float(r["measured"]["memory_bytes"]) for r in reps]
+    compute, comm = fit_factors(parts, t_meas, c0, a0)
+    overhead = float(statistics.median(m - p.memory for m, p in zip(m_meas, parts)))
+    before_t = _median_rel([p.time(c0, a0) for p in parts], t_meas)
+    after_t = _median_rel([p.time(compute, comm) for p in parts], t_meas)
+    before_m = _median_rel([p.memory + o0 for p in parts], m_meas)
+    after_m = _median_rel([p.memory + overhead for p in parts], m_meas)
+    cal = Calibration(compute={k: round(v, 6) for k, v in compute.items()}, comm={k: round(v, 6) for k, v in comm.items()},
+                      memory_overhead_bytes=int(round(overhead)), reports=len(parts), time_error_before=before_t,
+                      time_error_after=after_t, memory_error_before=before_m, memory_error_after=after_m)
+    out = profile.model_copy(update={"calibration": cal}, deep=True)
+    return CalibrationResult(profile=out, runs=len(parts), skipped=skipped, time_error_before=before_t,
+                             time_error_after=after_t, memory_error_before=before_m, memory_error_after=after_m)

@@ -1,0 +1,458 @@
+"""Op timing: every distinct op signature the search will consider, forward and backward.
+
+What to time (`enumerate_signatures`): for each mesh the search tries (search.mesh.mesh_candidates)
+and each op in each of its configurations (search.mesh.op_configs), the op's signature at its
+local shapes (search.profile.op_signature). Repeated layers and meshes that give an op the same
+local shapes collapse to one signature, so a 24-layer model costs what one layer does.
+
+How (`time_signature`): a real torch op per kind at the local shapes - F.linear, F.embedding,
+layer/RMS/batch norm, scaled_dot_product_attention, the aten op of a pointwise node, cross
+entropy, convolution, pooling - run forward then backward (gradients for parameters and for
+inputs that come from another op), after warm-up, repeated, median and spread. On CPU the
+clock is perf_counter with torch's threads set as the worker runs them (one process per device,
+the cores shared); on CUDA, events around forward and backward. A pointwise op whose aten
+target cannot be called from its shapes alone is timed through a stand-in with the same shapes
+and memory traffic, and the entry says so (`proxy`).
+
+`profile_ops` times what a base profile does not hold yet, so a second model, or a rerun, times
+only what is new.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from search.cluster import Cluster
+from search.graph import Op, OpGraph
+from search.mesh import Config, Mesh, input_placement, mesh_candidates, op_configs, output_placement, param_placement
+from search.profile import LinearFit, OpEntry, Stat, is_causal, local_shape, op_signature, short_target, value_dtype
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "i64": torch.int64,
+                "i32": torch.int32, "bool": torch.bool}
+
+
+@dataclass
+class OpInstance:
+    """One signature to time, with the first (op, mesh, configuration) that produced it."""
+
+    signature: str
+    op: Op
+    mesh: Mesh
+    cfg: Config
+    count: int = 1  # (op, mesh, configuration) triples sharing this signature
+
+
+@dataclass
+class SignatureSet:
+    items: dict[str, OpInstance] = field(default_factory=dict)
+    instances: int = 0  # (op, mesh, configuration) triples seen, before deduplication
+
+    def add(self, other: SignatureSet) -> None:
+        for sig, inst in other.items.items():
+            if sig in self.items:
+                self.items[sig].count += inst.count
+            else:
+                self.items[sig] = inst
+        self.instances += other.instances
+
+
+def enumerate_signatures(graph: OpGraph, cluster: Cluster, precision: str, meshes: list[Mesh] | None = None,
+                         pipelines: list[tuple[OpGraph, Mesh]] | None = None) -> SignatureSet:
+    """The distinct op signatures the search will price for `graph` on `cluster`: on every
+    mesh, and for pipelines (`pipelines`, from `pipeline_graphs`) on every stage sub-mesh at
+    every micro-batch size."""
+    meshes = mesh_candidates(cluster) if meshes is None else meshes
+    out = SignatureSet()
+    for g, mesh in [(graph, m) for m in meshes] + list(pipelines or []):
+        for op in g.ops:
+            for cfg in op_configs(op, mesh):
+                sig = op_signature(op, mesh, cfg, precision)
+                out.instances += 1
+                if sig in out.items:
+                    out.items[sig].count += 1
+                else:
+                    out.items[sig] = OpInstance(sig, op, mesh, cfg)
+    return out
+
+
+def pipeline_graphs(graph: OpGraph, cluster: Cluster, job, zero_stages: tuple[int, ...] = (0, 1, 2, 3),
+                    allow_async: bool = False) -> list[tuple[OpGraph, Mesh]]:
+    """(micro-batch graph, stage sub-mesh) pairs the pipeline search prices ops on - the same
+    shapes search.pipesearch.search_pipelines walks (none when the graph cannot be pipelined)."""
+    from search.ft import find_chain
+    from search.pipesearch import micro_batch_graph, pipeline_shapes, unsupported
+
+    chain = find_chain(graph)
+    if chain is None or unsupported(graph, chain) is not None:
+        return []
+    graphs: dict[int, OpGraph] = {}
+    pairs: dict[tuple[int, Mesh], tuple[OpGraph, Mesh]] = {}
+    for shape in pipeline_shapes(cluster, job, len(chain.layers), zero_stages, allow_async):
+        m = shape.micro_batches
+        if m not in graphs:
+            graphs[m] = micro_batch_graph(graph, m)
+        pairs.setdefault((m, shape.mesh), (graphs[m], shape.mesh))
+    return list(pairs.values())
+
+
+# ---- building a runnable op --------------------------------------------------------------------
+@dataclass
+class Bench:
+    """A callable op with its leaf tensors: `fn()` runs the forward from them."""
+
+    fn: object
+    leaves: list[torch.Tensor]
+    proxy: bool = False
+
+
+def _dims_of(reduced_in: tuple[int, ...], out: tuple[int, ...]) -> tuple[list[int], bool]:
+    """Which dims a reduction removed (or kept at size 1), from the shapes."""
+    if len(out) == len(reduced_in):
+        return [i for i, (a, b) in enumerate(zip(reduced_in, out)) if a != b], True
+    dims, j = [], 0
+    for i, a in enumerate(reduced_in):
+        if j < len(out) and out[j] == a:
+            j += 1
+        else:
+            dims.append(i)
+    return dims, False
+
+
+def _conv_attrs(x_sp: tuple[int, ...], k_sp: tuple[int, ...], o_sp: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """Stride and padding that map input spatial sizes to the output's (dilation 1)."""
+    strides, pads = [], []
+    for h, k, o in zip(x_sp, k_sp, o_sp):
+        s = max(1, math.ceil(h / o)) if o > 1 else max(1, h)
+        p = 0
+        while p <= k and (h + 2 * p - k) // s + 1 < o:
+            p += 1
+        strides.append(s)
+        pads.append(p)
+    return strides, pads
+
+
+class _Factory:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def float(self, shape: tuple[int, ...], dtype: torch.dtype, grad: bool) -> torch.Tensor:
+        t = (torch.randn(shape, generator=self.gen) * 0.5).to(device=self.device, dtype=dtype)
+        return t.requires_grad_(grad)
+
+    def ints(self, shape: tuple[int, ...], high: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.randint(0, max(high, 1), shape, generator=self.gen).to(device=self.device, dtype=dtype)
+
+
+def build(inst: OpInstance, precision: str, device: torch.device | str = "cpu") -> Bench:
+    """A torch op computing what `inst` computes on one device, at its local shapes."""
+    op, mesh, cfg = inst.op, inst.mesh, inst.cfg
+    dev = torch.device(device)
+    fac = _Factory(dev)
+    in_shapes = [local_shape(t.shape, t.dims, input_placement(cfg, t), mesh) for t in op.inputs]
+    in_dt = [TORCH_DTYPES[value_dtype(t.dtype, precision)] for t in op.inputs]
+    p_shapes = [local_shape(p.shape, p.dims, param_placement(cfg, p.dims), mesh) for p in op.params]
+    p_dt = [TORCH_DTYPES[value_dtype(p.dtype, precision)] for p in op.params]
+    out_shape = local_shape(op.output.shape, op.output.dims, output_placement(cfg, op), mesh)
+    params = [fac.float(s, d, True) if d.is_floating_point else fac.ints(s, 2, d) for s, d in zip(p_shapes, p_dt)]
+    name = short_target(op.target)
+
+    def act(i: int, high: int = 2) -> torch.Tensor:
+        s, d = in_shapes[i], in_dt[i]
+        if d.is_floating_point:
+            return fac.float(s, d, op.inputs[i].source is not None)
+        return fac.ints(s, high, d)
+
+    kind = op.kind
+    if kind == "linear" and in_shapes and params:
+        x, w = act(0), params[0]
+        b = params[1] if len(params) > 1 else None
+        if w.dim() == 2 and w.shape[-1] == x.shape[-1]:
+            return Bench(lambda: F.linear(x, w, b), [x, *params])
+        return Bench(lambda: torch.matmul(x, w) + (b if b is not None else 0), [x, *params])
+    if kind == "matmul" and len(in_shapes) >= 2:
+        a, b2 = act(0), act(1)
+        return Bench(lambda: torch.matmul(a, b2), [a, b2])
+    if kind == "attention" and len(in_shapes) >= 3:
+        q, k, v = act(0), act(1), act(2)
+        causal = is_causal(op)
+        gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
+        return Bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa), [q, k, v])
+    if kind == "embedding" and params:
+        w = params[0]
+        ids = (act(0, high=w.shape[0]) if in_shapes else
+               (torch.arange(math.prod(out_shape[:-1]), device=dev) % w.shape[0]).reshape(out_shape[:-1]))
+        return Bench(lambda: F.embedding(ids, w), [w])
+    if kind == "norm" and in_shapes:
+        x = act(0)
+        w = params[0] if params else None
+        b = params[1] if len(params) > 1 else None
+        if "batch_norm" in name:
+            return Bench(lambda: F.batch_norm(x, None, None, w, b, training=True), [x, *params])
+        if "group_norm" in name:
+            c = x.shape[1]
+            groups = 32 if c % 32 == 0 else 1
+            return Bench(lambda: F.group_norm(x, groups, w, b), [x, *params])
+        shape = tuple(w.shape) if w is not None else tuple(x.shape[-1:])
+        if "rms" in name:
+            return Bench(lambda: F.rms_norm(x, shape, w), [x, *params])
+        return Bench(lambda: F.layer_norm(x, shape, w, b), [x, *params])
+    if kind == "softmax" and in_shapes:
+        x = act(0)
+        f = torch.log_softmax if "log" in name else torch.softmax
+        return Bench(lambda: f(x, -1), [x])
+    if kind == "reduce" and in_shapes:
+        x = act(0)
+        dims, keep = _dims_of(tuple(x.shape), out_shape)
+        red = {"mean": torch.mean, "amax": torch.amax, "amin": torch.amin}.get(name, torch.sum)
+        if not dims:
+            return Bench(lambda: red(x), [x])
+        return Bench(lambda: red(x, dim=dims, keepdim=keep), [x])
+    if kind == "loss" and in_shapes:
+        logits = act(0)
+        c = logits.shape[-1] if logits.dim() > 1 else 2
+        tgt = act(1, high=c) if len(in_shapes) > 1 and not in_dt[1].is_floating_point else fac.ints(
+            tuple(logits.shape[:-1]), c)
+        return Bench(lambda: F.cross_entropy(logits.reshape(-1, c), tgt.reshape(-1)), [logits])
+    if kind == "conv" and in_shapes and params:
+        x, w = act(0), params[0]
+        b = params[1] if len(params) > 1 else None
+        nd = x.dim() - 2
+        strides, pads = _conv_attrs(tuple(x.shape[2:]), tuple(w.shape[2:]), out_shape[2:])
+        groups = max(1, x.shape[1] // max(w.shape[1], 1))
+        conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}.get(nd, F.conv2d)
+        return Bench(lambda: conv(x, w, b, strides, pads, 1, groups), [x, *params])
+    if kind == "pool" and in_shapes:
+        x = act(0)
+        sp_in, sp_out = tuple(x.shape[2:]), out_shape[2:]
+        if "adaptive" in name:
+            f = F.adaptive_max_pool2d if "max" in name else F.adaptive_avg_pool2d
+            return Bench(lambda: f(x, sp_out), [x])
+        ks = [max(1, i // max(o, 1)) for i, o in zip(sp_in, sp_out)]
+        f = F.max_pool2d if "max" in name else F.avg_pool2d
+        if x.dim() == 3:
+            f = F.max_pool1d if "max" in name else F.avg_pool1d
+        return Bench(lambda: f(x, ks, ks), [x])
+    return _pointwise(op, name, [act(i) for i in range(len(in_shapes))], params, out_shape)
+
+
+def _pointwise(op: Op, name: str, acts: list[torch.Tensor], params: list[torch.Tensor],
+               out_shape: tuple[int, ...]) -> Bench:
+    """An elementwise (or opaque) node: its aten op when its shapes say how to call it, else a
+    stand-in that reads every operand and writes the output (the memory traffic of a pointwise op)."""
+    operands = [*acts, *params]
+    leaves = [t for t in operands if t.is_floating_point()]
+    if name == "cat" and acts:
+        d = next((i for i in range(len(out_shape)) if sum(a.shape[i] for a in acts) == out_shape[i]
+                  and any(a.shape[i] != out_shape[i] for a in acts)), 0)
+        return Bench(lambda: torch.cat(acts, d), leaves)
+    if name in ("to", "_to_copy") and acts:
+        x = acts[0]
+        return Bench(lambda: x.to(torch.float32), leaves)
+    if "dropout" in name and acts:
+        x = acts[0]
+        return Bench(lambda: F.dropout(x, 0.1, training=True), leaves)
+    packet = getattr(torch.ops.aten, name, None) if name.isidentifier() else None
+    if packet is not None and operands:
+        for args in (operands, [*operands, 0.5]):
+            try:
+                with torch.no_grad():
+                    out = packet(*[a.detach() if isinstance(a, torch.Tensor) else a for a in args])
+            except Exception:  # noqa: BLE001 - not callable from shapes alone: use the stand-in
+                continue
+            out0 = out[0] if isinstance(out, (tuple, list)) else out
+            if isinstance(out0, torch.Tensor) and tuple(out0.shape) == tuple(out_shape):
+                def fn(args=args):
+                    r = packet(*args)
+                    return r[0] if isinstance(r, (tuple, list)) else r
+                return Bench(fn, leaves)
+    return _stand_in(operands, leaves, out_shape)
+
+
+def _stand_in(operands: list[torch.Tensor], leaves: list[torch.Tensor], out_shape: tuple[int, ...]) -> Bench:
+    floats = [t for t in operands if t.is_floating_point()]
+    numel = max(math.prod(out_shape), 1)
+
+    def fn():
+        acc = None
+        for t in floats:  # read each operand once, reduce it to the output size
+            flat = t.reshape(-1)
+            part = flat[:numel] if flat.numel() >= numel else flat.repeat(math.ceil(numel / max(flat.numel(), 1)))[:numel]
+            acc = part * 0.5 if acc is None else acc + part
+        if acc is None:
+            return torch.zeros(out_shape)
+        return acc.reshape(out_shape)
+
+    return Bench(fn, leaves, proxy=True)
+
+
+# ---- timing --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """Run with `n` intra-op threads (the worker's setting per rank), then restore."""
+    if n is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(max(1, n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+class _Clock:
+    """Seconds of the forward and the backward of one iteration: perf_counter on CPU (ops
+    there are synchronous), CUDA events on a GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+
+    def mark(self, i: int) -> float:
+        if self.cuda:
+            self.ev[i].record()
+            return 0.0
+        return time.perf_counter()
+
+    def elapsed(self, marks: list[float]) -> tuple[float, float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return self.ev[0].elapsed_time(self.ev[1]) / 1e3, self.ev[1].elapsed_time(self.ev[2]) / 1e3
+        return marks[1] - marks[0], marks[2] - marks[1]
+
+
+def time_bench(bench: Bench, device: torch.device | str = "cpu", repeats: int = 10, min_repeats: int = 3,
+               budget_s: float = 0.2) -> tuple[list[float], list[float]]:
+    """Forward and backward seconds per repeat after warm-up. The number of repeats adapts to
+    the op: as many as fit `budget_s` (from the warm-up's duration), between `min_repeats` and
+    `repeats`."""
+    dev = torch.device(device)
+    clock = _Clock(dev)
+    grad_out: list[torch.Tensor | None] = [None]
+
+    def once() -> tuple[float, float]:
+        for t in bench.leaves:
+            t.grad = None
+        m0 = clock.mark(0)
+        out = bench.fn()
+        m1 = clock.mark(1)
+        if out.requires_grad:
+            if grad_out[0] is None:
+                grad_out[0] = torch.randn_like(out) if out.dim() else torch.ones_like(out)
+            torch.autograd.backward(out, grad_out[0])
+        m2 = clock.mark(2)
+        return clock.elapsed([m0, m1, m2])
+
+    t0 = time.perf_counter()
+    once()  # warm-up: kernels selected, caches filled, grad buffers shaped
+    first = time.perf_counter() - t0
+    if first < budget_s / 4:
+        t0 = time.perf_counter()
+        once()
+        first = time.perf_counter() - t0
+    n = int(min(max(min_repeats, budget_s // max(first, 1e-9)), max(repeats, min_repeats)))
+    fwd, bwd = [], []
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(n):
+            f, b = once()
+            fwd.append(f)
+            bwd.append(b)
+    finally:
+        if gc_was:
+            gc.enable()
+    return fwd, bwd
+
+
+def _stat(xs: list[float]) -> Stat:
+    s = sorted(xs)
+    n = len(s)
+    med = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+    return Stat(median=max(med, 0.0), lo=max(s[0], 0.0), hi=max(s[-1], 0.0))
+
+
+def time_signature(inst: OpInstance, precision: str, device: torch.device | str = "cpu", repeats: int = 10,
+                   budget_s: float = 0.2) -> OpEntry:
+    bench = build(inst, precision, device)
+    fwd, bwd = time_bench(bench, device, repeats=repeats, budget_s=budget_s)
+    return OpEntry(kind=inst.op.kind, fwd=_stat(fwd), bwd=_stat(bwd), samples=len(fwd), proxy=bench.proxy)
+
+
+@dataclass
+class OpsResult:
+    entries: dict[str, OpEntry]  # the newly timed signatures
+    total: int                   # distinct signatures asked for
+    timed: int
+    reused: int                  # already in the base profile
+    failed: dict[str, str]       # signature -> why it could not be timed (left to the roofline)
+    seconds: float
+
+
+def profile_ops(sigs: SignatureSet, precision: str, base: dict[str, OpEntry] | None = None,
+                device: torch.device | str = "cpu", repeats: int = 10, threads: int | None = None,
+                budget_s: float = 0.2, progress: bool = True) -> OpsResult:
+    """Time every signature of `sigs` that `base` does not already hold."""
+    base = base or {}
+    todo = [inst for sig, inst in sigs.items.items() if sig not in base]
+    entries: dict[str, OpEntry] = {}
+    failed: dict[str, str] = {}
+    start = time.perf_counter()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), desc="op signatures", unit="sig", leave=False)
+    with torch_threads(threads):
+        for inst in todo:
+            try:
+                entries[inst.signature] = time_signature(inst, precision, device, repeats, budget_s)
+            except (RuntimeError, ValueError, TypeError, IndexError) as e:
+                failed[inst.signature] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return OpsResult(entries=entries, total=len(sigs.items), timed=len(entries), reused=len(sigs.items) - len(todo),
+                     failed=failed, seconds=time.perf_counter() - start)
+
+
+# ---- the optimizer step --------------------------------------------------------------------------
+def time_optimizer(precision: str, device: torch.device | str = "cpu", sizes: tuple[int, ...] = (1 << 14, 1 << 18, 1 << 21),
+                   repeats: int = 5, threads: int | None = None) -> LinearFit:
+    """One AdamW step over n parameter elements (fp32 master weights; under bf16/fp16 also the
+    copy back to the low-precision weights), fitted over n."""
+    from profiler.fit import linear_fit
+
+    dev = torch.device(device)
+    low = TORCH_DTYPES[precision]
+    times = []
+    with torch_threads(threads):
+        for n in sizes:
+            p = torch.zeros(n, device=dev, requires_grad=True)
+            p.grad = torch.randn(n, device=dev) * 1e-3
+            model = torch.zeros(n, device=dev, dtype=low) if low != torch.float32 else None
+            opt = torch.optim.AdamW([p], lr=1e-3, foreach=True)
+            samples = []
+            for i in range(repeats + 1):
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                opt.step()
+                if model is not None:
+                    model.copy_(p.detach())
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                if i:
+                    samples.append(time.perf_counter() - t0)
+            times.append(sorted(samples)[len(samples) // 2])
+    return linear_fit(list(sizes), times)
