@@ -1,0 +1,73 @@
+"""The plan families the faithfulness tests run, as Plans (4 processes each).
+
+Data-parallel, FSDP and Megatron plans are the search's own baselines (search/baselines.py) for
+the 'cpu' catalog device; pipeline plans are those Plans with the mesh's pp axis and a
+PipelineSpec set by hand (the search does not emit pipeline plans yet).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from search.api import SearchRequest, run_search
+from search.plan import AxisSpec, MeshSpec, PipelineSpec, Plan
+
+
+@cache
+def baselines(model: str, devices: int, batch: int = 8) -> dict[str, Plan]:
+    o = run_search(SearchRequest(model=model, device="cpu", devices=devices, devices_per_node=devices,
+                                 global_batch=batch, precision="fp32"))
+    return {b.name: Plan.model_validate(b.plan) for b in o.report.baselines}
+
+
+def baseline(model: str, name: str, devices: int = 4) -> Plan:
+    bases = baselines(model, devices)
+    return bases[name] if name in bases else bases[next(n for n in bases if n.startswith(name))]
+
+
+def pipelined(plan: Plan, pp: int, schedule: str, micro_batches: int, layers: int = 2) -> Plan:
+    """`plan` with pp pipeline stages in front of its own axes (so pp x its devices in all)."""
+    axes = [AxisSpec(name=a.name, size=a.size, stride=a.stride * 1) for a in plan.mesh.axes]
+    data = 1
+    for a in axes:  # axes on which the plan's ops split the batch (its summary says so)
+        data *= a.size if f"{a.name}: batch" in plan.summary else 1
+    per = layers // pp
+    stage_layers = [[s * per, (s + 1) * per if s < pp - 1 else layers] for s in range(pp)]
+    return plan.model_copy(update={
+        "num_devices": plan.num_devices * pp,
+        "mesh": MeshSpec(pp=pp, axes=axes),
+        "pipeline": PipelineSpec(stages=pp, schedule=schedule, micro_batches=micro_batches,
+                                 micro_batch_size=plan.global_batch // (data * micro_batches),
+                                 stage_layers=stage_layers),
+        "summary": f"{plan.summary} | pp{pp} {schedule} x{micro_batches}",
+    })
+
+
+def with_zero(plan: Plan, zero: int) -> Plan:
+    return plan.model_copy(update={"zero_stage": zero, "summary": f"{plan.summary} | zero{zero}"})
+
+
+def cnn(name: str) -> Plan:
+    return baseline("cnn-tiny", name)
+
+
+def families() -> dict[str, Plan]:
+    """name -> Plan on 4 processes."""
+    g, l = "gpt2-tiny", "llama-tiny"
+    return {
+        "dp": baseline(g, "data-parallel"),
+        "fsdp": baseline(g, "fsdp"),
+        "zero1": with_zero(baseline(g, "data-parallel"), 1),
+        "zero2": with_zero(baseline(l, "data-parallel"), 2),
+        "tp": baseline(g, "megatron-tp4-dp"),
+        "tp+sp": baseline(g, "megatron-tp4-sp-dp"),
+        "dp x tp": baseline(l, "megatron-tp2-dp"),
+        "dp x tp+sp fsdp": with_zero(baseline(l, "megatron-tp2-sp-dp"), 3),
+        "pp gpipe": pipelined(baseline(g, "data-parallel", 2), 2, "gpipe", 2),
+        "pp 1f1b": pipelined(baseline(g, "data-parallel", 2), 2, "1f1b", 2),
+        "pp x tp": pipelined(baseline(g, "megatron-tp2-dp", 2), 2, "1f1b", 2),
+        "pp x fsdp": pipelined(baseline(l, "fsdp", 2), 2, "1f1b", 2),
+        "recompute": baseline(g, "fsdp+recompute"),
+        "tp+recompute": baseline(g, "megatron-tp4-dp+recompute"),
+        "cnn dp": cnn("data-parallel"),
+    }

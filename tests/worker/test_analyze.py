@@ -1,0 +1,95 @@
+"""Plans the executor cannot run as planned are refused before launch, naming the op or reason;
+the ones it can are mapped onto the torch APIs the module docstrings promise."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+from families import baseline, pipelined
+
+from search.api import SearchRequest, run_search
+from search.plan import Plan
+from worker.analyze import Unsupported, analyze
+from worker.launch import check_capacity
+
+
+@cache
+def gpt2_frontier() -> list[Plan]:
+    o = run_search(SearchRequest(model="gpt2-tiny", device="cpu", devices=4, devices_per_node=4, global_batch=8,
+                                 precision="fp32"))
+    return o.plans
+
+
+def test_mixed_axis_is_refused_naming_the_op():
+    """The search's fastest gpt2-tiny plans split the batch on dp for most ops but one embedding's
+    hidden size on the same axis: not expressible as DDP/FSDP + parallelize_module."""
+    plan = next(p for p in gpt2_frontier() if "dp: batch" in p.summary and "col" in p.summary)
+    with pytest.raises(Unsupported, match=r"op '(pos|tok)_emb:embedding' splits 'hidden' on mesh axis"):
+        analyze(plan)
+
+
+def test_2bw_is_refused_naming_1f1b():
+    plan = pipelined(baseline("gpt2-tiny", "data-parallel", 2), 2, "1f1b", 2)
+    plan = plan.model_copy(update={"pipeline": plan.pipeline.model_copy(update={"schedule": "2bw", "async_weights": True})})
+    with pytest.raises(Unsupported, match="nearest executable schedule is 1F1B"):
+        analyze(plan)
+
+
+def test_1f1b_with_too_few_micro_batches_is_refused():
+    plan = pipelined(baseline("gpt2-tiny", "data-parallel", 2), 2, "1f1b", 1)
+    with pytest.raises(Unsupported, match="1F1B needs at least as many micro-batches"):
+        analyze(plan)
+
+
+def test_unknown_recompute_module_is_refused():
+    plan = baseline("gpt2-tiny", "data-parallel").model_copy(update={"recompute": ["blocks.7"]})
+    with pytest.raises(Unsupported, match="'blocks.7'"):
+        analyze(plan)
+
+
+def test_plan_for_another_model_is_refused():
+    plan = baseline("gpt2-tiny", "data-parallel").model_copy(update={"model": "llama-tiny"})
+    with pytest.raises(Unsupported, match="block stack|no configuration for op"):
+        analyze(plan)
+
+
+def test_megatron_sp_maps_onto_parallelize_module_styles():
+    spec = analyze(baseline("gpt2-tiny", "megatron-tp4-sp-dp"))
+    by_module = {(s.module, s.style): s for s in spec.styles}
+    assert by_module[("blocks.0.attn.q", "colwise")]
+    assert by_module[("blocks.0.attn.o", "rowwise")].output_layout == "Shard(1)"  # reduce-scatter into SP
+    assert by_module[("blocks.0.ln1", "sequence")].sequence_dim == 1
+    gather = by_module[("blocks.0.attn", "prepare_input")]  # one all-gather for q, k and v
+    assert (gather.input_layout, gather.desired_input_layout, gather.use_local_output) == ("Shard(1)", "Replicate()", False)
+    assert by_module[("tok_emb", "prepare_output")].desired_output_layout == "Shard(1)"
+    assert [d.name for d in spec.mesh] == ["tp"] and spec.data_parallel == "none"
+
+
+def test_zero_stages_map_to_data_parallel_apis():
+    plan = baseline("gpt2-tiny", "data-parallel")
+    got = {z: (s.data_parallel, s.reshard_after_forward)
+           for z in range(4) for s in [analyze(plan.model_copy(update={"zero_stage": z}))]}
+    assert got == {0: ("ddp", False), 1: ("zero1", False), 2: ("fsdp", False), 3: ("fsdp", True)}
+
+
+def test_axes_are_named_by_role_not_by_plan_name():
+    """A plan that splits the batch on the axis the search calls 'tp' runs it as data parallelism."""
+    o = run_search(SearchRequest(model="llama-tiny", device="cpu", devices=4, devices_per_node=4, global_batch=8,
+                                 precision="fp32"))
+    plan = next(p for p in o.plans if "tp: batch" in p.summary)
+    spec = analyze(plan)
+    assert [(d.name, d.role, d.plan_axes) for d in spec.mesh] == [("dp", "data", ["tp"])]
+
+
+def test_too_many_processes_are_refused_before_launch():
+    spec = analyze(baseline("gpt2-tiny", "data-parallel"))
+    with pytest.raises(Unsupported, match="needs 4 processes .* hosts at most 2"):
+        check_capacity(spec, "cpu", max_procs=2)
+
+
+def test_too_much_memory_is_refused_before_launch():
+    spec = analyze(baseline("gpt2-tiny", "data-parallel"))
+    spec = spec.model_copy(update={"predicted_memory_bytes": 2**50})
+    with pytest.raises(Unsupported, match="of memory .* available"):
+        check_capacity(spec, "cpu")

@@ -1,0 +1,543 @@
+"""From a Plan to what each rank executes, or a refusal that names the op (before any launch).
+
+The Plan configures every op on every mesh axis (DESIGN.md 3). torch's parallel APIs work per
+module and per mesh dimension, so each axis of size > 1 must take one *role*:
+
+- data: every op splits the batch on it (ops without a batch dimension, such as a position
+  embedding, replicate). Runs as DDP / ZeRO / FSDP over that mesh dimension.
+- tensor: no op splits the batch on it; ops split their own dimensions (column, row, heads,
+  sequence) or replicate. Runs as ``parallelize_module`` styles over that mesh dimension.
+- replicate: every op replicates: every rank of the axis computes the same thing.
+
+An axis mixing roles (say, the batch for most ops and the hidden size of one embedding) has no
+expression in those APIs and is refused, naming the first op that breaks the axis' role.
+
+On the tensor axis the styles come from the ops' configurations: a Linear whose weight is split on
+its output features is ``ColwiseParallel``, on its input features ``RowwiseParallel``; an
+Embedding split on the vocabulary is ``RowwiseParallel``, on the hidden size ``ColwiseParallel``;
+a norm split on the sequence is ``SequenceParallel``. Every edge on which the Plan changes a
+tensor's placement must be carried by a module boundary: ``PrepareModuleInput`` on the outermost
+module that contains the consumer but not the producer (so a module that reads its input's shape,
+as attention does, sees the redistributed tensor), else the producer's own style or
+``PrepareModuleOutput``. Ops between modules run on local shards and must need no communication.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from functools import lru_cache
+
+import torch
+from torch import nn
+
+from search.costmodel import COLLECTIVE_NAMES, NONE, forward_collective
+from search.errors import InputError
+from search.graph import Op, OpGraph
+from search.mesh import (
+    input_grad_placement,
+    input_placement,
+    output_grad_placement,
+    output_placement,
+    param_placement,
+)
+from search.plan import Plan
+from search.zoo import TEST_MODELS, ZOO, ModelSpec
+from worker.spec import ExecSpec, ExpectedComm, MeshDim, PipelineExec, StyleSpec
+from worker.stages import split_of
+
+
+class Unsupported(InputError):
+    """The Plan (or this machine) cannot be executed as planned; the message says why."""
+
+
+STYLE_KINDS = {"linear": (nn.Linear,), "embedding": (nn.Embedding,), "norm": (nn.LayerNorm, nn.RMSNorm)}
+ROLE_DIM = {"data": "dp", "tensor": "tp", "replicate": "rep"}
+
+
+def model_spec(name: str) -> ModelSpec:
+    spec = ZOO.get(name) or TEST_MODELS.get(name)
+    if spec is None:
+        raise Unsupported(f"model {name!r} is not in the zoo: the worker rebuilds the model by name "
+                          f"(known: {', '.join([*ZOO, *TEST_MODELS])})")
+    return spec
+
+
+def op_configs(plan: Plan, graph: OpGraph) -> dict[str, tuple[str | None, ...]]:
+    """Every graph op's configuration from the Plan (layer i of a stack reads its variant, whose
+    ops carry layer 0's names)."""
+    out: dict[str, tuple[str | None, ...]] = {}
+    for o in plan.ops:
+        out[o.op] = tuple(None if c == "R" else c for c in o.config)
+    for bp in plan.blocks:
+        info = next((b for b in graph.blocks if b.prefix == bp.prefix), None)
+        if info is None or len(info.layers) != len(bp.layer_variant):
+            raise Unsupported(f"plan's block stack {bp.prefix!r} does not match the model's")
+        zero = f"{bp.prefix}.0."
+        for i, (names, v) in enumerate(zip(info.layers, bp.layer_variant)):
+            variant = bp.variants[v]
+            if len(variant) != len(names):
+                raise Unsupported(f"plan's block stack {bp.prefix!r}: a layer variant has {len(variant)} ops, "
+                                  f"the model's layers {len(names)}")
+            mine = f"{bp.prefix}.{i}."
+            for name, o in zip(names, variant):
+                # a variant is written in layer 0's names, its dimension labels too ('blocks.0.mlp.fc1.weight/d0')
+                out[name] = tuple(None if c == "R" else (mine + c[len(zero):] if c.startswith(zero) else c)
+                                  for c in o.config)
+    missing = [op.name for op in graph.ops if op.name not in out]
+    if missing:
+        raise Unsupported(f"plan has no configuration for op {missing[0]!r} of model {plan.model!r} "
+                          f"(was it made for another model or batch?)")
+    return out
+
+
+def dtensor(code: str, dims: tuple[str, ...]) -> str:
+    """A placement code of search.mesh ('R', 'P', 'S:label') in DTensor's vocabulary for a tensor
+    with these dimension labels."""
+    if code == "R":
+        return "Replicate()"
+    if code == "P":
+        return "Partial()"
+    label = code[2:]
+    if label not in dims:
+        raise Unsupported(f"label {label!r} is not a dimension of the tensor at a module boundary")
+    return f"Shard({dims.index(label)})"
+
+
+# ---- roles ------------------------------------------------------------------------------------
+def axis_role(graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]], a: int, axis_name: str) -> str:
+    batch = graph.batch_label
+    users = Counter("batch" if c[a] == batch else "other" for c in cfgs.values() if c[a] is not None)
+    if not users:
+        return "replicate"
+    if users["batch"] and users["other"]:
+        odd = next(op for op in graph.ops if cfgs[op.name][a] not in (None, batch))
+        raise Unsupported(
+            f"op {odd.name!r} splits {cfgs[odd.name][a]!r} on mesh axis {axis_name!r} while {users['batch']} ops "
+            f"split the batch on it: data parallelism (DDP/FSDP) and tensor parallelism (parallelize_module) "
+            f"need separate mesh axes")
+    if users["batch"]:
+        for op in graph.ops:  # a replicated op on a data axis must not read the split batch
+            if cfgs[op.name][a] is None and (batch in op.output.dims or any(batch in t.dims for t in op.inputs)):
+                raise Unsupported(
+                    f"op {op.name!r} replicates on mesh axis {axis_name!r} while the other ops split the batch "
+                    f"on it: that needs the whole batch's activations on every rank, which data parallelism "
+                    f"does not gather")
+        return "data"
+    return "tensor"
+
+
+def runtime_mesh(plan: Plan, roles: list[str]) -> list[MeshDim]:
+    """pp outermost, then the plan's axes in device order, adjacent axes of one role merged."""
+    dims: list[MeshDim] = [MeshDim(name="pp", size=plan.mesh.pp, role="pp", plan_axes=["pp"])] if plan.mesh.pp > 1 else []
+    ordered = sorted(zip(plan.mesh.axes, roles), key=lambda x: -x[0].stride)
+    for ax, role in ordered:
+        if ax.size == 1:
+            continue
+        if dims and dims[-1].role == role:
+            last = dims.pop()
+            dims.append(MeshDim(name=last.name, size=last.size * ax.size, role=role,
+                                plan_axes=[*last.plan_axes, ax.name]))
+        else:
+            dims.append(MeshDim(name=ROLE_DIM[role], size=ax.size, role=role, plan_axes=[ax.name]))
+    names = [d.name for d in dims]
+    for n in set(names):
+        if names.count(n) > 1:
+            role = next(d.role for d in dims if d.name == n)
+            raise Unsupported(f"the plan uses two separate mesh axes as {role} axes "
+                              f"({', '.join(a for d in dims if d.name == n for a in d.plan_axes)}) "
+                              f"with another axis between them; the executor maps each role to one mesh dimension")
+    return dims
+
+
+# ---- the tensor axis --------------------------------------------------------------------------
+class _Modules:
+    """The model's module tree (built on meta): leaves, containers, ancestors."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.by_name = dict(model.named_modules())
+
+    def is_leaf(self, fqn: str) -> bool:
+        m = self.by_name.get(fqn)
+        return m is not None and fqn != "" and not any(True for _ in m.children())
+
+    def ancestors(self, fqn: str) -> list[str]:
+        """Callable modules containing `fqn` (itself included), outermost first, root excluded."""
+        if not fqn:
+            return []
+        parts = fqn.split(".")
+        out = []
+        for i in range(1, len(parts) + 1):
+            name = ".".join(parts[:i])
+            m = self.by_name.get(name)
+            if m is not None and not isinstance(m, (nn.ModuleList, nn.ModuleDict)):
+                out.append(name)
+        return out
+
+
+class _TensorAxis:
+    def __init__(self, graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]], a: int, axis: str,
+                 modules: _Modules, zero: int) -> None:
+        self.g, self.cfgs, self.a, self.axis, self.mods, self.zero = graph, cfgs, a, axis, modules, zero
+        self.ops = {op.name: op for op in graph.ops}
+        self.per_module = Counter(op.module for op in graph.ops)
+        self.consumers = graph.consumers()
+        self.styles: dict[str, StyleSpec] = {}      # by op name: the op's own module style
+        self.extra: list[StyleSpec] = []           # PrepareModuleInput/Output, in application order
+        self.where: dict[tuple[str, str], str] = {}  # (producer, consumer) -> module that redistributes
+        self.entries: dict[str, tuple[str, str]] = {}  # module -> (producer, target code)
+        self.exits: dict[str, str] = {}              # producer -> target code
+
+    # placements on this axis, as codes 'R' | 'P' | 'S:label'
+    def out(self, op: Op) -> str:
+        return output_placement(self.cfgs[op.name], op)[self.a]
+
+    def inp(self, op: Op, i: int) -> str:
+        return input_placement(self.cfgs[op.name], op.inputs[i])[self.a]
+
+    def label(self, op: Op) -> str | None:
+        return self.cfgs[op.name][self.a]
+
+    def own_leaf(self, op: Op) -> bool:
+        """The op is the only op of a leaf module: its module boundary is the op's boundary."""
+        return self.mods.is_leaf(op.module) and self.per_module[op.module] == 1
+
+    def style_of(self, op: Op) -> str | None:
+        lab = self.label(op)
+        if lab is None:
+            return None
+        if op.params and not (op.kind in STYLE_KINDS and self.own_leaf(op)
+                              and isinstance(self.mods.by_name[op.module], STYLE_KINDS[op.kind])):
+            raise Unsupported(f"op {op.name!r} ({op.kind}) splits {lab!r} on tensor axis {self.axis!r}: "
+                              f"parallelize_module has no style for this module")
+        if op.kind not in STYLE_KINDS or not op.params:
+            return None
+        w = op.params[0]
+        wp = param_placement(self.cfgs[op.name], w.dims)[self.a]
+        x = op.inputs[0].dims if op.inputs else ()
+        if op.kind == "linear":
+            if wp == f"S:{w.dims[0]}" and op.output.dims[-1] == lab:
+                return "colwise"
+            if len(w.dims) > 1 and wp == f"S:{w.dims[1]}" and x and x[-1] == lab:
+                return "rowwise"
+        elif op.kind == "embedding":
+            if wp == f"S:{w.dims[0]}":
+                return "rowwise"
+            if len(w.dims) > 1 and wp == f"S:{w.dims[1]}" and op.output.dims[-1] == lab:
+                return "colwise"
+        elif op.kind == "norm" and wp == "R" and lab in x:
+            return "sequence"
+        raise Unsupported(f"op {op.name!r} ({op.kind}) splits {lab!r} on tensor axis {self.axis!r} in a way no "
+                          f"parallelize_module style expresses (Colwise/Rowwise for Linear and Embedding, "
+                          f"SequenceParallel for norms)")
+
+    def natural(self, op: Op, style: str) -> tuple[str, str]:
+        """(input, output) placement codes a style computes with."""
+        lab = self.label(op)
+        if style == "colwise":
+            return "R", f"S:{lab}" if op.kind == "linear" else f"S:{op.params[0].dims[1]}"
+        if style == "rowwise":
+            return ("R", "P") if op.kind == "embedding" else (f"S:{lab}", "P")
+        return f"S:{lab}", f"S:{lab}"  # sequence
+
+    def check_params(self, op: Op, style: str) -> None:
+        """The Plan's parameter placements must be the ones the style produces."""
+        for i, p in enumerate(op.params):
+            want = param_placement(self.cfgs[op.name], p.dims)[self.a]
+            if style == "colwise":
+                got = f"S:{p.dims[0]}" if op.kind == "linear" else f"S:{p.dims[-1]}"
+            elif style == "rowwise":
+                got = f"S:{p.dims[1 if op.kind == 'linear' else 0]}" if (i == 0 or op.kind == "embedding") else "R"
+            else:
+                got = "R"
+            if want != got:
+                raise Unsupported(f"op {op.name!r}: the plan places {p.name} as {want} on tensor axis {self.axis!r}, "
+                                  f"but {style} parallelism places it as {got}")
+
+    def build(self) -> None:
+        for op in self.g.ops:
+            style = self.style_of(op)
+            if style is None:
+                if self.label(op) is not None and self.out(op) == "P":
+                    raise Unsupported(f"op {op.name!r} ({op.kind}) would leave a partial sum on tensor axis "
+                                      f"{self.axis!r} outside any module boundary where a style could reduce it")
+                continue
+            self.check_params(op, style)
+            nat_in, nat_out = self.natural(op, style)
+            if nat_out != self.out(op) or (op.inputs and nat_in != self.inp(op, 0)):
+                raise Unsupported(f"op {op.name!r}: its placements on tensor axis {self.axis!r} are not those of "
+                                  f"{style} parallelism")
+            spec = StyleSpec(module=op.module, style=style, ops=[op.name], use_local_output=True)
+            if style == "sequence":
+                spec.sequence_dim = op.inputs[0].dims.index(self.label(op))
+            if style == "rowwise":
+                spec.output_layout = "Partial()"  # kept partial unless an edge below says otherwise
+            self.styles[op.name] = spec
+        for v in self.g.ops:
+            for i, t in enumerate(v.inputs):
+                src = self.out(self.ops[t.source]) if t.source else "R"  # graph inputs: every rank loads them
+                dst = self.inp(v, i)
+                if src != dst:
+                    self.redistribute(self.ops.get(t.source) if t.source else None, v, i, src, dst)
+        for op in self.g.ops:
+            st = self.styles.get(op.name)
+            if st and st.style == "rowwise" and st.output_layout == "Partial()":
+                raise Unsupported(f"op {op.name!r} (row-parallel) leaves a partial sum that no consumer reduces")
+
+    def redistribute(self, u: Op | None, v: Op, i: int, src: str, dst: str) -> None:
+        """Carry the edge u -> v (input i) from placement src to dst at a module boundary."""
+        key = (u.name if u else f"<input {i}>", v.name)
+        if u is not None and u.name in self.exits:  # already converted where it leaves its module
+            if self.exits[u.name] != dst:
+                raise Unsupported(f"the output of {u.name!r} is needed in two placements on tensor axis "
+                                  f"{self.axis!r} ({self.exits[u.name]} and {dst} by {v.name!r})")
+            self.where[key] = u.module
+            return
+        ua = self.mods.ancestors(u.module) if u else []
+        entry = [m for m in self.mods.ancestors(v.module) if m not in ua]
+        if entry:
+            m_in = entry[0]
+            prev = self.entries.get(m_in)
+            pname = u.name if u else f"<input {i}>"
+            if prev is not None:
+                if prev != (pname, dst):
+                    raise Unsupported(f"module {m_in!r} receives two tensors that the plan redistributes "
+                                      f"(from {prev[0]!r} and {pname!r}); PrepareModuleInput here handles one")
+                self.where[key] = m_in
+                return
+            inside = [self.ops[c] for c, _ in self.consumers[u.name]] if u else [v]
+            inside = [w for w in inside if m_in in self.mods.ancestors(w.module)]
+            for w in inside:
+                for j, tw in enumerate(w.inputs):
+                    if (tw.source == (u.name if u else None)) and self.inp(w, j) != dst:
+                        raise Unsupported(f"ops {v.name!r} and {w.name!r} inside module {m_in!r} need the output of "
+                                          f"{pname!r} in different placements on tensor axis {self.axis!r}")
+            dims = u.output.dims if u else v.inputs[i].dims
+            vst = self.styles.get(v.name)
+            if m_in == v.module and vst and vst.style in ("colwise", "rowwise"):
+                vst.input_layout = dtensor(src, dims)
+            else:
+                # a DTensor may flow into the module only if every reader is a style that accepts one
+                dt_ok = all(w.name in self.styles for w in inside)
+                self.extra.append(StyleSpec(module=m_in, style="prepare_input", input_layout=dtensor(src, dims),
+                                            desired_input_layout=dtensor(dst, dims), use_local_output=not dt_ok,
+                                            ops=[f"{pname} -> {v.name}"]))
+            self.entries[m_in] = (pname, dst)
+            self.where[key] = m_in
+            return
+        if u is None:
+            raise Unsupported(f"op {v.name!r} needs a graph input split on tensor axis {self.axis!r} outside any module")
+        if not self.own_leaf(u):
+            raise Unsupported(f"op {u.name!r} -> op {v.name!r}: the plan redistributes on tensor axis {self.axis!r} "
+                              f"({src} -> {dst}) where no module boundary lies between them")
+        # converted as it leaves u's module, the tensor is dst for every consumer: all must want dst,
+        # and none may already have a conversion of its own that expects src
+        for c, j in self.consumers[u.name]:
+            if self.inp(self.ops[c], j) != dst or (u.name, c) in self.where:
+                raise Unsupported(f"the output of {u.name!r} is needed in two placements on tensor axis "
+                                  f"{self.axis!r} ({dst} by {v.name!r}, {self.inp(self.ops[c], j)} by {c!r})")
+        ust = self.styles.get(u.name)
+        dims = u.output.dims
+        if ust and ust.style in ("colwise", "rowwise"):
+            ust.output_layout = dtensor(dst, dims)
+        else:
+            self.extra.append(StyleSpec(module=u.module, style="prepare_output", output_layout=dtensor(src, dims),
+                                        desired_output_layout=dtensor(dst, dims), use_local_output=True,
+                                        ops=[f"{u.name} -> {v.name}"]))
+        self.exits[u.name] = dst
+        self.where[key] = u.module
+
+    def style_list(self) -> list[StyleSpec]:
+        """PrepareModuleInput before a module's own style (hooks run in registration order)."""
+        pre = [s for s in self.extra if s.style == "prepare_input"]
+        post = [s for s in self.extra if s.style == "prepare_output"]
+        return pre + list(self.styles.values()) + post
+
+    def expected(self, unit) -> list[ExpectedComm]:
+        """The collectives the cost model prices on this axis, each where the executor performs it:
+        one per plan edge and direction (search/costmodel.py edge_costs), plus the gradient
+        synchronisation of parameters replicated over split activations (op_costs)."""
+        out: list[ExpectedComm] = []
+        for v in self.g.ops:
+            for i, t in enumerate(v.inputs):
+                if t.source is None:
+                    continue
+                u = self.ops[t.source]
+                fk = forward_collective(self.out(u), self.inp(v, i))
+                bk = forward_collective(input_grad_placement(self.cfgs[v.name], t)[self.a],
+                                        output_grad_placement(self.cfgs[u.name], u)[self.a])
+                mod = self.where.get((u.name, v.name), v.module)
+                for phase, k in (("forward", fk), ("backward", bk)):
+                    if k != NONE:
+                        out.append(ExpectedComm(unit=unit(mod), module=mod, phase=phase, kind=COLLECTIVE_NAMES[k],
+                                                source=f"{u.name} -> {v.name}"))
+            lab = self.label(v)
+            for p in v.params:
+                if lab is None or not p.owner or lab in p.dims:
+                    continue
+                kinds = ["all_reduce"] if self.zero == 0 else ["reduce_scatter", "all_gather"] + (["all_gather"] if self.zero == 3 else [])
+                for k in kinds:
+                    out.append(ExpectedComm(unit=unit(v.module), module=v.module, phase="backward", kind=k,
+                                            source=f"{v.name} grad {p.name}"))
+        return out
+
+
+# ---- the whole plan ---------------------------------------------------------------------------
+def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
+    """The ExecSpec of a Plan, or Unsupported naming what cannot run as planned."""
+    spec = model_spec(plan.model)
+    n = plan.mesh.pp
+    for ax in plan.mesh.axes:
+        n *= ax.size
+    if n != plan.num_devices:
+        raise Unsupported(f"plan mesh {plan.mesh.shape} has {n} devices but the plan says {plan.num_devices}")
+    pipe = _pipeline(plan, spec)
+    if graph is None:
+        graph = _captured(plan.model, plan.global_batch, plan.seq_len)
+    cfgs = op_configs(plan, graph)
+    roles = [axis_role(graph, cfgs, a, ax.name) if ax.size > 1 else "replicate" for a, ax in enumerate(plan.mesh.axes)]
+    tensor_axes = [ax.name for ax, r in zip(plan.mesh.axes, roles) if r == "tensor" and ax.size > 1]
+    if len(tensor_axes) > 1:
+        raise Unsupported(f"the plan splits tensors over two mesh axes ({', '.join(tensor_axes)}): 2-D tensor "
+                          f"parallelism is not mapped onto parallelize_module here")
+    mesh = runtime_mesh(plan, roles)
+    n_data = next((d.size for d in mesh if d.role == "data"), 1)
+    if plan.global_batch % (n_data * pipe.micro_batches):
+        raise Unsupported(f"global batch {plan.global_batch} does not split into {n_data} data-parallel ranks x "
+                          f"{pipe.micro_batches} micro-batches")
+    with torch.device("meta"):
+        model = spec.build()
+    modules = _Modules(model)
+    notes: list[str] = []
+    styles: list[StyleSpec] = []
+    expected: list[ExpectedComm] = []
+    prefixes = [b.prefix for b in graph.blocks]
+
+    def unit(fqn: str) -> str:
+        for p in prefixes:
+            if fqn.startswith(p + "."):
+                return ".".join(fqn.split(".")[: len(p.split(".")) + 1])
+        return fqn.split(".")[0] if fqn else ""
+
+    if tensor_axes:
+        a = next(i for i, ax in enumerate(plan.mesh.axes) if ax.name == tensor_axes[0])
+        ta = _TensorAxis(graph, cfgs, a, tensor_axes[0], modules, plan.zero_stage)
+        ta.build()
+        styles = ta.style_list()
+        expected = ta.expected(unit)
+    ties = _ties(model)
+    for group in ties:
+        # a tied parameter must be placed alike by every module that holds it
+        owners = [st for st in styles if st.style in ("colwise", "rowwise")
+                  and any(g.rsplit(".", 1)[0] == st.module for g in group)]
+        if owners and len(owners) != len(group):
+            raise Unsupported(f"tied parameter {' = '.join(group)} is sharded by one of its modules and replicated "
+                              f"by another on the tensor axis")
+        if owners and _tied_shard_dims(owners, graph) > 1:
+            raise Unsupported(f"tied parameter {' = '.join(group)} is sharded along different dimensions by "
+                              f"{' and '.join(st.module for st in owners)}")
+    if pipe.stages > 1 and ties:
+        notes.append(f"tied parameters across pipeline stages ({'; '.join(' = '.join(g) for g in ties)}) are kept as a "
+                     f"copy on the first and last stage whose gradients are all-reduced between the two (as "
+                     f"Megatron-LM does); the plan does not price that all-reduce")
+    data = next((d for d in mesh if d.role == "data"), None)
+    mode, reshard = "none", False
+    if data is not None:
+        mode = {0: "ddp", 1: "zero1", 2: "fsdp", 3: "fsdp"}[plan.zero_stage]
+        reshard = plan.zero_stage == 3
+        if plan.zero_stage == 1 and (tensor_axes or pipe.stages > 1):
+            mode = "fsdp"
+            notes.append("ZeRO-1 runs as ZeRO-2 (FSDP2, reshard_after_forward=False) here: ZeroRedundancyOptimizer "
+                         "needs plain tensors, and tensor/pipeline parallelism makes parameters DTensors; gradients "
+                         "are sharded too, so memory is below the plan's")
+        elif plan.zero_stage == 1:
+            notes.append("ZeRO-1 runs as DDP with ZeroRedundancyOptimizer: gradients are all-reduced and updated "
+                         "parameters broadcast (the cost model prices a reduce-scatter and an all-gather)")
+        if plan.zero_stage == 2:
+            notes.append("ZeRO-2 runs as FSDP2 with reshard_after_forward=False: parameters gathered once per "
+                         "step, gradients reduce-scattered")
+        if plan.zero_stage == 0:
+            notes.append("ZeRO-0 runs as replicated data parallelism (FSDP2's replicate, i.e. DDP): gradients all-reduced")
+    elif plan.zero_stage:
+        notes.append(f"ZeRO-{plan.zero_stage} has no data-parallel axis to shard over: nothing is sharded "
+                     f"(the cost model agrees)")
+    if any(st.style == "sequence" for st in styles) and plan.zero_stage:
+        notes.append("parameters of sequence-parallel norms are replicated on the tensor axis and their gradients "
+                     "all-reduced there; the cost model shards their ZeRO state over that axis too")
+    if data is not None:
+        a_data = [i for i, (ax, r) in enumerate(zip(plan.mesh.axes, roles)) if r == "data" and ax.size > 1]
+        bn = next((op for op in graph.ops if op.kind == "norm" and any(cfgs[op.name][a] == graph.batch_label for a in a_data)
+                   and isinstance(modules.by_name.get(op.module), nn.modules.batchnorm._BatchNorm)), None)
+        if bn is not None:
+            notes.append(f"BatchNorm ({bn.name} and others) splits the batch: each data-parallel rank normalises its "
+                         f"shard by the shard's own statistics (DDP semantics, and what the cost model prices: no "
+                         f"communication); the single-process model normalises by the whole batch's")
+    for r in plan.recompute:
+        if r not in modules.by_name:
+            raise Unsupported(f"plan recomputes {r!r}, which is not a module of {plan.model!r}")
+    if plan.precision != "fp32":
+        notes.append(f"{plan.precision}: FSDP2 MixedPrecisionPolicy when FSDP shards, torch.autocast otherwise "
+                     f"(fp32 master weights either way)")
+    return ExecSpec(
+        model=plan.model, kind=spec.kind, global_batch=plan.global_batch, seq_len=plan.seq_len,
+        precision=plan.precision, num_devices=plan.num_devices, mesh=mesh, data_parallel=mode,
+        reshard_after_forward=reshard, zero_stage=plan.zero_stage, styles=styles, ties=ties,
+        recompute=list(plan.recompute), pipeline=pipe, expected_comms=expected, notes=notes,
+        summary=plan.summary, predicted_time_s=plan.predicted.time_s,
+        predicted_memory_bytes=plan.predicted.memory_bytes, plan=plan.model_dump())
+
+
+@lru_cache(maxsize=16)
+def _captured(model: str, batch: int, seq_len: int | None) -> OpGraph:
+    """The model's graph, captured as the search captured it (deterministic; cached per process)."""
+    from search.capture import capture_model
+
+    return capture_model(model_spec(model), batch, seq_len)
+
+
+def _tied_shard_dims(owners: list[StyleSpec], graph: OpGraph) -> int:
+    """How many distinct weight shardings the tied modules' styles produce (1 when they agree):
+    a row-parallel Embedding and a column-parallel Linear both shard the vocabulary (dim 0)."""
+    dims = set()
+    for st in owners:
+        op = graph.op(st.ops[0])
+        lin = op.kind == "linear"
+        dims.add(0 if (st.style == "colwise") == lin else 1)
+    return len(dims)
+
+
+def _ties(model: nn.Module) -> list[list[str]]:
+    groups: dict[int, list[str]] = defaultdict(list)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups[id(p)].append(name)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
+    pl = plan.pipeline
+    if plan.mesh.pp == 1 and pl.stages == 1:
+        return PipelineExec()
+    if pl.stages != plan.mesh.pp:
+        raise Unsupported(f"plan has {pl.stages} pipeline stages on a mesh with pp={plan.mesh.pp}; the executor "
+                          f"runs one stage per pp rank")
+    if pl.schedule == "2bw" or pl.async_weights:
+        raise Unsupported("PipeDream-2BW (double-buffered, 1-stale weights) has no torch.distributed.pipelining "
+                          "schedule; the nearest executable schedule is 1F1B (PipeDream-Flush): re-plan with "
+                          "schedule '1f1b'")
+    if pl.schedule not in ("gpipe", "1f1b"):
+        raise Unsupported(f"plan has {pl.stages} pipeline stages but schedule {pl.schedule!r}")
+    with torch.device("meta"):
+        model = spec.build()
+    if spec.blocks_attr is None or split_of(model) is None:
+        raise Unsupported(f"model {spec.name!r} has no pipeline split (block stack and the modules around it)")
+    n_layers = len(model.get_submodule(spec.blocks_attr))
+    sl = pl.stage_layers
+    if len(sl) != pl.stages or sl[0][0] != 0 or sl[-1][1] != n_layers or any(
+            a[1] != b[0] for a, b in zip(sl, sl[1:])) or any(s[1] <= s[0] for s in sl):
+        raise Unsupported(f"plan's stage_layers {sl} do not cover the {n_layers} layers in order, one or more each")
+    if plan.precision == "fp16":
+        raise Unsupported("fp16 needs loss scaling, which the pipeline schedules do not apply to their per-micro-batch "
+                          "losses; run the pipeline in bf16")
+    if pl.schedule == "1f1b" and pl.micro_batches < pl.stages:
+        raise Unsupported(f"1F1B needs at least as many micro-batches as stages ({pl.micro_batches} < {pl.stages})")
+    return PipelineExec(stages=pl.stages, schedule=pl.schedule, micro_batches=pl.micro_batches,
+                        stage_layers=[list(s) for s in sl])

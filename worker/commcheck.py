@@ -1,0 +1,65 @@
+"""Compare the collectives one executed step performed (CommDebugMode, per module) with the
+collectives the Plan's cost model prices on the tensor axis (ExecSpec.expected_comms).
+
+Counts are compared per *unit* - a block layer ('blocks.0') or a top-level module ('lm_head';
+'' for ops of the root module itself) - and per phase and kind: CommDebugMode attributes a
+collective to the module running at the time, which inside a unit depends on hook order, while
+the unit is what both sides agree on. Collectives that run outside any module's forward or
+backward (the optimizer step) are reported under the unit 'optimizer'.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from worker.spec import ExpectedComm
+
+Key = tuple[str, str, str]  # unit, phase, kind
+
+
+def expected_counts(expected: list[ExpectedComm]) -> Counter[Key]:
+    return Counter((e.unit, e.phase, e.kind) for e in expected)
+
+
+def measured_counts(comm: dict[str, dict[str, dict[str, int]]], units: set[str]) -> Counter[Key]:
+    """Per unit from CommDebugMode's per-module counts (a module's count includes its children's);
+    what no unit claims (the root's own ops, the optimizer step) goes to '' resp. 'optimizer'."""
+    out: Counter[Key] = Counter()
+    claimed: Counter[tuple[str, str]] = Counter()
+    for unit in units:
+        if unit == "":
+            continue
+        for phase, kinds in comm.get(unit, {}).items():
+            for kind, n in kinds.items():
+                out[(unit, phase, kind)] += n
+                claimed[(phase, kind)] += n
+    # the root module's own count covers everything during forward/backward; 'Global' also
+    # covers what ran outside the model (the optimizer step)
+    root = comm.get("", {})
+    glob = comm.get("Global", {})
+    for phase in ("forward", "backward"):
+        for kind in set(root.get(phase, {})) | set(glob.get(phase, {})):
+            in_root = root.get(phase, {}).get(kind, 0)
+            rest = in_root - claimed[(phase, kind)]
+            if rest:
+                out[("", phase, kind)] += rest
+            outside = glob.get(phase, {}).get(kind, 0) - in_root
+            if outside:
+                out[("optimizer", phase, kind)] += outside
+    return out
+
+
+def mismatches(expected: list[ExpectedComm], comm: dict) -> list[str]:
+    """One line per (unit, phase, kind) whose counts differ, naming the plan edges involved."""
+    exp = expected_counts(expected)
+    units = {e.unit for e in expected} | {k for k in comm if k not in ("Global",) and "." not in k} | {
+        ".".join(k.split(".")[:2]) for k in comm if k.count(".") >= 1 and k.split(".")[1].isdigit()}
+    got = measured_counts(comm, units)
+    lines = []
+    for key in sorted(set(exp) | set(got)):
+        if exp[key] != got[key]:
+            unit, phase, kind = key
+            sources = sorted({e.source for e in expected if (e.unit, e.phase, e.kind) == key})
+            lines.append(f"{unit or '(root)'} {phase} {kind}: plan {exp[key]}, executed {got[key]}"
+                         + (f" (plan: {'; '.join(sources[:4])}{' ...' if len(sources) > 4 else ''})" if sources else ""))
+    return lines

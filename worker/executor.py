@@ -1,0 +1,342 @@
+"""The per-rank training program that torchrun starts: ``python -m worker.executor --jobs J --out D``.
+
+Every rank reads the same list of jobs (an ExecSpec and RunSettings each) and runs them one after
+the other in the same process group, so several plans share one start-up. Per job a rank builds
+the model on the meta device (only its pipeline stage), applies the plan (worker.parallelize),
+materialises its shards from the seeded reference initialisation, trains on synthetic data and
+records its step times and peak memory; rank 0 gathers everything into ``D/<job>/result.json``
+and prints one progress line per step (``@@paretoplan {json}``) for the launcher.
+
+A rank that raises writes ``D/error-rank<r>.json`` and exits non-zero; torchrun then stops the
+others, and the launcher reports this rank's error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from worker import measure
+from worker.analyze import model_spec
+from worker.data import global_batch, local_batch
+from worker.parallelize import (
+    DTYPES,
+    apply_data_parallel,
+    apply_recompute,
+    apply_tensor_parallel,
+    canonical,
+    make_optimizer,
+    retie,
+    wrap_ddp,
+)
+from worker.spec import ExecSpec, Job
+from worker.stages import StageModule, split_of
+
+PROGRESS = "@@paretoplan "
+
+
+class InjectedFailure(RuntimeError):
+    """Raised on purpose (RunSettings.fail_rank) to test that a crashing rank ends the run."""
+
+
+# ---- model ------------------------------------------------------------------------------------
+def reference_model(name: str, seed: int) -> nn.Module:
+    """The single-process model every run starts from: built on the CPU under a fixed seed
+    (the zoo initialises in __init__)."""
+    torch.manual_seed(seed)
+    return model_spec(name).build()
+
+
+def materialize(module: nn.Module, name: str, seed: int, device: torch.device, ties: list[list[str]]) -> None:
+    """Allocate this rank's shards and fill them from the reference initialisation.
+
+    DTensor's random initialisation is not offset-based on CPU, so initialising shards in place
+    would not reproduce the single-process model; instead the host builds the reference once and
+    ``set_model_state_dict`` (torch.distributed.checkpoint) copies each rank's shard of every
+    parameter. The device only ever holds this rank's shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    module.to_empty(device=device)
+    retie(module, ties)
+    ref = reference_model(name, seed).state_dict()
+    wanted = module.state_dict().keys()
+    full = {k: ref[canonical(k)] for k in wanted}
+    set_model_state_dict(module, full, options=StateDictOptions(full_state_dict=True, strict=True))
+
+
+def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: int) -> tuple[nn.Module, Any]:
+    """The module this rank trains (the whole model or its pipeline stage), parallelised and
+    materialised; and the pipeline schedule or None."""
+    zs = model_spec(spec.model)
+    with torch.device("meta"):
+        model = zs.build()
+    module: nn.Module = model
+    stage_index = 0
+    if spec.pipeline.stages > 1:
+        stage_index = mesh.get_local_rank("pp")
+        first, end = spec.pipeline.stage_layers[stage_index]
+        module = StageModule(model, zs.blocks_attr, first, end, stage_index == 0, stage_index == spec.pipeline.stages - 1)
+    if spec.dim("tensor"):
+        apply_tensor_parallel(module, spec, mesh["tp"])
+    apply_recompute(module, spec.recompute)
+    prefixes = [zs.blocks_attr] if zs.blocks_attr else []
+    if spec.dim("data"):
+        apply_data_parallel(module, spec, mesh["dp"], prefixes)
+    materialize(module, spec.model, seed, device, spec.ties)
+    reduce_partial_grads(module)
+    if spec.dim("data"):
+        module = wrap_ddp(module, spec, mesh.get_group("dp"))
+    schedule = None
+    if spec.pipeline.stages > 1:
+        schedule = _schedule(module, model, spec, mesh, stage_index, device)
+    return module, schedule
+
+
+def reduce_partial_grads(module: nn.Module) -> None:
+    """A parameter replicated on the tensor axis but used on split activations (a
+    sequence-parallel norm) gets a Partial gradient from DTensor. Left so, every optimizer op
+    that reads it would all-reduce it again (AdamW reads it three times); redistribute it once,
+    when it is accumulated, as the cost model prices it (one all-reduce per such parameter)."""
+    def hook(p: torch.Tensor) -> None:
+        if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+            p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+
+    for p in module.parameters():
+        if isinstance(p, DTensor) and p.requires_grad and not any(pl.is_shard() for pl in p.placements):
+            p.register_post_accumulate_grad_hook(hook)
+
+
+def _schedule(module: nn.Module, model: nn.Module, spec: ExecSpec, mesh: DeviceMesh, stage_index: int,
+              device: torch.device):
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    stage = PipelineStage(module, stage_index, spec.pipeline.stages, device, group=mesh.get_group("pp"))
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[spec.pipeline.schedule]
+    # scale_grads: the gradient of the mean over micro-batches, as the single-process loss
+    return cls(stage, n_microbatches=spec.pipeline.micro_batches, loss_fn=split_of(model).loss, scale_grads=True)
+
+
+# ---- one job ----------------------------------------------------------------------------------
+class Runner:
+    def __init__(self, job: Job, device: torch.device) -> None:
+        self.spec, self.st = job.spec, job.settings
+        self.device = device
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        spec = self.spec
+        if spec.num_devices != self.world:
+            raise RuntimeError(f"plan needs {spec.num_devices} processes, the group has {self.world}")
+        self.mesh = init_device_mesh(device.type, tuple(d.size for d in spec.mesh),
+                                     mesh_dim_names=tuple(d.name for d in spec.mesh)) if spec.mesh else None
+        coord = {d.name: self.mesh.get_local_rank(d.name) for d in spec.mesh} if self.mesh else {}
+        self.coord = coord
+        self.data_index = coord.get("dp", 0)
+        self.data_count = spec.size("data")
+        self.n_stages = spec.pipeline.stages
+        self.stage = coord.get("pp", 0)
+        self.is_last = self.stage == self.n_stages - 1
+        # the rank whose loss stands for its data shard: last stage, first of its tensor/replica group
+        self.reporter = self.is_last and coord.get("tp", 0) == 0 and coord.get("rep", 0) == 0
+        self.zs = model_spec(spec.model)
+        self.module, self.schedule = build(spec, self.mesh, device, self.st.seed)
+        dp_group = self.mesh.get_group("dp") if spec.dim("data") else None
+        self.opt = make_optimizer(self.module, spec, self.st.lr, dp_group)
+        self.tie_groups = self._tie_groups()
+        # FSDP2's fully_shard/replicate cast parameters themselves (MixedPrecisionPolicy); elsewhere autocast
+        self.autocast = spec.precision != "fp32" and spec.data_parallel in ("none", "zero1")
+        self.scaler = torch.amp.GradScaler(device.type) if spec.precision == "fp16" else None
+
+    def _tie_groups(self) -> list[tuple[Any, nn.Parameter]]:
+        """Tied parameters split across the first and last pipeline stage (GPT's embedding and
+        head) are two copies; their gradients are summed over a group of the two stages, as
+        Megatron-LM does (torch.distributed.pipelining has no tied-weight support)."""
+        if self.n_stages == 1 or not self.spec.ties:
+            return []
+        out = []
+        mesh = self.mesh.mesh  # rank numbers by coordinate
+        others = mesh.shape[1:]
+        for group in self.spec.ties:
+            for idx in torch.cartesian_prod(*[torch.arange(s) for s in others]).reshape(-1, len(others)) if others else [()]:
+                idx = tuple(int(i) for i in idx)
+                ranks = sorted({int(mesh[(0, *idx)]), int(mesh[(self.n_stages - 1, *idx)])})
+                pg = dist.new_group(ranks) if len(ranks) > 1 else None
+                if self.rank in ranks and pg is not None:
+                    names = [n for n, _ in self.module.named_parameters() if canonical(n) in group]
+                    for n in names:
+                        out.append((pg, self.module.get_parameter(n)))
+        return out
+
+    def batch(self, step: int) -> tuple[torch.Tensor, ...]:
+        full = global_batch(self.zs, step, self.spec.global_batch, self.spec.seq_len, self.st.seed)
+        return local_batch(full, self.data_index, self.data_count, self.device)
+
+    def step(self, step: int) -> torch.Tensor | None:
+        inputs, targets = self.batch(step)
+        ctx = (torch.autocast(self.device.type, dtype=DTYPES[self.spec.precision]) if self.autocast
+               else contextlib.nullcontext())
+        loss = None
+        with ctx:
+            if self.schedule is None:
+                loss = self.module(inputs, targets)
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            elif self.stage == 0:
+                self.schedule.step(inputs)
+            elif self.is_last:
+                losses: list[torch.Tensor] = []
+                self.schedule.step(target=targets, losses=losses)
+                loss = torch.stack([x.detach() for x in losses]).mean()
+            else:
+                self.schedule.step()
+        for pg, p in self.tie_groups:
+            if p.grad is not None:
+                g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                dist.all_reduce(g, group=pg)
+        if self.scaler:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            self.opt.step()
+        # gradients are freed at the end of a step rather than the start, so that a step begins
+        # from parameters and optimizer state only (what the profiler's memory events can see:
+        # frees of blocks allocated before profiling started are not reported)
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach() if loss is not None else None
+
+    def global_loss(self, loss: torch.Tensor | None) -> float:
+        """Mean of the data shards' losses (the single-process loss when shards are equal)."""
+        t = torch.zeros(2, dtype=torch.float64)
+        if self.reporter and loss is not None:
+            t[0] = float(loss.float().item())
+            t[1] = 1.0
+        dist.all_reduce(t)
+        return float(t[0] / t[1]) if t[1] else float("nan")
+
+    def run(self, out_dir: Path) -> None:
+        st = self.st
+        n = st.steps
+        mem_step = n - 1 if (st.measure_memory and self.device.type == "cpu" and n - st.warmup >= 2) else None
+        times: list[float] = []
+        losses: list[float] = []
+        mem: dict = {}
+        comm: dict = {}
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        dist.barrier()
+        for s in range(n):
+            if st.fail_rank == self.rank and s == st.fail_step:
+                raise InjectedFailure(f"injected failure on rank {self.rank} at step {s}")
+            if s == st.warmup and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+            ctx: Any = contextlib.nullcontext()
+            if s == 0 and st.comm_debug and self.schedule is None:
+                # (not under a pipeline schedule: its backward runs autograd.grad, which the
+                # tracker's module hooks do not support)
+                from torch.distributed.tensor.debug import CommDebugMode
+
+                ctx = CommDebugMode()
+            elif s == mem_step:
+                # MemTracker refuses a module that runs more than once per step (micro-batches)
+                ctx = (measure.cpu_peak(self.module, self.opt, mem)
+                       if self.schedule is None and self.st.memory_method == "memtracker" else measure.profiler_peak(mem))
+            t0 = time.perf_counter()
+            with ctx:
+                loss = self.step(s)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            times.append(time.perf_counter() - t0)
+            if s == 0 and st.comm_debug and self.schedule is None:
+                comm = comm_counts(ctx)
+            losses.append(self.global_loss(loss))
+            if self.rank == 0:
+                print(PROGRESS + json.dumps({"step": s, "steps": n, "loss": losses[-1], "time_s": times[-1]}), flush=True)
+        timed = [i for i in range(st.warmup, n) if i != mem_step] or [n - 1]
+        peak = (int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda"
+                else mem.get("peak_bytes"))
+        mine = {"rank": self.rank, "coord": self.coord, "times": times, "timed": timed,
+                "time_s": measure.median([times[i] for i in timed]), "memory_bytes": peak,
+                "memory_by_category": mem.get("by_category", {}), "comm": comm}
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, mine)
+        if self.rank == 0:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "result.json").write_text(json.dumps({"losses": losses, "ranks": gathered}))
+
+
+def comm_counts(mode) -> dict[str, dict[str, dict[str, int]]]:
+    """CommDebugMode's per-module collective counts: {module FQN: {phase: {kind: count}}}, FQNs
+    as in the model (the tracker prefixes the root's class name; checkpoint_wrapper adds a level)."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for name, phases in mode.comm_module_counts.items():
+        if name == "Global":
+            key = "Global"
+        else:
+            key = canonical(name.partition(".")[2] + ".").rstrip(".")  # 'GPT.blocks.0' -> 'blocks.0'
+        for phase, counts in phases.items():
+            for op, c in counts.items():
+                d = out.setdefault(key, {}).setdefault(phase, {})
+                kind = collective_kind(str(op))
+                d[kind] = d.get(kind, 0) + int(c)
+    return out
+
+
+def collective_kind(op: str) -> str:
+    for k in ("all_gather", "allgather", "reduce_scatter", "all_reduce", "allreduce", "all_to_all", "alltoall",
+              "broadcast", "send", "recv"):
+        if k in op:
+            return {"allgather": "all_gather", "allreduce": "all_reduce", "alltoall": "all_to_all"}.get(k, k)
+    return op
+
+
+# ---- process ----------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="worker.executor")
+    ap.add_argument("--jobs", required=True, help="JSON list of Job objects")
+    ap.add_argument("--out", required=True, help="folder for results and error reports")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        jobs = [Job.model_validate(j) for j in json.loads(Path(args.jobs).read_text())]
+        device_type = jobs[0].settings.device if jobs else "cpu"
+        if device_type == "cuda":
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            device = torch.device("cuda", local)
+            backend = "nccl"
+        else:
+            device = torch.device("cpu")
+            backend = "gloo"
+        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        for i, job in enumerate(jobs):
+            if rank == 0:
+                print(PROGRESS + json.dumps({"job": i, "jobs": len(jobs), "summary": job.spec.summary}), flush=True)
+            Runner(job, device).run(out / str(i))
+            gc.collect()  # the previous job's model must not count in the next one's memory
+            dist.barrier()
+        dist.destroy_process_group()
+        return 0
+    except BaseException as e:  # noqa: BLE001 - reported to the launcher, then re-raised as exit 1
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"error-rank{rank}.json").write_text(json.dumps({
+            "rank": rank, "type": type(e).__name__, "message": str(e), "time": time.time(),
+            "traceback": traceback.format_exc()}))
+        print(f"rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

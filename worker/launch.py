@@ -1,0 +1,363 @@
+"""Launch plans with torchrun (``python -m torch.distributed.run --standalone``) and collect the
+RunReports: gloo on CPU processes when there is no GPU, NCCL on CUDA devices when there are.
+
+Before anything starts, a plan this machine cannot host is refused (`check_capacity`): more
+processes than it can reasonably run, more memory than it has. While it runs, rank 0's progress
+lines drive a tqdm bar (step, loss, step time). A rank that raises ends the run: torchrun stops the
+other ranks, and `RunFailed` carries the first failing rank's error. torchrun and everything it
+started run in their own session, which is killed on any way out (error, timeout, Ctrl-C) and
+checked to be empty afterwards, so no process outlives the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from search.cluster import format_size
+from search.plan import Plan
+from worker import measure
+from worker.analyze import Unsupported, analyze, model_spec
+from worker.executor import PROGRESS
+from worker.report import Errors, Measured, Predicted, RankMeasure, RunReport, rel_error
+from worker.spec import ExecSpec, Job, RunSettings
+
+PROCESS_OVERHEAD = 600 * 2**20  # a rank's Python + torch + gloo before any model (measured ~450 MiB RSS)
+PROCS_PER_CORE = 4              # CPU ranks time-share cores; beyond this a step is mostly waiting
+
+
+class RunFailed(RuntimeError):
+    """A rank failed (or the run timed out); the message names the rank and its error."""
+
+    def __init__(self, message: str, rank: int | None = None, log: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.log = log
+
+
+# ---- before launch ----------------------------------------------------------------------------
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo (what can be allocated without swapping), else total RAM."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_capacity(spec: ExecSpec, device: str, max_procs: int | None = None) -> None:
+    """Refuse (Unsupported) a plan this machine cannot host, before anything is started."""
+    n = spec.num_devices
+    need = spec.predicted_memory_bytes
+    if device == "cuda":
+        import torch
+
+        have = cuda_devices()
+        if n > have:
+            raise Unsupported(f"plan needs {n} GPUs, this machine has {have}")
+        total = torch.cuda.get_device_properties(0).total_memory
+        if need > total:
+            raise Unsupported(f"plan needs {format_size(need)} per GPU (predicted), the GPU has {format_size(total)}")
+        return
+    cores = os.cpu_count() or 1
+    limit = max_procs if max_procs is not None else max(4, PROCS_PER_CORE * cores)
+    if n > limit:
+        raise Unsupported(f"plan needs {n} processes (one per device), this machine ({cores} CPU cores) hosts at "
+                          f"most {limit}; search for fewer devices")
+    # at start-up every rank also builds the whole fp32 model on the host once (worker.executor.materialize)
+    init = 4 * model_spec(spec.model).param_count()
+    total_need = n * (need + init + PROCESS_OVERHEAD)
+    have = available_memory()
+    if total_need > have:
+        raise Unsupported(f"plan needs about {format_size(total_need)} of memory ({n} processes x "
+                          f"({format_size(need)} predicted + {format_size(init)} to initialise + "
+                          f"{format_size(PROCESS_OVERHEAD)} per process)), this machine has {format_size(have)} available")
+
+
+# ---- running torchrun -------------------------------------------------------------------------
+def _children() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from /proc."""
+    out: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the command may contain spaces and ')'
+            out.setdefault(ppid, []).append(int(d.name))
+    return out
+
+
+def _tree(pid: int) -> set[int]:
+    """`pid` and all its descendants. torchrun starts each rank in a session of its own, so the
+    ranks are found by parentage, not by session or process group."""
+    kids = _children()
+    seen, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p not in seen:
+            seen.add(p)
+            todo.extend(kids.get(p, []))
+    return seen
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:  # a zombie is dead: it only waits to be reaped
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill_session(proc: subprocess.Popen, known: set[int], grace: float = 5.0) -> None:
+    """SIGTERM torchrun and every process it started (torchrun stops its ranks on SIGTERM),
+    SIGKILL whatever is left after `grace` seconds, and reap torchrun. `known` holds ranks seen
+    earlier, in case torchrun is already gone and they were re-parented."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = {p for p in (known | (_tree(proc.pid) if proc.poll() is None else set())) if _alive(p)}
+        if proc.poll() is not None:
+            pids.discard(proc.pid)
+        if not pids:
+            break
+        for p in pids:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(_alive(p) and not (p == proc.pid and proc.poll() is not None)
+                                                  for p in pids):
+            time.sleep(0.05)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _first_error(out: Path) -> dict | None:
+    errors = []
+    for p in out.glob("error-rank*.json"):
+        try:
+            errors.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if not errors:
+        return None
+    # the first rank to fail is the cause; the others typically fail on its closed connections
+    return min(errors, key=lambda e: e.get("time", 0.0))
+
+
+def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Callable[[dict], None] | None = None,
+             timeout: float | None = None, keep: bool = False) -> list[dict[str, Any]]:
+    """Run jobs (all with the same number of processes) in one torchrun; the raw result per job."""
+    if not jobs:
+        return []
+    n = jobs[0].spec.num_devices
+    if any(j.spec.num_devices != n for j in jobs):
+        raise ValueError("jobs sharing one launch must use the same number of processes")
+    device = jobs[0].settings.device
+    tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="paretoplan-run-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    out = tmp / "out"
+    jobs_path = tmp / "jobs.json"
+    jobs_path.write_text(json.dumps([j.model_dump(mode="json") for j in jobs]))
+    log_path = tmp / "torchrun.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+           "--max-restarts=0", "--monitor-interval=0.2", "-m", "worker.executor",
+           "--jobs", str(jobs_path), "--out", str(out)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHELASTIC_ERROR_FILE=str(tmp / "torchelastic-error.json"))
+    if device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")  # n ranks on a few cores: threads would only contend
+    repo = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([repo, *filter(None, [env.get("PYTHONPATH")])])
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
+        known: set[int] = set()  # the ranks, remembered while torchrun is their parent
+        seen_at = 0.0
+        try:
+            start = time.monotonic()
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if time.monotonic() - seen_at > 2.0 and proc.poll() is None:
+                    known |= _tree(proc.pid) - {proc.pid}
+                    seen_at = time.monotonic()
+                if line.startswith(PROGRESS):
+                    if progress:
+                        progress(json.loads(line[len(PROGRESS):]))
+                else:
+                    log.write(line)
+                if timeout is not None and time.monotonic() - start > timeout:
+                    raise RunFailed(f"run exceeded its time limit of {timeout:.0f} s", log=str(log_path))
+            rc = proc.wait(timeout=None if timeout is None else max(1.0, timeout - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            raise RunFailed(f"run exceeded its time limit of {timeout:.0f} s", log=str(log_path)) from None
+        finally:
+            _kill_session(proc, known)
+    if rc != 0:
+        err = _first_error(out)
+        if err is not None:
+            raise RunFailed(f"rank {err['rank']} failed: {err['type']}: {err['message'].strip()}",
+                            rank=err["rank"], log=str(log_path))
+        tail = log_path.read_text()[-2000:]
+        raise RunFailed(f"torchrun exited with code {rc} before any rank reported an error:\n{tail}",
+                        log=str(log_path))
+    results = [json.loads((out / str(i) / "result.json").read_text()) for i in range(len(jobs))]
+    if not keep and workdir is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return results
+
+
+# ---- reports ----------------------------------------------------------------------------------
+def make_report(job: Job, raw: dict[str, Any], started: datetime, finished: datetime) -> RunReport:
+    spec, st = job.spec, job.settings
+    ranks = raw["ranks"]
+    n = len(ranks[0]["times"])
+    timed = ranks[0]["timed"]
+    per_step = [max(r["times"][s] for r in ranks) for s in range(n)]
+    timed_times = [per_step[s] for s in timed]
+    mems = [r["memory_bytes"] for r in ranks if r["memory_bytes"] is not None]
+    measured = Measured(
+        time_s=measure.median(timed_times), time_spread=measure.spread(timed_times),
+        memory_bytes=max(mems) if mems else None,
+        memory_method="cuda_max_allocated" if st.device == "cuda" else (
+            "memtracker" if st.memory_method == "memtracker" and spec.pipeline.stages == 1 else "profiler"),
+        timed_steps=timed, step_times_s=per_step,
+        per_rank=[RankMeasure(rank=r["rank"], coord=r["coord"], time_s=r["time_s"], memory_bytes=r["memory_bytes"])
+                  for r in ranks])
+    predicted = Predicted(time_s=spec.predicted_time_s, memory_bytes=spec.predicted_memory_bytes)
+    if st.device == "cuda":
+        import torch
+
+        device = f"{torch.cuda.get_device_name(0)} x {spec.num_devices}"
+    else:
+        device = f"cpu ({spec.num_devices} processes on {os.cpu_count()} cores)"
+    return RunReport(
+        model=spec.model, plan_summary=spec.summary, num_devices=spec.num_devices, device=device,
+        backend="nccl" if st.device == "cuda" else "gloo", mesh={d.name: d.size for d in spec.mesh},
+        steps=st.steps, seed=st.seed, losses=raw["losses"], predicted=predicted, measured=measured,
+        errors=Errors(time=rel_error(measured.time_s, predicted.time_s),
+                      memory=rel_error(measured.memory_bytes, predicted.memory_bytes)),
+        notes=spec.notes, comm=ranks[0].get("comm") or {}, plan=spec.plan, started=started, finished=finished)
+
+
+class Progress:
+    """A tqdm bar over all steps of all jobs: step, loss, step time."""
+
+    def __init__(self, jobs: list[Job], enabled: bool = True) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=sum(j.settings.steps for j in jobs), unit="step", disable=not enabled,
+                        file=sys.stderr, dynamic_ncols=True)
+
+    def __call__(self, msg: dict) -> None:
+        if "summary" in msg:
+            self.bar.set_description(f"plan {msg['job'] + 1}/{msg['jobs']}")
+        elif "step" in msg:
+            self.bar.update(1)
+            self.bar.set_postfix(step=f"{msg['step'] + 1}/{msg['steps']}", loss=f"{msg['loss']:.4f}",
+                                 step_ms=f"{msg['time_s'] * 1e3:.1f}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run_plans(plans: list[Plan], settings: RunSettings, *, show_progress: bool = True, max_procs: int | None = None,
+              timeout: float | None = None) -> list[RunReport]:
+    """Analyze, check and launch plans (one torchrun per process count); a RunReport each."""
+    jobs = []
+    for plan in plans:
+        spec = analyze(plan)
+        check_capacity(spec, settings.device, max_procs)
+        jobs.append(Job(spec=spec, settings=settings))
+    reports: list[RunReport | None] = [None] * len(jobs)
+    for n in sorted({j.spec.num_devices for j in jobs}):
+        idx = [i for i, j in enumerate(jobs) if j.spec.num_devices == n]
+        group = [jobs[i] for i in idx]
+        bar = Progress(group, enabled=show_progress)
+        started = datetime.now(timezone.utc)
+        try:
+            raws = run_jobs(group, progress=bar, timeout=timeout)
+        finally:
+            bar.close()
+        finished = datetime.now(timezone.utc)
+        for i, job, raw in zip(idx, group, raws):
+            reports[i] = make_report(job, raw, started, finished)
+    return [r for r in reports if r is not None]
+
+
+def default_device() -> str:
+    return "cuda" if cuda_devices() else "cpu"
+
+
+def _pct(x: float | None) -> str:
+    return f"{x * 100:+.0f}%" if x is not None else "-"
+
+
+def format_table(report: RunReport) -> str:
+    """Predicted vs measured iteration time and peak memory per rank, with the relative errors."""
+    p = report.predicted
+    lines = [f"{report.plan_summary}",
+             f"{'rank':>6} {'mesh':<16} {'time pred':>10} {'time meas':>10} {'err':>6} "
+             f"{'mem pred':>10} {'mem meas':>10} {'err':>6}"]
+    for r in report.measured.per_rank:
+        coord = " ".join(f"{k}{v}" for k, v in r.coord.items()) or "-"
+        lines.append(f"{r.rank:>6} {coord:<16} {p.time_s * 1e3:>7.2f} ms {r.time_s * 1e3:>7.2f} ms "
+                     f"{_pct(rel_error(r.time_s, p.time_s)):>6} {format_size(p.memory_bytes):>10} "
+                     f"{format_size(r.memory_bytes) if r.memory_bytes is not None else '-':>10} "
+                     f"{_pct(rel_error(r.memory_bytes, p.memory_bytes)):>6}")
+    m = report.measured
+    lines.append(f"{'all':>6} {'':<16} {p.time_s * 1e3:>7.2f} ms {m.time_s * 1e3:>7.2f} ms {_pct(report.errors.time):>6} "
+                 f"{format_size(p.memory_bytes):>10} "
+                 f"{format_size(m.memory_bytes) if m.memory_bytes is not None else '-':>10} "
+                 f"{_pct(report.errors.memory):>6}")
+    lines.append(f"time: median of {len(m.timed_steps)} timed steps (slowest rank), spread {m.time_spread:.0%}; "
+                 f"memory: peak per rank ({m.memory_method}); loss {report.losses[0]:.4f} -> {report.losses[-1]:.4f}")
+    return "\n".join(lines)
+
+
+def run_plan(plan: Plan | dict, steps: int = 20, *, settings: RunSettings | None = None,
+             progress: Callable[..., None] | None = None, show_progress: bool = False, max_procs: int | None = None,
+             timeout: float | None = None) -> RunReport:
+    """Run one Plan for `steps` steps on this machine and return its RunReport (the entry the
+    service's worker calls). `progress(step, total)` is called after every step."""
+    plan = plan if isinstance(plan, Plan) else Plan.model_validate(plan)
+    st = settings or RunSettings(steps=steps, device=default_device())
+    spec = analyze(plan)
+    check_capacity(spec, st.device, max_procs)
+    job = Job(spec=spec, settings=st)
+    bar = Progress([job], enabled=show_progress)
+
+    def on_line(msg: dict) -> None:
+        bar(msg)
+        if progress is not None and "step" in msg:
+            progress(msg["step"] + 1, msg["steps"])
+
+    started = datetime.now(timezone.utc)
+    try:
+        raw = run_jobs([job], progress=on_line, timeout=timeout)[0]
+    finally:
+        bar.close()
+    return make_report(job, raw, started, datetime.now(timezone.utc))

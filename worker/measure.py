@@ -1,0 +1,105 @@
+"""Step time and peak memory of one rank.
+
+Time: ``perf_counter`` around a whole step (forward, backward, optimizer), after the warm-up
+steps, summarised by the median. Memory: on CUDA ``max_memory_allocated`` over the timed steps;
+on CPU there is no allocator statistic, so one extra-instrumented step (kept out of the timing)
+measures it, by default from the profiler's allocation events on top of the bytes live when the
+step starts (`profiler_peak`). torch's ``MemTracker`` (`cpu_peak`) agrees with that to the size
+of the input batch in a single process and splits the peak by kind, but it misses the buffers
+collectives allocate inside c10d (hundreds of KiB on these runs) and refuses a module that runs
+more than once per step, as a pipeline stage's do. RSS would under-read (allocator reuse).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def spread(xs: list[float]) -> float:
+    """Interquartile range over median: how steady the timed steps were (0 = identical)."""
+    if len(xs) < 2:
+        return 0.0
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    m = statistics.median(xs)
+    return (q[2] - q[0]) / m if m else 0.0
+
+
+@contextlib.contextmanager
+def cpu_peak(module: nn.Module, optimizer: torch.optim.Optimizer, out: dict) -> Iterator[None]:
+    """Track one step with MemTracker; out['peak_bytes'] = the peak of all tracked CPU tensors
+    (parameters, gradients, optimizer state, activations, temporaries)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    mt = MemTracker()
+    mt.track_external(module, optimizer)
+    with mt:
+        yield
+    snap = mt.get_tracker_snapshot("peak")
+    out["peak_bytes"] = int(sum(v.get("Total", 0) for dev, v in snap.items() if torch.device(dev).type == "cpu"))
+    out["by_category"] = {str(k): int(v) for dev, cats in snap.items() for k, v in cats.items()
+                          if torch.device(dev).type == "cpu"}
+
+
+def live_cpu_bytes() -> int:
+    """Bytes of every distinct CPU storage reachable from Python now (parameters, optimizer
+    state, pipeline buffers, ...): what a step starts from."""
+    import gc
+
+    from torch.distributed.tensor import DTensor
+
+    seen: set[int] = set()
+    total = 0
+    for o in gc.get_objects():
+        try:
+            if not torch.is_tensor(o):
+                continue
+        except ReferenceError:
+            continue
+        t = o._local_tensor if isinstance(o, DTensor) else o
+        if t.device.type != "cpu" or t.is_meta:
+            continue
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr == 0 or ptr in seen:
+            continue
+        seen.add(ptr)
+        total += st.nbytes()
+    return total
+
+
+@contextlib.contextmanager
+def profiler_peak(out: dict) -> Iterator[None]:
+    """Peak CPU memory of one step from the profiler's memory events: the live bytes at the start
+    plus the highest running sum of allocations and frees during the step. Used where MemTracker
+    cannot be (a pipeline stage runs its modules once per micro-batch)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    base = live_cpu_bytes()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        yield
+    # allocation events (sizes, negative for frees) from the profiler's event tree; the
+    # FunctionEvent list folds most of them into the ops that made them
+    from torch._C._profiler import _EventType
+
+    allocs = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+            allocs.append((e.start_time_ns, e.extra_fields.alloc_size))
+        stack.extend(e.children)
+    run = peak = 0
+    for _, size in sorted(allocs):
+        run += size
+        peak = max(peak, run)
+    out["peak_bytes"] = int(base + peak)
+    out["by_category"] = {"live_at_start": int(base), "step_peak_delta": int(peak)}

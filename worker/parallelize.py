@@ -1,0 +1,171 @@
+"""Apply an ExecSpec to a module with torch's own parallel APIs.
+
+Order (torchtitan's): tensor parallelism (``parallelize_module``), then activation checkpointing
+(``checkpoint_wrapper``), then data parallelism (``fully_shard`` / ``replicate``), all on the
+meta device; the caller materialises afterwards. ZeRO stages map to:
+
+- 0: ``replicate`` (FSDP2's DDP: gradients all-reduced) per block and at the root.
+- 1: ``DistributedDataParallel`` with ``ZeroRedundancyOptimizer`` (see `wrap_ddp`,
+  `make_optimizer`): gradients all-reduced, optimizer state sharded, updated parameters broadcast
+  by their owners. Memory is ZeRO-1's; the traffic is an all-reduce plus broadcasts where the cost
+  model prices reduce-scatter + all-gather. ZeroRedundancyOptimizer needs plain tensors, so with
+  tensor or pipeline parallelism (DTensor parameters) ZeRO-1 runs as ZeRO-2 (worker.analyze notes it).
+- 2: ``fully_shard(reshard_after_forward=False)``: gradients reduce-scattered and kept sharded,
+  parameters gathered once per step and kept through backward (ZeRO-2's traffic and memory).
+- 3: ``fully_shard(reshard_after_forward=True)``: FSDP, parameters gathered in forward and again
+  in backward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Partial, Placement, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from worker.spec import ExecSpec, StyleSpec
+
+CKPT_PREFIX = "_checkpoint_wrapped_module."
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def placement(text: str | None) -> Placement | None:
+    if text is None:
+        return None
+    if text == "Replicate()":
+        return Replicate()
+    if text == "Partial()":
+        return Partial()
+    if text.startswith("Shard(") and text.endswith(")"):
+        return Shard(int(text[6:-1]))
+    raise ValueError(f"not a DTensor placement: {text!r}")
+
+
+def parallel_style(st: StyleSpec):
+    i, di, o, do = (placement(x) for x in (st.input_layout, st.desired_input_layout,
+                                           st.output_layout, st.desired_output_layout))
+    if st.style == "colwise":
+        return ColwiseParallel(input_layouts=i, output_layouts=o, use_local_output=st.use_local_output)
+    if st.style == "rowwise":
+        return RowwiseParallel(input_layouts=i, output_layouts=o, use_local_output=st.use_local_output)
+    if st.style == "sequence":
+        return SequenceParallel(sequence_dim=st.sequence_dim if st.sequence_dim is not None else 1,
+                                use_local_output=st.use_local_output)
+    if st.style == "prepare_input":
+        return PrepareModuleInput(input_layouts=(i,), desired_input_layouts=(di,), use_local_output=st.use_local_output)
+    return PrepareModuleOutput(output_layouts=(o,), desired_output_layouts=(do,), use_local_output=st.use_local_output)
+
+
+def has_module(root: nn.Module, fqn: str) -> bool:
+    try:
+        root.get_submodule(fqn)
+        return True
+    except AttributeError:
+        return False
+
+
+def apply_tensor_parallel(module: nn.Module, spec: ExecSpec, tp_mesh: DeviceMesh) -> None:
+    """One ``parallelize_module`` call per style, in the spec's order (a module's input preparation
+    registers its hook before the module's own style); modules absent from this pipeline stage
+    are skipped. Tied parameters that TP replaced separately are tied again."""
+    for st in spec.styles:
+        if has_module(module, st.module):
+            parallelize_module(module, tp_mesh, {st.module: parallel_style(st)})
+    retie(module, spec.ties)
+
+
+def retie(module: nn.Module, ties: list[list[str]]) -> None:
+    """Make the FQNs of each tied group one Parameter again (TP and ``to_empty`` replace each
+    module's parameter separately). Within a pipeline stage only the names present are tied."""
+    for group in ties:
+        present = [n for n in group if _has_param(module, n)]
+        if len(present) < 2:
+            continue
+        first = module.get_parameter(present[0])
+        for name in present[1:]:
+            owner, _, attr = name.rpartition(".")
+            setattr(module.get_submodule(owner), attr, first)
+
+
+def _has_param(module: nn.Module, name: str) -> bool:
+    owner, _, attr = name.rpartition(".")
+    return has_module(module, owner) and isinstance(getattr(module.get_submodule(owner), attr, None), nn.Parameter)
+
+
+def apply_recompute(module: nn.Module, fqns: list[str]) -> None:
+    """Wrap each recomputed block with non-reentrant activation checkpointing (the reentrant
+    variant does not compose with DTensor and FSDP2)."""
+    for fqn in fqns:
+        if not has_module(module, fqn):
+            continue
+        parent_name, _, child = fqn.rpartition(".")
+        parent = module.get_submodule(parent_name)
+        parent.register_module(child, checkpoint_wrapper(parent.get_submodule(child),
+                                                         checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+
+
+def block_units(module: nn.Module, prefixes: list[str]) -> list[nn.Module]:
+    """The modules data parallelism wraps one by one (each block layer), before the root."""
+    out = []
+    for prefix in prefixes:
+        if has_module(module, prefix):
+            out.extend(module.get_submodule(prefix).children())
+    return out
+
+
+def apply_data_parallel(module: nn.Module, spec: ExecSpec, dp_mesh: DeviceMesh, prefixes: list[str]) -> None:
+    """fully_shard / replicate over the data-parallel mesh dimension, block by block, then the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy()
+    if spec.precision != "fp32":
+        mp = MixedPrecisionPolicy(param_dtype=DTYPES[spec.precision], reduce_dtype=torch.float32)
+    units = block_units(module, prefixes)
+    if spec.data_parallel == "fsdp":
+        # a pipeline stage runs several micro-batches per step: keep the parameters gathered
+        # between them rather than gathering per micro-batch (torchtitan does the same)
+        reshard = spec.reshard_after_forward and spec.pipeline.stages == 1
+        for u in units:
+            fully_shard(u, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+    elif spec.data_parallel == "ddp":
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        for u in units:
+            replicate(u, mesh=dp_mesh, mp_policy=mp)
+        replicate(module, mesh=dp_mesh, mp_policy=mp)
+
+
+def wrap_ddp(module: nn.Module, spec: ExecSpec, dp_group) -> nn.Module:
+    """ZeRO-1: classic DDP (after materialisation; it broadcasts rank 0's parameters, which equal
+    everyone's) so that parameters stay plain tensors, as ZeroRedundancyOptimizer needs."""
+    if spec.data_parallel != "zero1":
+        return module
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(module, process_group=dp_group)
+
+
+def make_optimizer(module: nn.Module, spec: ExecSpec, lr: float, dp_group=None) -> torch.optim.Optimizer:
+    """AdamW everywhere; under ZeRO-1, wrapped in ZeroRedundancyOptimizer over the data group."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if spec.data_parallel == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group, lr=lr,
+                                       foreach=False)
+    return torch.optim.AdamW(params, lr=lr, foreach=False)
+
+
+def canonical(fqn: str) -> str:
+    """A parameter's FQN as in the unwrapped model (checkpoint_wrapper inserts a level)."""
+    return fqn.replace(CKPT_PREFIX, "")

@@ -1,0 +1,106 @@
+"""What a rank executes: the edge between the launcher and the per-rank program (pydantic, JSON).
+
+`ExecSpec` is derived from a Plan by `worker.analyze` before anything launches; every rank reads
+the same spec, so no rank re-derives the strategy. `RunSettings` holds what the user chose for
+this run (steps, seed, learning rate), and `Job` pairs the two.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["pp", "data", "tensor", "replicate"]
+
+
+class MeshDim(BaseModel):
+    """One dimension of the runtime DeviceMesh. Plan axes with the same role that are adjacent in
+    device order are merged into one dimension (a plan may split the batch on both dp and tp)."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str                      # pp | dp | tp | rep: named by role, not by the plan axis
+    size: int
+    role: Role
+    plan_axes: list[str] = Field(default_factory=list)
+
+
+class StyleSpec(BaseModel):
+    """One `parallelize_module` style on one module, over the tensor-parallel mesh dimension.
+    Layouts are DTensor placements written as in the Plan ('Shard(1)', 'Replicate()', 'Partial()')."""
+
+    module: str
+    style: Literal["colwise", "rowwise", "sequence", "prepare_input", "prepare_output"]
+    input_layout: str | None = None
+    desired_input_layout: str | None = None
+    output_layout: str | None = None
+    desired_output_layout: str | None = None
+    use_local_output: bool = True
+    sequence_dim: int | None = None
+    ops: list[str] = Field(default_factory=list, description="the plan ops (or edges) this realises")
+
+
+class ExpectedComm(BaseModel):
+    """A collective the Plan's cost model prices on the tensor axis, where the executor performs it."""
+
+    unit: str = Field(description="top-level module or block layer ('blocks.0', 'lm_head'; '' = the root)")
+    module: str = Field(description="the module whose hook or style performs it")
+    phase: Literal["forward", "backward"]
+    kind: Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
+    source: str = Field(description="the plan edge 'u -> v' or the op whose parameter gradient it syncs")
+
+
+class PipelineExec(BaseModel):
+    stages: int = 1
+    schedule: Literal["none", "gpipe", "1f1b"] = "none"
+    micro_batches: int = 1
+    stage_layers: list[list[int]] = Field(default_factory=list)
+
+
+class ExecSpec(BaseModel):
+    model: str
+    kind: str = Field(description="zoo model kind: lm | mlm | vision")
+    global_batch: int
+    seq_len: int | None
+    precision: Literal["fp32", "bf16", "fp16"]
+    num_devices: int
+    mesh: list[MeshDim]
+    data_parallel: Literal["none", "ddp", "zero1", "fsdp"] = "none"
+    reshard_after_forward: bool = False
+    zero_stage: int = 0
+    styles: list[StyleSpec] = Field(default_factory=list)
+    ties: list[list[str]] = Field(default_factory=list, description="parameter FQNs that are one parameter")
+    recompute: list[str] = Field(default_factory=list)
+    pipeline: PipelineExec = Field(default_factory=PipelineExec)
+    expected_comms: list[ExpectedComm] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list, description="where execution knowingly differs from the Plan")
+    summary: str = ""
+    predicted_time_s: float = 0.0
+    predicted_memory_bytes: int = 0
+    plan: dict[str, Any] = Field(default_factory=dict)
+
+    def dim(self, role: Role) -> MeshDim | None:
+        return next((d for d in self.mesh if d.role == role), None)
+
+    def size(self, role: Role) -> int:
+        return (d := self.dim(role)) and d.size or 1
+
+
+class RunSettings(BaseModel):
+    steps: int = Field(default=20, ge=1)
+    warmup: int = Field(default=2, ge=0, description="steps excluded from the timing (and the memory step)")
+    seed: int = 0
+    lr: float = 1e-3
+    device: Literal["cpu", "cuda"] = "cpu"
+    comm_debug: bool = Field(default=False, description="record step 0 under CommDebugMode")
+    measure_memory: bool = True
+    memory_method: Literal["profiler", "memtracker"] = Field(
+        default="profiler", description="CPU peak memory: the profiler's allocator events (default; they also see "
+        "communication buffers) or MemTracker (a breakdown by kind; not for pipeline stages)")
+    fail_rank: int | None = Field(default=None, description="testing: this rank raises at fail_step")
+    fail_step: int = 0
+
+
+class Job(BaseModel):
+    spec: ExecSpec
+    settings: RunSettings

@@ -1,0 +1,112 @@
+"""Pipeline stages built from the model's own submodules.
+
+A stage holds the zoo model's own modules under their own names (``tok_emb``, ``blocks.3``, ...),
+so parameter FQNs, the Plan's module names and the recompute list mean the same inside a stage
+as in the whole model. The tracer front end (``torch.distributed.pipelining.pipeline``) is not
+used: it silently drops activation checkpointing (DESIGN.md 8a).
+
+What runs before and after the block stack is model-specific, so each zoo family that can be
+pipelined says it here; the block stack itself is the model's ``blocks_attr`` list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from search import zoo
+
+
+@dataclass(frozen=True)
+class Split:
+    """The parts of a model around its block stack: attribute names and how they run."""
+
+    pre: tuple[str, ...]
+    post: tuple[str, ...]
+    run_pre: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    run_post: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # returns logits
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _gpt_pre(m: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    pos = torch.arange(ids.shape[1], device=ids.device)
+    return m.tok_emb(ids) + m.pos_emb(pos)
+
+
+def _llama_pre(m: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return m.tok_emb(ids)
+
+
+def _bert_pre(m: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    pos = torch.arange(ids.shape[1], device=ids.device)
+    h = m.tok_emb(ids) + m.pos_emb(pos) + m.type_emb(torch.zeros_like(ids))
+    return m.emb_norm(h)
+
+
+def _vit_pre(m: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    x = m.patch_emb(images).flatten(2).transpose(1, 2)
+    cls = m.cls_token.expand(x.shape[0], -1, -1)
+    return torch.cat((cls, x), dim=1) + m.pos_emb
+
+
+def _lm_post(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    return m.lm_head(m.norm(h))
+
+
+def _bert_post(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    return m.lm_head(m.head_norm(F.gelu(m.head_dense(h))))
+
+
+def _vit_post(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    return m.head(m.norm(h)[:, 0])
+
+
+def _vision_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float(), labels)
+
+
+# Each entry mirrors the forward of the zoo class it names (search/zoo.py); the faithfulness
+# tests compare a pipelined run against that forward, so a drift between the two shows there.
+SPLITS: dict[type, Split] = {
+    zoo.GPT: Split(("tok_emb", "pos_emb"), ("norm", "lm_head"), _gpt_pre, _lm_post, zoo._lm_loss),
+    zoo.Llama: Split(("tok_emb",), ("norm", "lm_head"), _llama_pre, _lm_post, zoo._lm_loss),
+    zoo.Bert: Split(("tok_emb", "pos_emb", "type_emb", "emb_norm"), ("head_dense", "head_norm", "lm_head"),
+                    _bert_pre, _bert_post, zoo._lm_loss),
+    zoo.ViT: Split(("patch_emb", "cls_token", "pos_emb"), ("norm", "head"), _vit_pre, _vit_post, _vision_loss),
+}
+
+
+def split_of(model: nn.Module) -> Split | None:
+    return SPLITS.get(type(model))
+
+
+class StageModule(nn.Module):
+    """One pipeline stage: the model's modules for layers [first, end) of the block stack, plus
+    the modules before the stack on the first stage and after it on the last."""
+
+    def __init__(self, model: nn.Module, blocks_attr: str, first: int, end: int, is_first: bool, is_last: bool) -> None:
+        super().__init__()
+        split = split_of(model)
+        if split is None:
+            raise ValueError(f"{type(model).__name__} has no pipeline split")
+        self._split = split
+        self.is_first, self.is_last = is_first, is_last
+        for name in (split.pre if is_first else ()) + (split.post if is_last else ()):
+            setattr(self, name, getattr(model, name))
+        stack = model.get_submodule(blocks_attr)
+        # a ModuleDict keyed by the layer's index keeps FQNs such as 'blocks.3.attn.q'
+        self.blocks_attr = blocks_attr
+        self.add_module(blocks_attr, nn.ModuleDict({str(i): stack[i] for i in range(first, end)}))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.is_first:
+            x = self._split.run_pre(self, x)
+        for block in self.get_submodule(self.blocks_attr).values():
+            x = block(x)
+        if self.is_last:
+            x = self._split.run_post(self, x)
+        return x
