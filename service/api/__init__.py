@@ -1,0 +1,1 @@
+"""The HTTP layer: one router per resource under `routes/`, shared plumbing here."""

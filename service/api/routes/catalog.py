@@ -1,0 +1,33 @@
+"""/api/models and /api/devices: what a job may name (the zoo, the device catalog)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from fastapi import APIRouter
+
+from service.api.errors import StrictJSONRoute
+from service.schemas import ModelOut
+
+router = APIRouter(prefix="/api", tags=["catalog"], route_class=StrictJSONRoute)
+
+
+@cache
+def _models() -> list[ModelOut]:
+    from search.zoo import ZOO
+
+    return [ModelOut(name=n, family=s.family, kind=s.kind, params=s.param_count(), default_seq_len=s.default_seq_len,
+                     description=s.description) for n, s in ZOO.items()]
+
+
+@router.get("/models", response_model=list[ModelOut], summary="The model zoo with parameter counts")
+def list_models() -> list[ModelOut]:
+    return _models()
+
+
+@router.get("/devices", response_model=list[dict[str, Any]], summary="The device catalog")
+def list_devices() -> list[dict[str, Any]]:
+    from search.cluster import CATALOG
+
+    return [d.model_dump(mode="json") for d in CATALOG.values()]

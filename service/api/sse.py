@@ -1,0 +1,53 @@
+"""Server-sent events from the progress log (FastAPI's own `fastapi.sse`).
+
+The stream polls the database (in the threadpool, never blocking the loop), so it works the
+same with several API processes; each event carries its id, and a client that reconnects with
+`Last-Event-ID` continues where it left off. The stream ends with an `end` event once the thing
+watched is done or failed, or after `sse_max_seconds` (the client then reconnects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import Request
+from fastapi.sse import ServerSentEvent
+from starlette.concurrency import run_in_threadpool
+
+from service.crud import events
+from service.db import Database
+from service.models import DONE, FAILED
+from service.schemas import EventOut
+from service.settings import Settings
+
+
+def event_out(e) -> EventOut:
+    return EventOut(id=e.id, kind=e.kind, stage=e.stage, fraction=e.fraction, message=e.message,
+                    search_id=e.search_id, job_id=e.job_id, run_id=e.run_id, created_at=e.created_at)
+
+
+async def stream(request: Request, db: Database, settings: Settings, *, after: int,
+                 status: Callable[[object], str], search_ids: Callable[[object], list[int]] = lambda s: [],
+                 job_id: int | None = None, run_id: int | None = None) -> AsyncIterator[ServerSentEvent]:
+    deadline = time.monotonic() + settings.sse_max_seconds
+    limit = 500
+
+    def poll():
+        with db.session() as s:
+            st = status(s)
+            evs = events.since(s, after, search_ids=search_ids(s), job_id=job_id, run_id=run_id, limit=limit)
+            return st, [event_out(e) for e in evs]
+
+    while True:
+        st, evs = await run_in_threadpool(poll)
+        for e in evs:
+            after = e.id
+            yield ServerSentEvent(data=e.model_dump(mode="json"), event=e.kind, id=str(e.id))
+        if st in (DONE, FAILED) and len(evs) < limit:
+            yield ServerSentEvent(data={"status": st}, event="end")
+            return
+        if time.monotonic() > deadline or await request.is_disconnected():
+            return
+        await asyncio.sleep(settings.sse_poll_seconds)

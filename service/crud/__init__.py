@@ -1,0 +1,1 @@
+"""Operations on the ORM, one module per resource (the layer between schemas and routes)."""

@@ -1,0 +1,70 @@
+"""Resizes: new resources for a job, answered with the plan it would move to."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from search.api import SearchRequest
+from search.cluster import parse_size
+from search.errors import InputError
+from service import validation
+from service.crud import events, jobs, searches, strategies
+from service.crud.errors import NotFound
+from service.models import DONE, FAILED, Resize
+from service.schemas import ResizeIn, ResizeOut
+
+
+def prepare(job_request: dict, body: ResizeIn) -> tuple[SearchRequest, int, int | None]:
+    """The job's request for the new resources, validated (InputError otherwise)."""
+    memory = parse_size(body.memory_per_device) if body.memory_per_device is not None else None
+    if memory is not None and memory > 2**62:
+        raise InputError(f"memory_per_device {body.memory_per_device!r} is beyond any device")
+    req = validation.resized(SearchRequest.model_validate(job_request), body.devices, memory, body.devices_per_node)
+    req, devices = validation.check(req)
+    return req, devices, memory
+
+
+def create(s: Session, job_id: int, req: SearchRequest, devices: int, memory: int | None) -> Resize:
+    jobs.get(s, job_id)
+    search, how = searches.get_or_create(s, req, devices)
+    r = Resize(job_id=job_id, devices=devices, memory_per_device=memory, search_id=search.id)
+    s.add(r)
+    s.flush()
+    mem = f", {memory} bytes per device" if memory is not None else ""
+    events.add(s, "info", job_id=job_id, message=f"resize {r.id} to {devices} devices{mem}: "
+               + ("answered from a stored frontier" if how == searches.STORED else f"search {search.id} {search.status}"))
+    return r
+
+
+def get(s: Session, job_id: int, resize_id: int) -> Resize:
+    r = s.get(Resize, resize_id)
+    if r is None or r.job_id != job_id:
+        raise NotFound(f"job {job_id} has no resize {resize_id}")
+    return r
+
+
+def out(s: Session, r: Resize) -> ResizeOut:
+    job = jobs.get(s, r.job_id)
+    search = searches.get(s, r.search_id)
+    current = job.selected_strategy_id
+    if current is None:
+        own = searches.get(s, job.search_id)
+        p = searches.picked(s, own)
+        current = p.id if p is not None else None
+    status, strategy = "pending", None
+    if search.status == DONE:
+        st = searches.picked(s, search, with_plan=True)
+        status = "ready" if st is not None else "no_fit"
+        strategy = strategies.out(st) if st is not None else None
+    elif search.status == FAILED:
+        status = "failed"
+    return ResizeOut(id=r.id, job_id=r.job_id, devices=r.devices, memory_per_device=r.memory_per_device,
+                     search_id=r.search_id, status=status, error=search.error, current_strategy_id=current,
+                     strategy=strategy, least_memory_bytes=search.least_memory_bytes, created_at=r.created_at)
+
+
+def is_settled(s: Session, r: Resize) -> bool:
+    search = searches.get(s, r.search_id)
+    return search.status in (DONE, FAILED)
+
+

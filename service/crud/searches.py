@@ -1,0 +1,71 @@
+"""Searches: one per canonical request, shared by every job that asks the same thing."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, undefer
+
+from search.api import SearchRequest
+from service.crud import events
+from service.crud.errors import NotFound
+from service.models import DONE, FAILED, QUEUED, Search, Strategy
+from service.validation import canonical_key, label
+
+# how get_or_create found the search
+NEW, STORED, SHARED, REQUEUED = "new", "stored", "shared", "requeued"
+
+
+def get(s: Session, search_id: int, *, with_summary: bool = False) -> Search:
+    q = select(Search).where(Search.id == search_id)
+    if with_summary:
+        q = q.options(undefer(Search.summary))
+    found = s.scalars(q).first()
+    if found is None:
+        raise NotFound(f"no search {search_id}")
+    return found
+
+
+def get_or_create(s: Session, req: SearchRequest, devices: int) -> tuple[Search, str]:
+    """The search for `req`: NEW (queued now), STORED (done: its frontier answers at once), SHARED
+    (queued or running for an earlier identical job) or REQUEUED (it had failed for a reason
+    other than its input, e.g. a worker lost; try again)."""
+    key = canonical_key(req)
+    found = s.scalars(select(Search).where(Search.key == key)).first()
+    if found is None:
+        try:
+            with s.begin_nested():
+                found = Search(key=key, label=label(req), devices=devices, request=req.model_dump(mode="json"),
+                               status=QUEUED, progress=0.0, attempts=0)
+                s.add(found)
+                s.flush()
+        except IntegrityError:  # an identical request inserted it concurrently
+            found = s.scalars(select(Search).where(Search.key == key)).one()
+        else:
+            events.add(s, "status", search_id=found.id, stage=QUEUED, message="queued for a worker")
+            return found, NEW
+    if found.status == DONE:
+        return found, STORED
+    if found.status == FAILED and found.error_kind != "input":
+        found.status, found.attempts, found.error, found.error_kind = QUEUED, 0, None, None
+        found.lease_owner = found.lease_token = found.lease_expires_at = None
+        found.stage, found.progress, found.started_at, found.finished_at = QUEUED, 0.0, None, None
+        events.add(s, "status", search_id=found.id, stage=QUEUED, message="queued again for a new job")
+        return found, REQUEUED
+    return found, SHARED
+
+
+def strategies(s: Session, search_id: int) -> list[Strategy]:
+    """Frontier points in order, then baselines (without their plans)."""
+    q = select(Strategy).where(Strategy.search_id == search_id).order_by(Strategy.kind.desc(), Strategy.idx)
+    return list(s.scalars(q))
+
+
+def picked(s: Session, search: Search, *, with_plan: bool = False) -> Strategy | None:
+    if search.picked_index is None:
+        return None
+    q = select(Strategy).where(Strategy.search_id == search.id, Strategy.kind == "frontier",
+                               Strategy.idx == search.picked_index)
+    if with_plan:
+        q = q.options(undefer(Strategy.plan))
+    return s.scalars(q).first()

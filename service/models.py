@@ -1,0 +1,163 @@
+"""The ORM: one table per entity of DESIGN.md section 7, the queue being two of them.
+
+`searches` and `runs` are the queue (no second broker): each row carries its status, the lease
+of the worker that claimed it (owner, token, expiry) and its attempts. A search is keyed by the
+hash of its canonical request, so identical jobs share one search and its stored frontier;
+`strategies` holds one row per Pareto point (and per baseline) with its Plan JSON.
+
+Times are naive UTC (`utcnow()`), the same on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, \
+    UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, deferred, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# task statuses (searches and runs); a job's status is its search's
+QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
+STATUSES = (QUEUED, RUNNING, DONE, FAILED)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class LeaseMixin:
+    """The queue columns shared by searches and runs."""
+
+    status: Mapped[str] = mapped_column(String(16), default=QUEUED)  # indexed with id, per table
+    stage: Mapped[str | None] = mapped_column(String(64))
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    error_kind: Mapped[str | None] = mapped_column(String(16))  # input | internal | lease
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+class Profile(Base):
+    """A DeviceProfile (search.profile, format paretoplan.profile/1) as uploaded, under a name."""
+
+    __tablename__ = "profiles"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    device: Mapped[str] = mapped_column(String(200))
+    backend: Mapped[str] = mapped_column(String(16))
+    ops: Mapped[int] = mapped_column(Integer)
+    collectives: Mapped[int] = mapped_column(Integer)
+    document: Mapped[Any] = deferred(mapped_column(JSON, nullable=False))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Search(LeaseMixin, Base):
+    """One search of one canonical request; its result is the stored frontier."""
+
+    __tablename__ = "searches"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    label: Mapped[str] = mapped_column(String(200))
+    devices: Mapped[int] = mapped_column(Integer)
+    request: Mapped[Any] = deferred(mapped_column(JSON, nullable=False))
+    summary: Mapped[Any | None] = deferred(mapped_column(JSON))  # FrontierReport less frontier and baselines
+    frontier_size: Mapped[int | None] = mapped_column(Integer)
+    picked_index: Mapped[int | None] = mapped_column(Integer)
+    least_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_searches_status_id", "status", "id"),)
+
+
+class Strategy(Base):
+    """A point of a stored frontier (kind 'frontier', idx its position) or a baseline plan."""
+
+    __tablename__ = "strategies"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    search_id: Mapped[int] = mapped_column(ForeignKey("searches.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # frontier | baseline
+    idx: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str | None] = mapped_column(String(200))
+    description: Mapped[str | None] = mapped_column(Text)
+    time_s: Mapped[float] = mapped_column(Float)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    summary: Mapped[str] = mapped_column(Text, default="")
+    against_frontier: Mapped[Any | None] = mapped_column(JSON)
+    plan: Mapped[Any] = deferred(mapped_column(JSON, nullable=False))
+
+    __table_args__ = (UniqueConstraint("search_id", "kind", "idx", name="uq_strategies_search_kind_idx"),)
+
+
+class Job(Base):
+    """A user's request; its status and frontier are those of its search."""
+
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    search_id: Mapped[int] = mapped_column(ForeignKey("searches.id"), index=True)
+    profile_id: Mapped[int | None] = mapped_column(ForeignKey("profiles.id"))
+    request: Mapped[Any] = deferred(mapped_column(JSON, nullable=False))
+    alternates: Mapped[Any] = mapped_column(JSON, default=dict)  # {"<devices>": search_id}
+    cached: Mapped[bool] = mapped_column(Boolean, default=False)
+    selected_strategy_id: Mapped[int | None] = mapped_column(ForeignKey("strategies.id"))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Run(LeaseMixin, Base):
+    """A launched strategy: queued for a worker, then its RunReport (measured vs predicted)."""
+
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    strategy_id: Mapped[int] = mapped_column(ForeignKey("strategies.id"))
+    steps: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int | None] = mapped_column(Integer)
+    checkpoint: Mapped[str | None] = mapped_column(Text)
+    report: Mapped[Any | None] = deferred(mapped_column(JSON))
+
+    __table_args__ = (Index("ix_runs_status_id", "status", "id"),)
+
+
+class Resize(Base):
+    """New resources recorded for a job, and the search that answers what plan it would move to."""
+
+    __tablename__ = "resizes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    devices: Mapped[int] = mapped_column(Integer)
+    memory_per_device: Mapped[int | None] = mapped_column(BigInteger)
+    search_id: Mapped[int] = mapped_column(ForeignKey("searches.id"))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Event(Base):
+    """The progress log: of a search (shared by its jobs), a job or a run."""
+
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    search_id: Mapped[int | None] = mapped_column(ForeignKey("searches.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))  # status | progress | info
+    stage: Mapped[str | None] = mapped_column(String(64))
+    fraction: Mapped[float | None] = mapped_column(Float)
+    message: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)

@@ -1,0 +1,213 @@
+"""The job queue: `searches` and `runs` rows claimed by workers under a lease.
+
+A claim is one statement on both databases:
+
+    UPDATE t SET status='running', lease_token=..., lease_expires_at=now+lease, attempts=attempts+1
+    WHERE id = (SELECT id FROM t WHERE <claimable> ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+      AND <claimable> RETURNING ...
+
+where <claimable> is "queued, or running with an expired lease" (an expired lease is how a lost
+worker's task goes back to the queue). The one dialect difference lives in that subquery:
+PostgreSQL gets FOR UPDATE SKIP LOCKED, so concurrent claimers take different rows instead of
+waiting on one another; SQLAlchemy renders nothing for it on SQLite, where the single UPDATE is
+atomic anyway (and the write transaction is BEGIN IMMEDIATE, see service.db).
+
+Every later call of the claimer names the token of its claim; a heartbeat, progress or result
+with a token that is no longer the task's (the lease expired and someone else claimed it) is
+refused with `LeaseLost`, so a task finishes exactly once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, func, insert, literal, or_, select, update
+from sqlalchemy.orm import Session, aliased
+
+from search.api import FrontierReport
+from service.crud import events
+from service.crud.errors import Conflict
+from service.db import Database
+from service.models import DONE, FAILED, QUEUED, RUNNING, Run, Search, Strategy, utcnow
+
+TABLES = {"search": Search, "run": Run}
+
+
+class LeaseLost(Conflict):
+    """The claim's token is not the task's any more (or the task is not running)."""
+
+
+@dataclass
+class Claim:
+    kind: str
+    id: int
+    token: str
+    attempt: int
+    lease_seconds: float
+    lease_expires_at: Any
+    payload: dict
+
+
+def _claimable(T, now):
+    return or_(T.status == QUEUED, and_(T.status == RUNNING, T.lease_expires_at < now))
+
+
+def _event_ids(kind: str, row_id: int, job_id: int | None = None) -> dict:
+    return {"search_id": row_id} if kind == "search" else {"run_id": row_id, "job_id": job_id}
+
+
+def fail_exhausted(s: Session, kind: str, now, max_attempts: int) -> None:
+    """Tasks whose lease expired after their last allowed attempt fail instead of running again."""
+    T = TABLES[kind]
+    cols = [T.id, T.lease_owner] + ([T.job_id] if kind == "run" else [])
+    stmt = (update(T).where(T.status == RUNNING, T.lease_expires_at < now, T.attempts >= max_attempts)
+            .values(status=FAILED, error_kind="lease", finished_at=now, stage=FAILED,
+                    error=literal(f"gave up after {max_attempts} attempts: every worker that claimed it stopped "
+                                  "heartbeating (the last was ") + func.coalesce(T.lease_owner, "?") + literal(")"))
+            .returning(*cols))
+    for row in s.execute(stmt).all():
+        events.add(s, "status", stage=FAILED, message=f"lease of {row[1]} expired on its last attempt; failed",
+                   **_event_ids(kind, row[0], row[2] if kind == "run" else None))
+
+
+def claim(db: Database, worker: str, kinds: list[str], lease_seconds: float, max_attempts: int) -> Claim | None:
+    for kind in kinds:
+        T = TABLES[kind]
+        with db.write_session() as s:
+            now = utcnow()
+            fail_exhausted(s, kind, now, max_attempts)
+            inner = aliased(T)
+            pick = (select(inner.id).where(_claimable(inner, now)).order_by(inner.id).limit(1)
+                    .with_for_update(skip_locked=True).scalar_subquery())
+            token = uuid.uuid4().hex
+            expires = now + timedelta(seconds=lease_seconds)
+            stmt = (update(T).where(T.id == pick, _claimable(T, now))
+                    .values(status=RUNNING, lease_owner=worker, lease_token=token, lease_expires_at=expires,
+                            heartbeat_at=now, attempts=T.attempts + 1, stage="claimed",
+                            started_at=now)
+                    .returning(T.id, T.attempts))
+            row = s.execute(stmt).first()
+            if row is None:
+                continue
+            task_id, attempt = row
+            again = f", attempt {attempt}: the previous lease expired" if attempt > 1 else ""
+            if kind == "search":
+                request = s.scalar(select(Search.request).where(Search.id == task_id))
+                payload = {"request": request}
+                events.add(s, "status", search_id=task_id, stage=RUNNING, message=f"claimed by {worker}{again}")
+            else:
+                run = s.scalars(select(Run).where(Run.id == task_id)).one()
+                plan = s.scalar(select(Strategy.plan).where(Strategy.id == run.strategy_id))
+                payload = {"plan": plan, "steps": run.steps, "job_id": run.job_id, "strategy_id": run.strategy_id,
+                           "checkpoint": run.checkpoint}
+                events.add(s, "status", run_id=task_id, job_id=run.job_id, stage=RUNNING,
+                           message=f"claimed by {worker}{again}")
+            return Claim(kind, task_id, token, attempt, lease_seconds, expires, payload)
+    return None
+
+
+def _owned(T, task_id: int, token: str):
+    return and_(T.id == task_id, T.lease_token == token, T.status == RUNNING)
+
+
+def heartbeat(db: Database, kind: str, task_id: int, token: str, lease_seconds: float, *, stage: str | None = None,
+              fraction: float | None = None, message: str | None = None, step: int | None = None,
+              checkpoint: str | None = None):
+    """Renew the lease (and record progress); LeaseLost when the claim is not the task's any more."""
+    T = TABLES[kind]
+    with db.write_session() as s:
+        now = utcnow()
+        expires = now + timedelta(seconds=lease_seconds)
+        values: dict[str, Any] = {"lease_expires_at": expires, "heartbeat_at": now}
+        if stage is not None:
+            values["stage"] = stage
+        if fraction is not None:
+            values["progress"] = fraction
+        if kind == "run":
+            if step is not None:
+                values["step"] = step
+            if checkpoint is not None:
+                values["checkpoint"] = checkpoint
+        cols = [T.id] + ([T.job_id] if kind == "run" else [])
+        row = s.execute(update(T).where(_owned(T, task_id, token)).values(**values).returning(*cols)).first()
+        if row is None:
+            raise LeaseLost(_lost(s, T, kind, task_id))
+        if stage is not None or fraction is not None or message:
+            events.add(s, "progress", stage=stage, fraction=fraction, message=message,
+                       **_event_ids(kind, task_id, row[1] if kind == "run" else None))
+        return expires
+
+
+def _lost(s: Session, T, kind: str, task_id: int) -> str:
+    row = s.execute(select(T.status, T.lease_owner).where(T.id == task_id)).first()
+    if row is None:
+        return f"no {kind} {task_id}"
+    if row[0] != RUNNING:
+        return f"{kind} {task_id} is {row[0]}, not running: this claim is over"
+    return f"{kind} {task_id} was claimed again (by {row[1]}) after this claim's lease expired"
+
+
+def complete_search(db: Database, task_id: int, token: str, report: FrontierReport) -> None:
+    with db.write_session() as s:
+        now = utcnow()
+        least = min((p.memory_bytes for p in report.frontier), default=None)
+        summary = report.model_dump(mode="json", exclude={"frontier", "baselines"})
+        done = s.execute(update(Search).where(_owned(Search, task_id, token))
+                         .values(status=DONE, stage=DONE, progress=1.0, finished_at=now, summary=summary,
+                                 frontier_size=len(report.frontier), picked_index=report.picked,
+                                 least_memory_bytes=least, error=None, error_kind=None)
+                         .returning(Search.id)).first()
+        if done is None:
+            raise LeaseLost(_lost(s, Search, "search", task_id))
+        rows = [dict(search_id=task_id, kind="frontier", idx=i, name=None, description=None, time_s=p.time_s,
+                     memory_bytes=p.memory_bytes, summary=str(p.plan.get("summary", "")), against_frontier=None,
+                     plan=p.plan) for i, p in enumerate(report.frontier)]
+        rows += [dict(search_id=task_id, kind="baseline", idx=i, name=b.name, description=b.description,
+                      time_s=b.time_s, memory_bytes=b.memory_bytes, summary=str(b.plan.get("summary", "")),
+                      against_frontier=b.against_frontier, plan=b.plan) for i, b in enumerate(report.baselines)]
+        if rows:
+            s.execute(insert(Strategy), rows)
+        fit = (f"fastest within the budget: #{report.picked}" if report.picked is not None
+               else "no plan fits the memory budget")
+        events.add(s, "status", search_id=task_id, stage=DONE, fraction=1.0,
+                   message=f"done: {len(report.frontier)} Pareto-optimal plans in {report.search_seconds:.2f} s; {fit}")
+
+
+def complete_run(db: Database, task_id: int, token: str, report: dict) -> None:
+    with db.write_session() as s:
+        now = utcnow()
+        done = s.execute(update(Run).where(_owned(Run, task_id, token))
+                         .values(status=DONE, stage=DONE, progress=1.0, finished_at=now, report=report,
+                                 error=None, error_kind=None)
+                         .returning(Run.id, Run.job_id)).first()
+        if done is None:
+            raise LeaseLost(_lost(s, Run, "run", task_id))
+        events.add(s, "status", run_id=task_id, job_id=done[1], stage=DONE, fraction=1.0, message="run finished")
+
+
+def fail(db: Database, kind: str, task_id: int, token: str, error: str, *, input_error: bool, retry: bool,
+         max_attempts: int) -> str:
+    """Fail the task, or put it back in the queue when asked and attempts remain; the new status."""
+    T = TABLES[kind]
+    with db.write_session() as s:
+        now = utcnow()
+        row = s.execute(select(T.attempts).where(_owned(T, task_id, token))).first()
+        if row is None:
+            raise LeaseLost(_lost(s, T, kind, task_id))
+        again = retry and not input_error and row[0] < max_attempts
+        values = (dict(status=QUEUED, stage=QUEUED, lease_owner=None, lease_token=None, lease_expires_at=None,
+                       error=error) if again else
+                  dict(status=FAILED, stage=FAILED, finished_at=now, error=error,
+                       error_kind="input" if input_error else "internal"))
+        cols = [T.id] + ([T.job_id] if kind == "run" else [])
+        r = s.execute(update(T).where(_owned(T, task_id, token)).values(**values).returning(*cols)).first()
+        if r is None:
+            raise LeaseLost(_lost(s, T, kind, task_id))
+        status = values["status"]
+        events.add(s, "status", stage=status, message=("failed, queued again: " if again else "failed: ") + error,
+                   **_event_ids(kind, task_id, r[1] if kind == "run" else None))
+        return status
+

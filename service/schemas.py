@@ -1,0 +1,322 @@
+"""The API's edge: pydantic models of what comes in and goes out.
+
+A job's body *is* the CLI's `search.api.SearchRequest` (one validation path for both front ends)
+plus what only the service knows: a stored profile to price the devices with, and further device
+counts to search ahead so that a resize has its answer ready.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
+
+from search.api import FrontierReport, SearchRequest
+
+
+def _utc(dt: datetime | None) -> str | None:
+    return None if dt is None else dt.replace(tzinfo=UTC).isoformat().replace("+00:00", "Z")
+
+
+Timestamp = Annotated[datetime, PlainSerializer(_utc, return_type=str)]
+
+Status = Literal["queued", "running", "done", "failed"]
+Count = Annotated[int, Field(gt=0, le=1_000_000)]
+TaskKind = Literal["search", "run"]
+
+
+class Error(BaseModel):
+    detail: str = Field(description="what went wrong, in one sentence")
+
+
+class JobCreate(SearchRequest):
+    """A search request, plus a stored profile and further device counts to search ahead."""
+
+    profile_id: int | None = Field(default=None, gt=0, le=2**31 - 1,
+                                   description="price ops and collectives with this stored DeviceProfile "
+                                               "(GET /api/profiles); instead of an inline `profile`")
+    device_counts: list[Count] = Field(default_factory=list, max_length=8,
+                                       description="further device counts to search now, so a resize is answered at once")
+
+    def search_request(self) -> SearchRequest:
+        # exclude_unset: which fields were given matters (a profile sets the device unless one is given)
+        return SearchRequest.model_validate(self.model_dump(exclude={"profile_id", "device_counts"}, exclude_unset=True))
+
+
+class Alternate(BaseModel):
+    devices: int
+    search_id: int
+    status: Status
+
+
+class JobOut(BaseModel):
+    id: int
+    name: str
+    status: Status
+    stage: str | None = None
+    progress: float = Field(description="fraction of the search done, 0 to 1")
+    error: str | None = None
+    search_id: int
+    devices: int
+    cached: bool = Field(description="answered from a stored frontier of an identical earlier search")
+    frontier_size: int | None = None
+    feasible: bool | None = Field(default=None, description="whether any plan fits the memory budget (when done)")
+    picked_strategy_id: int | None = Field(default=None, description="the fastest plan within the budget")
+    selected_strategy_id: int | None = None
+    profile_id: int | None = None
+    alternates: list[Alternate] = Field(default_factory=list)
+    created_at: Timestamp
+    started_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
+
+
+class JobDetail(JobOut):
+    request: dict[str, Any] = Field(description="the search request as stored (normalised)")
+
+
+class JobList(BaseModel):
+    total: int
+    items: list[JobOut]
+
+
+class PointOut(BaseModel):
+    id: int = Field(description="strategy id: GET /api/strategies/{id} for the full Plan")
+    index: int
+    time_s: float
+    memory_bytes: int
+    fits: bool = Field(description="within the job's memory budget")
+    summary: str
+
+
+class BaselineOut(BaseModel):
+    id: int
+    name: str
+    description: str
+    time_s: float
+    memory_bytes: int
+    summary: str
+    against_frontier: dict[str, Any]
+
+
+class FrontierOut(BaseModel):
+    job_id: int
+    search_id: int
+    status: Status
+    model: str
+    params: int
+    cluster: str
+    device: str
+    num_devices: int
+    memory_per_device: int
+    memory_budget_bytes: int
+    job: dict[str, Any]
+    eps: float
+    search_seconds: float
+    capture_seconds: float
+    stats: dict[str, Any]
+    feasible: bool
+    picked_index: int | None
+    picked_strategy_id: int | None
+    least_memory_bytes: int | None
+    points: list[PointOut]
+    baselines: list[BaselineOut]
+
+
+class StrategyOut(BaseModel):
+    id: int
+    search_id: int
+    kind: Literal["frontier", "baseline"]
+    index: int
+    name: str | None = None
+    description: str | None = None
+    time_s: float
+    memory_bytes: int
+    summary: str
+    against_frontier: dict[str, Any] | None = None
+    plan: dict[str, Any] = Field(description="the full Plan (search.plan.Plan)")
+
+
+class SelectIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    strategy_id: int = Field(gt=0, le=2**31 - 1)
+
+
+class LaunchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    strategy_id: int | None = Field(default=None, gt=0, le=2**31 - 1,
+                                    description="default: the selected strategy, else the fastest that fits")
+    steps: int = Field(default=20, gt=0, le=1_000_000, description="training steps to run")
+
+
+class Metrics(BaseModel):
+    time_s: float | None = None
+    memory_bytes: int | None = None
+
+
+class RunOut(BaseModel):
+    id: int
+    job_id: int
+    strategy_id: int
+    status: Status
+    steps: int
+    step: int | None = None
+    stage: str | None = None
+    progress: float
+    attempts: int
+    worker: str | None = None
+    error: str | None = None
+    checkpoint: str | None = None
+    predicted: Metrics
+    measured: Metrics | None = None
+    report: dict[str, Any] | None = Field(default=None, description="the worker's RunReport")
+    created_at: Timestamp
+    started_at: Timestamp | None = None
+    finished_at: Timestamp | None = None
+
+
+class ResizeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    devices: int = Field(gt=0, le=1_000_000, description="the new number of devices")
+    memory_per_device: int | str | None = Field(
+        default=None, description="bytes or a size such as '40GiB' the job may use per device (default: as before)")
+    devices_per_node: int | None = Field(default=None, gt=0, le=1_000_000)
+
+
+class ResizeOut(BaseModel):
+    id: int
+    job_id: int
+    devices: int
+    memory_per_device: int | None
+    search_id: int
+    status: Literal["pending", "ready", "no_fit", "failed"] = Field(
+        description="pending: the search for the new resources is queued or running; ready: `strategy` is the plan "
+                    "to move to; no_fit: no plan fits (least_memory_bytes says what the leanest needs)")
+    error: str | None = None
+    current_strategy_id: int | None = Field(default=None, description="the plan the job has now")
+    strategy: StrategyOut | None = None
+    least_memory_bytes: int | None = None
+    created_at: Timestamp
+
+
+class ProfileIn(BaseModel):
+    """A DeviceProfile as `paretoplan profile` writes it, under a name."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    profile: dict[str, Any] = Field(description="the DeviceProfile JSON (format paretoplan.profile/1)")
+
+
+class ProfileOut(BaseModel):
+    id: int
+    name: str
+    device: str = Field(description="the catalog device it was measured on")
+    backend: str
+    ops: int = Field(description="op signatures measured")
+    collectives: int = Field(description="collective fits")
+    created_at: Timestamp
+
+
+class ProfileDetail(ProfileOut):
+    profile: dict[str, Any]
+
+
+class ModelOut(BaseModel):
+    name: str
+    family: str
+    kind: str
+    params: int
+    default_seq_len: int | None
+    description: str
+
+
+class EventOut(BaseModel):
+    id: int
+    kind: str
+    stage: str | None = None
+    fraction: float | None = None
+    message: str | None = None
+    search_id: int | None = None
+    job_id: int | None = None
+    run_id: int | None = None
+    created_at: Timestamp
+
+
+# ---- the worker protocol ---------------------------------------------------------------------
+
+class ClaimIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    worker: str = Field(min_length=1, max_length=200, description="the worker's name (host:pid)")
+    kinds: list[TaskKind] = Field(default=["search", "run"], min_length=1, max_length=2)
+
+
+class TaskOut(BaseModel):
+    """A claimed task: the worker owns it until `lease_expires_at` unless it heartbeats."""
+
+    kind: TaskKind
+    id: int
+    token: str = Field(description="send with every heartbeat, progress and result of this claim")
+    attempt: int
+    lease_seconds: float
+    lease_expires_at: Timestamp
+    request: dict[str, Any] | None = Field(default=None, description="search: the SearchRequest")
+    plan: dict[str, Any] | None = Field(default=None, description="run: the Plan to execute")
+    steps: int | None = None
+    job_id: int | None = None
+    strategy_id: int | None = None
+    checkpoint: str | None = Field(default=None, description="run: where the last attempt left its checkpoint")
+
+
+class HeartbeatIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token: str = Field(min_length=1, max_length=64)
+    stage: str | None = Field(default=None, max_length=64)
+    fraction: float | None = Field(default=None, ge=0.0, le=1.0)
+    message: str | None = Field(default=None, max_length=4000)
+    step: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    checkpoint: str | None = Field(default=None, max_length=4000)
+
+
+class HeartbeatOut(BaseModel):
+    lease_expires_at: Timestamp
+
+
+MAX_BYTES = 2**63 - 1  # a BIGINT
+
+
+class SearchResultIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token: str = Field(min_length=1, max_length=64)
+    report: FrontierReport
+
+    @model_validator(mode="after")
+    def _storable(self) -> SearchResultIn:
+        r = self.report
+        if r.picked is not None and not 0 <= r.picked < len(r.frontier):
+            raise ValueError(f"report.picked {r.picked} is not an index of its {len(r.frontier)} frontier points")
+        for what, items in (("frontier", r.frontier), ("baselines", r.baselines)):
+            for i, p in enumerate(items):
+                if not 0 <= p.memory_bytes <= MAX_BYTES:
+                    raise ValueError(f"report.{what}.{i}.memory_bytes {p.memory_bytes} is out of range")
+                if not (math.isfinite(p.time_s) and p.time_s >= 0):
+                    raise ValueError(f"report.{what}.{i}.time_s must be a finite time, got {p.time_s}")
+        return self
+
+
+class RunResultIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token: str = Field(min_length=1, max_length=64)
+    report: dict[str, Any] = Field(description="worker.report.RunReport as JSON")
+
+
+class FailIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token: str = Field(min_length=1, max_length=64)
+    error: str = Field(min_length=1, max_length=20000)
+    input_error: bool = Field(default=False, description="the request itself is at fault: retrying cannot help")
+    retry: bool = Field(default=False, description="put the task back in the queue (while attempts remain)")
+
+
+class Ack(BaseModel):
+    ok: bool = True

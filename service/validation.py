@@ -1,0 +1,96 @@
+"""What a submitted request must pass before anything is stored, and its canonical key.
+
+Everything here is cheap (no model capture, no search): model and device names, the cluster's
+shape, sizes, a graph's structure (cycles included). What only the search can find out (an HF
+config transformers cannot build, say) fails the job later with the same message the CLI prints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from search.api import SearchRequest
+from search.errors import InputError
+
+KEY_VERSION = "1"  # bump when stored frontiers must not be reused any more
+
+
+def check(req: SearchRequest) -> tuple[SearchRequest, int]:
+    """The request normalised (sizes in bytes), and its device count; InputError when invalid."""
+    from search.cluster import cluster_from_dict, make_cluster, parse_size
+
+    update: dict[str, Any] = {}
+    prof = None
+    if req.profile is not None:
+        from search.profile import parse_profile
+
+        prof = parse_profile(req.profile, origin="profile")
+        if req.cluster is None and "device" not in req.model_fields_set:
+            update["device"] = prof.device  # what search.api.resolve does; explicit, so the key and the worker agree
+    device = update.get("device", req.device)
+    cluster = (cluster_from_dict(req.cluster) if req.cluster is not None
+               else make_cluster(device, req.devices, req.devices_per_node))
+    if prof is not None and cluster.device.name != prof.device:
+        raise InputError(f"the profile was measured on {prof.device!r}, but the cluster is of {cluster.device.name!r}; "
+                         f"search {prof.device!r} devices with it (or profile {cluster.device.name!r})")
+    if req.memory_budget is not None:
+        update["memory_budget"] = parse_size(req.memory_budget)
+    if req.model is not None:
+        from search.zoo import get_model
+
+        spec = get_model(req.model)
+        if req.seq_len is not None and spec.max_seq_len is not None and req.seq_len > spec.max_seq_len:
+            raise InputError(f"seq_len {req.seq_len} exceeds the {spec.max_seq_len} positions of model '{req.model}'")
+        if req.seq_len is not None and spec.kind == "vision":
+            raise InputError(f"model '{req.model}' is a vision model: it takes no seq_len")
+    elif req.graph is not None:
+        from search.graph import parse_graph
+
+        parse_graph(req.graph)
+    else:
+        if not isinstance(req.hf_config.get("model_type"), str):
+            raise InputError("hf_config has no 'model_type' string")
+    return req.model_copy(update=update), cluster.num_devices
+
+
+def label(req: SearchRequest) -> str:
+    if req.model is not None:
+        return req.model
+    if req.graph is not None:
+        return str(req.graph.get("name") or "graph")[:200]
+    return (req.name or str(req.hf_config.get("model_type")))[:200]
+
+
+def canonical_key(req: SearchRequest) -> str:
+    """sha256 of the request with every default filled in, keys sorted, plus the code's versions."""
+    from search.plan import PLAN_VERSION
+
+    doc = {"request": req.model_dump(mode="json"), "key": KEY_VERSION, "plan": PLAN_VERSION}
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def resized(req: SearchRequest, devices: int, memory_per_device: int | None,
+            devices_per_node: int | None) -> SearchRequest:
+    """The same request for new resources; the global batch stays what the job trains with."""
+    from search.cluster import parse_size
+
+    batch = req.global_batch
+    if batch is None and req.graph is None:
+        old = int(req.cluster.get("devices", req.devices)) if req.cluster is not None else req.devices
+        batch = max(8, old)  # what search.api.resolve defaulted it to
+    update: dict[str, Any] = {"global_batch": batch}
+    if req.cluster is not None:
+        cluster = dict(req.cluster, devices=devices)
+        if devices_per_node is not None:
+            cluster["devices_per_node"] = devices_per_node
+        update["cluster"] = cluster
+    else:
+        update["devices"] = devices
+        if devices_per_node is not None:
+            update["devices_per_node"] = devices_per_node
+    if memory_per_device is not None:
+        update["memory_budget"] = parse_size(memory_per_device)
+    return SearchRequest.model_validate(req.model_copy(update=update).model_dump())

@@ -1,0 +1,302 @@
+"""The API in process (the real app on a real database, SQLite and PostgreSQL), playing the worker
+through the REST protocol where a test needs a task to move."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from contextlib import contextmanager
+
+import pytest
+from fastapi.testclient import TestClient
+from svchelp import count_rows, query
+
+from service.app import create_app
+from service.settings import Settings
+
+TINY = {"model": "gpt2-tiny", "device": "cpu", "devices": 2}
+
+
+@contextmanager
+def app_client(databases, backend, **settings):
+    url = databases.fresh(backend)
+    app = create_app(Settings(database_url=url, **settings))
+    with TestClient(app) as c:
+        c.db_url = url
+        yield c
+
+
+@pytest.fixture
+def client(databases, backend):
+    with app_client(databases, backend) as c:
+        yield c
+
+
+def submit(c, **fields) -> dict:
+    r = c.post("/api/jobs", json={**TINY, **fields})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def claim(c, worker: str, kinds=("search",)):
+    r = c.post("/api/tasks/claim", json={"worker": worker, "kinds": list(kinds)})
+    assert r.status_code in (200, 204), r.text
+    return None if r.status_code == 204 else r.json()
+
+
+def post_result(c, task: dict, report_json: str):
+    body = '{"token": %s, "report": %s}' % (json.dumps(task["token"]), report_json)
+    return c.post(f"/api/tasks/search/{task['id']}/result", content=gzip.compress(body.encode()),
+                  headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+
+
+def test_smallest_body_gives_201_and_a_queued_job(client):
+    r = client.post("/api/jobs", json={"model": "gpt2-medium", "devices": 8, "device": "h100-80gb",
+                                       "global_batch": 32})
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["status"] == "queued" and job["id"] >= 1 and job["cached"] is False
+    assert client.get(f"/api/jobs/{job['id']}").json()["request"]["model"] == "gpt2-medium"
+    listed = client.get("/api/jobs").json()
+    assert listed["total"] == 1 and listed["items"][0]["id"] == job["id"]
+    assert client.get("/api/jobs", params={"status": "done"}).json()["total"] == 0
+    r = client.get(f"/api/jobs/{job['id']}/frontier")
+    assert r.status_code == 409 and "queued" in r.json()["detail"]
+
+
+def test_claim_lease_heartbeat_expiry_and_exactly_once(databases, backend, tiny_report):
+    with app_client(databases, backend, lease_seconds=0.5) as c:
+        job = submit(c)
+        t1 = claim(c, "w1")
+        assert t1["kind"] == "search" and t1["attempt"] == 1 and t1["request"]["model"] == "gpt2-tiny"
+        assert claim(c, "w2") is None  # nothing else to do while w1 holds the lease
+        r = c.post(f"/api/tasks/search/{t1['id']}/heartbeat", json={"token": t1["token"], "stage": "search",
+                                                                    "fraction": 0.5})
+        assert r.status_code == 200, r.text
+        assert c.get(f"/api/jobs/{job['id']}").json()["stage"] == "search"
+        time.sleep(0.8)  # w1 goes silent past its lease
+        t2 = claim(c, "w2")
+        assert t2 is not None and t2["id"] == t1["id"] and t2["attempt"] == 2 and t2["token"] != t1["token"]
+        # w1's claim is over: every call of it is refused
+        assert c.post(f"/api/tasks/search/{t1['id']}/heartbeat", json={"token": t1["token"]}).status_code == 409
+        r = post_result(c, t1, tiny_report)
+        assert r.status_code == 409 and "claimed again" in r.json()["detail"]
+        assert c.post(f"/api/tasks/search/{t1['id']}/fail", json={"token": t1["token"], "error": "x"}).status_code == 409
+        # w2 finishes it, once
+        assert post_result(c, t2, tiny_report).status_code == 200
+        assert post_result(c, t2, tiny_report).status_code == 409
+        done = c.get(f"/api/jobs/{job['id']}").json()
+        report = json.loads(tiny_report)
+        assert done["status"] == "done" and done["frontier_size"] == len(report["frontier"])
+        assert query(c.db_url, "SELECT attempts FROM searches") == [(2,)]
+        assert query(c.db_url, "SELECT count(*) FROM events WHERE kind = 'status' AND stage = 'done'") == [(1,)]
+        n = len(report["frontier"]) + len(report["baselines"])
+        assert query(c.db_url, "SELECT count(*) FROM strategies") == [(n,)]
+
+
+def test_a_task_whose_leases_keep_expiring_fails_with_a_message(databases, backend):
+    with app_client(databases, backend, lease_seconds=0.3, max_attempts=2) as c:
+        job = submit(c)
+        assert claim(c, "w1")["attempt"] == 1
+        time.sleep(0.5)
+        assert claim(c, "w2")["attempt"] == 2
+        time.sleep(0.5)
+        assert claim(c, "w3") is None
+        j = c.get(f"/api/jobs/{job['id']}").json()
+        assert j["status"] == "failed" and "gave up after 2 attempts" in j["error"] and "w2" in j["error"]
+
+
+def test_input_errors_are_final_other_failures_retry_on_resubmission(databases, backend):
+    with app_client(databases, backend) as c:
+        a = submit(c, global_batch=5)
+        t = claim(c, "w1")
+        r = c.post(f"/api/tasks/search/{t['id']}/fail", json={"token": t["token"], "error": "bad config",
+                                                              "input_error": True})
+        assert r.status_code == 200
+        failed = c.get(f"/api/jobs/{a['id']}").json()
+        assert failed["status"] == "failed" and failed["error"] == "bad config"
+        again = submit(c, global_batch=5)  # the same request: the same (final) answer
+        assert again["status"] == "failed" and again["search_id"] == a["search_id"] and claim(c, "w1") is None
+
+        b = submit(c, global_batch=6)
+        t = claim(c, "w1")
+        c.post(f"/api/tasks/search/{t['id']}/fail", json={"token": t["token"], "error": "worker crashed"})
+        assert c.get(f"/api/jobs/{b['id']}").json()["status"] == "failed"
+        again = submit(c, global_batch=6)  # not the request's fault: queued again
+        assert again["status"] == "queued" and again["search_id"] == b["search_id"]
+        t = claim(c, "w1")
+        assert t["id"] == b["search_id"]
+        # fail with retry: back in the queue at once, attempts left
+        c.post(f"/api/tasks/search/{t['id']}/fail", json={"token": t["token"], "error": "stopping", "retry": True})
+        assert c.get(f"/api/jobs/{b['id']}").json()["status"] == "queued"
+        assert claim(c, "w2")["attempt"] == 2
+
+
+def test_select_launch_and_run_protocol(databases, backend, tiny_report):
+    with app_client(databases, backend) as c:
+        job = submit(c)
+        r = c.post(f"/api/jobs/{job['id']}/launch", json={})
+        assert r.status_code == 409 and "searching" in r.json()["detail"]
+        t = claim(c, "w1")
+        assert post_result(c, t, tiny_report).status_code == 200
+        fr = c.get(f"/api/jobs/{job['id']}/frontier").json()
+        assert fr["feasible"] and fr["picked_strategy_id"] == fr["points"][fr["picked_index"]]["id"]
+        times = [p["time_s"] for p in fr["points"]]
+        mems = [p["memory_bytes"] for p in fr["points"]]
+        assert times == sorted(times) and all(a >= b for a, b in zip(mems, mems[1:]))
+        assert fr["baselines"] and all(b["name"] for b in fr["baselines"])
+        last = fr["points"][-1]
+        st = c.get(f"/api/strategies/{last['id']}").json()
+        assert st["plan"]["mesh"]["axes"] and st["time_s"] == last["time_s"] and st["kind"] == "frontier"
+
+        other = submit(c, global_batch=4)
+        r = c.post(f"/api/jobs/{other['id']}/select", json={"strategy_id": last["id"]})
+        assert r.status_code == 422 and "not on a frontier" in r.json()["detail"]
+        r = c.post(f"/api/jobs/{job['id']}/select", json={"strategy_id": last["id"]})
+        assert r.status_code == 200 and r.json()["selected_strategy_id"] == last["id"]
+
+        r = c.post(f"/api/jobs/{job['id']}/launch", json={"steps": 7})
+        assert r.status_code == 201, r.text
+        run = r.json()
+        assert run["status"] == "queued" and run["strategy_id"] == last["id"] and run["steps"] == 7
+        assert run["predicted"] == {"time_s": last["time_s"], "memory_bytes": last["memory_bytes"]}
+        task = claim(c, "gpu-node", kinds=("run",))
+        assert task["kind"] == "run" and task["id"] == run["id"] and task["steps"] == 7
+        assert task["plan"] == st["plan"]
+        r = c.post(f"/api/tasks/run/{task['id']}/heartbeat", json={"token": task["token"], "step": 3,
+                                                                  "fraction": 3 / 7, "checkpoint": "/ckpt/3"})
+        assert r.status_code == 200
+        mid = c.get(f"/api/runs/{run['id']}").json()
+        assert mid["status"] == "running" and mid["step"] == 3 and mid["checkpoint"] == "/ckpt/3"
+        report = {"measured": {"time_s": 0.012, "memory_bytes": 123456}, "losses": [2.0, 1.9], "plan": st["plan"]}
+        r = c.post(f"/api/tasks/run/{task['id']}/result", json={"token": task["token"], "report": report})
+        assert r.status_code == 200, r.text
+        done = c.get(f"/api/runs/{run['id']}").json()
+        assert done["status"] == "done" and done["measured"] == {"time_s": 0.012, "memory_bytes": 123456}
+        assert done["predicted"]["time_s"] == last["time_s"] and done["report"]["losses"] == [2.0, 1.9]
+        assert [x["id"] for x in c.get(f"/api/jobs/{job['id']}/runs").json()] == [run["id"]]
+
+
+def test_identical_request_is_answered_from_the_stored_frontier(databases, backend, tiny_report):
+    with app_client(databases, backend) as c:
+        first = submit(c)
+        t = claim(c, "w1")
+        assert post_result(c, t, tiny_report).status_code == 200
+        # the same request written differently: defaults spelt out, zero stages in another order
+        second = submit(c, zero_stages=[3, 2, 1, 0, 0], precision="bf16")
+        assert second["cached"] is True and second["status"] == "done" and second["search_id"] == first["search_id"]
+        assert claim(c, "w1") is None
+        a = c.get(f"/api/jobs/{first['id']}/frontier").json()
+        b = c.get(f"/api/jobs/{second['id']}/frontier").json()
+        assert a["points"] == b["points"] and b["job_id"] == second["id"]
+        assert query(c.db_url, "SELECT count(*), max(attempts) FROM searches") == [(1, 1)]
+        assert submit(c, memory_budget="1GiB")["search_id"] != first["search_id"]
+
+
+def test_device_counts_search_ahead_and_resize_is_answered_at_once(databases, backend, tiny_report):
+    with app_client(databases, backend) as c:
+        job = submit(c, device_counts=[4], global_batch=8)
+        assert [a["devices"] for a in job["alternates"]] == [4]
+        ids = set()
+        while (t := claim(c, "w1")) is not None:
+            ids.add(t["id"])
+            assert post_result(c, t, tiny_report).status_code == 200  # (any frontier serves the protocol)
+        assert ids == {job["search_id"], job["alternates"][0]["search_id"]}
+        r = c.post(f"/api/jobs/{job['id']}/resize", json={"devices": 4})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["status"] == "ready" and out["search_id"] == job["alternates"][0]["search_id"]
+        assert out["strategy"]["plan"]["mesh"] and out["current_strategy_id"] is not None
+        # new resources nobody searched yet: 202 pending, then ready once a worker answers
+        r = c.post(f"/api/jobs/{job['id']}/resize", json={"devices": 8, "memory_per_device": "1GiB"})
+        assert r.status_code == 202 and r.json()["status"] == "pending"
+        loc = r.headers["location"]
+        t = claim(c, "w1")
+        assert t["request"]["devices"] == 8 and t["request"]["global_batch"] == 8
+        assert t["request"]["memory_budget"] == 2**30
+        post_result(c, t, tiny_report)
+        assert c.get(loc).json()["status"] == "ready"
+        r = c.post(f"/api/jobs/{job['id']}/resize", json={"devices": 3, "devices_per_node": 2})
+        assert r.status_code == 422 and "multiple" in r.json()["detail"]
+
+
+def test_sse_stream_follows_a_search_to_its_end(databases, backend, tiny_report):
+    with app_client(databases, backend) as c:
+        job = submit(c)
+        t = claim(c, "w1")
+        c.post(f"/api/tasks/search/{t['id']}/heartbeat", json={"token": t["token"], "stage": "search", "fraction": 0.1})
+        post_result(c, t, tiny_report)
+        with c.stream("GET", f"/api/jobs/{job['id']}/events") as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            text = "".join(r.iter_text())
+        kinds = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("event: ")]
+        assert kinds[-1] == "end" and "progress" in kinds
+        datas = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+        assert datas[-1] == {"status": "done"}
+        assert any(d.get("stage") == "search" and d.get("fraction") == 0.1 for d in datas)
+        ids = [int(line[4:]) for line in text.splitlines() if line.startswith("id: ")]
+        assert ids == sorted(ids)
+        # resume after an event: only what came later
+        with c.stream("GET", f"/api/jobs/{job['id']}/events", headers={"Last-Event-ID": str(ids[-2])}) as r:
+            later = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        assert [d.get("id") for d in later[:-1]] == [ids[-1]]
+        assert c.get("/api/jobs/999/events").status_code == 404
+
+
+def test_profiles_upload_list_and_price_a_job(client):
+    doc = {"format": "paretoplan.profile/1", "device": "cpu"}
+    r = client.post("/api/profiles", json={"name": "this box", "profile": doc})
+    assert r.status_code == 201, r.text
+    p = r.json()
+    assert p["device"] == "cpu" and p["name"] == "this box"
+    assert [x["id"] for x in client.get("/api/profiles").json()] == [p["id"]]
+    assert client.get(f"/api/profiles/{p['id']}").json()["profile"]["device"] == "cpu"
+    r = client.post("/api/jobs", json={"model": "gpt2-tiny", "devices": 2, "profile_id": p["id"]})
+    assert r.status_code == 201, r.text
+    req = r.json()["request"]
+    assert req["device"] == "cpu" and req["profile"]["format"] == "paretoplan.profile/1"
+    r = client.post("/api/jobs", json={"model": "gpt2-tiny", "devices": 2, "device": "h100-80gb",
+                                       "profile_id": p["id"]})
+    assert r.status_code == 422 and "measured on 'cpu'" in r.json()["detail"]
+    bad = client.post("/api/profiles", json={"name": "x", "profile": {"format": "nope/0", "device": "cpu"}})
+    assert bad.status_code == 422 and "format" in bad.json()["detail"]
+    assert client.post("/api/jobs", json={**TINY, "profile_id": 424242}).status_code == 422
+
+
+def test_catalog_docs_and_placeholder(client):
+    models = {m["name"]: m for m in client.get("/api/models").json()}
+    from search.zoo import ZOO
+
+    assert models["gpt2-tiny"]["params"] == ZOO["gpt2-tiny"].param_count()
+    assert "cpu" in {d["name"] for d in client.get("/api/devices").json()}
+    assert client.get("/docs").status_code == 200
+    assert "/api/jobs" in client.get("/openapi.json").json()["paths"]
+    assert "/docs" in client.get("/").text
+
+
+def test_gzip_bodies_inflate_within_a_limit(databases, backend):
+    with app_client(databases, backend, max_inflated_bytes=1 << 20) as c:
+        body = json.dumps({**TINY, "name": None}).encode()
+        r = c.post("/api/jobs", content=gzip.compress(body),
+                   headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        assert r.status_code == 201, r.text
+        bomb = gzip.compress(b"[" + b"0," * (1 << 20) + b"0]")
+        r = c.post("/api/jobs", content=bomb, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        assert r.status_code == 413 and "inflates" in r.json()["detail"]
+        r = c.post("/api/jobs", content=b"not gzip", headers={"Content-Type": "application/json",
+                                                               "Content-Encoding": "gzip"})
+        assert r.status_code == 400 and "gzip" in r.json()["detail"]
+        assert count_rows(c.db_url)["jobs"] == 1
+
+
+def test_a_worker_token_guards_the_worker_protocol(databases, backend):
+    with app_client(databases, backend, worker_token="s3cret") as c:
+        submit(c)
+        r = c.post("/api/tasks/claim", json={"worker": "w"})
+        assert r.status_code == 401 and "X-Worker-Token" in r.json()["detail"]
+        r = c.post("/api/tasks/claim", json={"worker": "w"}, headers={"X-Worker-Token": "wrong"})
+        assert r.status_code == 401
+        r = c.post("/api/tasks/claim", json={"worker": "w"}, headers={"X-Worker-Token": "s3cret"})
+        assert r.status_code == 200 and r.json()["kind"] == "search"
+        assert c.get("/api/jobs").status_code == 200  # users need no token

@@ -1,0 +1,159 @@
+"""The queue with real processes: two workers racing for 50 jobs, a worker killed mid-task, a
+worker stopped mid-task, and `paretoplan serve` with its local worker."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from svchelp import query, start_server, start_worker, wait_job, wait_ready
+
+# a search of seconds (capture ~3 s, FT ~3 s, plans ~3 s on one core); no pipeline stages: they take minutes
+SLOW = {"model": "gpt2-medium", "device": "h100-80gb", "devices": 8, "global_batch": 32, "pipeline": False,
+        "baselines": False}
+
+
+def wait_working(http: httpx.Client, job_id: int, timeout: float = 120.0) -> dict:
+    """Until the worker has reported progress from inside run_search (capture or search)."""
+    end = time.monotonic() + timeout
+    while (job := http.get(f"/api/jobs/{job_id}").json())["stage"] not in ("capture", "search"):
+        assert job["status"] in ("queued", "running") and time.monotonic() < end, job
+        time.sleep(0.05)
+    return job
+
+
+def test_fifty_jobs_from_concurrent_clients_two_workers_each_finishes_exactly_once(backend, databases, tmp_path):
+    db_url = databases.fresh(backend)
+    server = start_server(db_url, tmp_path, lease=120)
+    workers = [start_worker(server.url, f"racer{i}", tmp_path, wait=False) for i in (1, 2)]
+    try:
+        for w in workers:
+            wait_ready(w)
+        bodies = [{"model": "gpt2-tiny", "device": "cpu", "devices": d, "global_batch": b, "pipeline": False,
+                   "baselines": False}
+                  for d in (2, 4) for b in range(4, 29)]
+        assert len(bodies) == 50
+
+        def submit(body: dict) -> dict:
+            with httpx.Client(base_url=server.url, timeout=120) as c:
+                r = c.post("/api/jobs", json=body)
+                assert r.status_code == 201, r.text
+                return r.json()
+
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            jobs = list(pool.map(submit, bodies))
+        assert len({j["id"] for j in jobs}) == 50 and len({j["search_id"] for j in jobs}) == 50
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            finished = [wait_job(http, j["id"], timeout=600) for j in jobs]
+            assert {j["status"] for j in finished} == {"done"}, [j for j in finished if j["status"] != "done"]
+            assert http.get("/api/jobs", params={"status": "done", "limit": 1}).json()["total"] == 50
+    finally:
+        for w in workers:
+            w.stop()
+        server.stop()
+    # the database: one claim per search, one completion each, strategies stored once
+    assert query(db_url, "SELECT count(*), min(attempts), max(attempts) FROM searches") == [(50, 1, 1)]
+    assert query(db_url, "SELECT count(*), count(DISTINCT search_id) FROM events "
+                         "WHERE kind = 'status' AND stage = 'done'") == [(50, 50)]
+    per_search = query(db_url, "SELECT s.frontier_size, count(st.id) FROM searches s JOIN strategies st "
+                               "ON st.search_id = s.id AND st.kind = 'frontier' GROUP BY s.id, s.frontier_size")
+    assert len(per_search) == 50 and all(size == n for size, n in per_search)
+    # the workers: together they finished each search once, and both took part
+    done_by = {w.url: set(map(int, re.findall(r"search (\d+) done", w.log()))) for w in workers}
+    ids = {j["search_id"] for j in jobs}
+    assert done_by["racer1"] | done_by["racer2"] == ids and not done_by["racer1"] & done_by["racer2"]
+    assert done_by["racer1"] and done_by["racer2"]
+    owners = dict(query(db_url, "SELECT lease_owner, count(*) FROM searches GROUP BY lease_owner"))
+    assert owners == {"racer1": len(done_by["racer1"]), "racer2": len(done_by["racer2"])}
+
+
+def test_a_worker_killed_mid_task_loses_it_to_another_after_its_lease(backend, databases, tmp_path):
+    db_url = databases.fresh(backend)
+    server = start_server(db_url, tmp_path, lease=3)
+    doomed = start_worker(server.url, "doomed", tmp_path)
+    rescuer = None
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            job = http.post("/api/jobs", json=SLOW).json()
+            wait_working(http, job["id"])  # the doomed worker is inside run_search
+            doomed.popen.send_signal(signal.SIGKILL)
+            assert doomed.popen.wait(timeout=30) == -signal.SIGKILL
+            status, owner, attempts = query(db_url, "SELECT status, lease_owner, attempts FROM searches")[0]
+            assert (status, owner, attempts) == ("running", "doomed", 1)  # killed mid-task, nothing reported
+            rescuer = start_worker(server.url, "rescuer", tmp_path)
+            done = wait_job(http, job["id"], timeout=300)
+            assert done["status"] == "done" and done["frontier_size"] > 1
+            msgs = [m for (m,) in query(db_url, "SELECT message FROM events WHERE search_id = :s AND stage = 'running' "
+                                                "ORDER BY id", s=job["search_id"])]
+            assert msgs == ["claimed by doomed", "claimed by rescuer, attempt 2: the previous lease expired"]
+    finally:
+        if rescuer is not None:
+            rescuer.stop()
+        doomed.stop()
+        server.stop()
+    assert query(db_url, "SELECT status, lease_owner, attempts FROM searches") == [("done", "rescuer", 2)]
+    assert query(db_url, "SELECT count(*) FROM events WHERE kind = 'status' AND stage = 'done'") == [(1,)]
+
+
+def test_a_stopped_worker_hands_its_task_back_at_once(backend, databases, tmp_path):
+    db_url = databases.fresh(backend)
+    server = start_server(db_url, tmp_path, lease=3600)  # only the hand-back can requeue it in this test's time
+    worker = start_worker(server.url, "polite", tmp_path)
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            job = http.post("/api/jobs", json={**SLOW, "global_batch": 64}).json()
+            wait_working(http, job["id"])
+            assert worker.stop(signal.SIGTERM) == 0
+            back = http.get(f"/api/jobs/{job['id']}").json()
+            assert back["status"] == "queued" and back["error"] == "the worker was stopped"
+    finally:
+        worker.stop()
+        server.stop()
+
+
+def test_serve_starts_a_local_worker_and_stops_it(databases, tmp_path):
+    db_url = databases.fresh("sqlite")
+    server = start_server(db_url, tmp_path, workers=1)
+    try:
+        pid = int(re.search(r"local worker\(s\): pid (\d+)", server.log()).group(1))
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            job = http.post("/api/jobs", json={"model": "gpt2-tiny", "device": "cpu", "devices": 2}).json()
+            assert wait_job(http, job["id"])["status"] == "done"
+            assert http.get("/api/health").json() == {"ok": True, "database": "sqlite"}
+    finally:
+        code = server.stop(signal.SIGTERM)
+    assert code == 0
+    end = time.monotonic() + 30
+    while _alive(pid):
+        assert time.monotonic() < end, f"local worker {pid} outlived the server"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent) counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_serve_takes_the_database_from_database_url_as_docker_compose_does(backend, databases, tmp_path):
+    db_url = databases.fresh(backend)
+    plain = db_url.replace("postgresql+psycopg://", "postgresql://")  # what most hosts hand out
+    server = start_server(None, tmp_path, DATABASE_URL=plain, PARETOPLAN_DATABASE_URL="")
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            assert http.get("/api/health").json() == {"ok": True, "database": backend}
+            assert http.post("/api/jobs", json={"model": "gpt2-tiny", "device": "cpu", "devices": 2}).status_code == 201
+    finally:
+        server.stop()
+    assert query(db_url, "SELECT count(*) FROM jobs") == [(1,)]
