@@ -15,6 +15,7 @@ from search.errors import InputError, NoFeasiblePlan
 
 EXIT_INPUT = 2
 EXIT_NO_PLAN = 3
+EXIT_RUN_FAILED = 4  # `run`: a rank failed or the run timed out
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--model", help="zoo model name (see `paretoplan models`)")
     src.add_argument("--hf-config", help="a HuggingFace transformers config.json (random init, no download)")
     src.add_argument("--graph", help="an OpGraph JSON file (format in README)")
-    s.add_argument("--device", default="h100-80gb", help="catalog device type (default h100-80gb)")
+    s.add_argument("--device", default=None,
+                   help="catalog device type (default h100-80gb, or the --profile's device)")
     s.add_argument("--devices", type=int, default=8, help="number of devices (default 8)")
     s.add_argument("--devices-per-node", type=int, default=None, help="node size (default: the device's usual)")
     s.add_argument("--cluster", help="cluster JSON file (overrides --device/--devices/--devices-per-node)")
@@ -51,10 +53,85 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--zero", default="0,1,2,3", help="ZeRO stages to consider, e.g. 0 or 1,3 (default 0,1,2,3)")
     s.add_argument("--no-recompute", action="store_true", help="never recompute activations of a block")
     s.add_argument("--no-baselines", action="store_true", help="skip the baseline planners (DP, FSDP, Megatron)")
+    s.add_argument("--pipeline", action="store_true",
+                   help="also split the layers into pipeline stages (1F1B; GPipe is costed and always dominated); "
+                        "a slower search")
+    s.add_argument("--allow-async-pipeline", action="store_true",
+                   help="with --pipeline, also consider PipeDream-2BW (double-buffered weights, 1-stale updates)")
     s.add_argument("--json", dest="json_out", help="write the frontier with every full Plan as JSON")
     s.add_argument("--html", dest="html_out", help="write an interactive offline Plotly chart of the frontier")
     s.add_argument("--dump-graph", help="write the captured OpGraph as JSON")
     s.add_argument("--all", action="store_true", help="print every frontier point, not a sample")
+    s.add_argument("--profile", help="a DeviceProfile JSON from `paretoplan profile`: price from measured costs")
+
+    pr = sub.add_parser("profile", help="measure op and collective costs on this machine (a DeviceProfile)",
+                        description="Time every op signature a search of --model on --devices devices will price, "
+                                    "and the collectives its meshes use, on this machine (CUDA GPUs with NCCL, "
+                                    "else CPU processes with gloo); or, with --calibrate, fit a profile's "
+                                    "correction factors to measured runs.")
+    pr.add_argument("--model", help="zoo model whose op signatures to time (see `paretoplan models`)")
+    pr.add_argument("--devices", type=int, default=None, help="devices the search will plan for")
+    pr.add_argument("--devices-per-node", type=int, default=None, help="node size (default: the device's usual)")
+    pr.add_argument("--device", default=None, help="catalog device measured (default: this machine's GPU, else cpu)")
+    pr.add_argument("--global-batch", type=int, default=None, help="as for search (default: max(8, devices))")
+    pr.add_argument("--seq-len", type=int, default=None, help="as for search (default: the model's)")
+    pr.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="bf16")
+    pr.add_argument("--out", help="profile JSON to write")
+    pr.add_argument("--base", help="an existing profile: keep its measurements, time only what is new")
+    pr.add_argument("--collectives-only", action="store_true", help="time collectives only, no model ops")
+    pr.add_argument("--repeats", type=int, default=10, help="most timed repeats per op signature (default 10)")
+    pr.add_argument("--threads", type=int, default=None, help="torch threads while timing ops (default: cores / devices)")
+    pr.add_argument("--calibrate", nargs="+", metavar="REPORT", help="RunReport JSON files to calibrate --profile with")
+    pr.add_argument("--profile", help="with --calibrate: the profile to calibrate")
+    r = sub.add_parser("run", help="launch a plan with torchrun and compare measured with predicted time and memory",
+                       description="Search --model for this machine and launch the picked plan, or launch a plan "
+                                   "saved by `search --json` (--plan); train on synthetic data with torchrun (gloo "
+                                   "CPU processes without a GPU, NCCL with GPUs) and print predicted vs measured "
+                                   "iteration time and peak memory per rank.")
+    rsrc = r.add_mutually_exclusive_group(required=True)
+    rsrc.add_argument("--model", help="zoo model to search and run (see `paretoplan models`)")
+    rsrc.add_argument("--plan", help="a Plan JSON, or a frontier JSON from `search --json` (choose with --pick)")
+    r.add_argument("--pick", default=None,
+                   help="fastest | leanest | budget (fastest within --memory-budget) | N (frontier index) | a "
+                        "baseline's name (default: budget with --model, the frontier's pick with a frontier JSON)")
+    r.add_argument("--devices", type=int, default=4, help="processes / GPUs to plan for (default 4)")
+    r.add_argument("--device", default=None, help="catalog device to search for (default: cpu without a GPU)")
+    r.add_argument("--devices-per-node", type=int, default=None, help="node size for the search")
+    r.add_argument("--memory-budget", help="per-device memory budget for --pick budget, e.g. 2GiB")
+    r.add_argument("--global-batch", type=int, default=None, help="samples per iteration (default: max(8, devices))")
+    r.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
+    r.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
+                   help="default fp32 on CPU processes, bf16 on GPUs")
+    r.add_argument("--zero", default="0,1,2,3", help="ZeRO stages the search considers (default 0,1,2,3)")
+    r.add_argument("--no-recompute", action="store_true", help="the search never recomputes activations")
+    r.add_argument("--profile", help="a DeviceProfile JSON of this machine for the search to price with")
+    r.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    r.add_argument("--warmup", type=int, default=2, help="steps left out of the timing (default 2)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the synthetic data")
+    r.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    r.add_argument("--report", help="write the RunReport (predicted, measured, losses, plan) as JSON")
+    r.add_argument("--max-procs", type=int, default=None, help="most CPU processes to start (default 4 per core)")
+    r.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    sv = sub.add_parser("serve", help="run the REST API (jobs, frontiers, runs) with a local worker",
+                        description="Serve the REST API and dashboard; settings also come from PARETOPLAN_* "
+                                    "environment variables and .env (DATABASE_URL for the database).")
+    sv.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1, PARETOPLAN_HOST)")
+    sv.add_argument("--port", type=int, default=None, help="port (default 8000, PARETOPLAN_PORT; 0: any free port)")
+    sv.add_argument("--db", default=None, help="database URL (default sqlite:///./paretoplan.db, or DATABASE_URL)")
+    sv.add_argument("--no-worker", action="store_true", help="start no local worker (run `paretoplan worker` elsewhere)")
+    sv.add_argument("--workers", type=int, default=1, help="local worker processes to start (default 1)")
+    sv.add_argument("--lease", type=float, default=None, help="seconds a task stays claimed without a heartbeat (default 30)")
+    sv.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+
+    wk = sub.add_parser("worker", help="claim searches and runs from a paretoplan service and execute them")
+    wk.add_argument("--api", required=True, help="the service's URL, e.g. http://127.0.0.1:8000")
+    wk.add_argument("--name", default=None, help="this worker's name in the service (default host:pid)")
+    wk.add_argument("--kinds", default="search,run", help="what to claim: search, run or both (default both)")
+    wk.add_argument("--poll", type=float, default=1.0, help="seconds between claims when there is nothing to do")
+    wk.add_argument("--max-tasks", type=int, default=None, help="exit after this many tasks")
+    wk.add_argument("--exit-with-parent", action="store_true", help="exit when the process that started it exits")
     return p
 
 
@@ -67,6 +144,14 @@ def main(argv: list[str] | None = None) -> int:
             return _devices()
         if args.command == "search":
             return _search(args)
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "worker":
+            return _worker(args)
+        if args.command == "profile":
+            return _profile(args)
+        if args.command == "run":
+            return _run(args)
     except InputError as e:
         print(f"paretoplan: error: {e}", file=sys.stderr)
         return EXIT_INPUT
@@ -77,6 +162,30 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from service.server import serve
+    from service.settings import Settings
+
+    given = {"host": args.host, "port": args.port, "database_url": args.db, "lease_seconds": args.lease}
+    try:
+        settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise InputError(f"{'.'.join(str(x) for x in first.get('loc', ())) or 'settings'}: {first.get('msg')}") from None
+    if args.workers < 0:
+        raise InputError(f"--workers must be 0 or more, got {args.workers}")
+    return serve(settings, workers=0 if args.no_worker else args.workers, log_level=args.log_level)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from service.agent import main as worker_main
+
+    return worker_main(args.api, name=args.name, kinds=args.kinds, poll_seconds=args.poll, max_tasks=args.max_tasks,
+                       exit_with_parent=args.exit_with_parent)
 
 
 def _models() -> int:
@@ -111,6 +220,8 @@ def _search(args: argparse.Namespace) -> int:
     if args.dump_graph:
         _write(args.dump_graph, result.graph.to_json())
     _print_table(result, o.best, o.budget, o.capture_seconds, args.all)
+    if "profile" in result.stats:
+        _print_profile_use(result.stats["profile"], o.plans)
     if o.baselines:
         _print_baselines(result, o.baselines)
     if args.json_out:
@@ -125,6 +236,171 @@ def _search(args: argparse.Namespace) -> int:
             f"no plan fits the memory budget of {format_size(int(o.budget))} per device; the leanest plan needs "
             f"{format_size(int(least))}", int(least))
     return 0
+
+
+def _print_profile_use(use: dict, plans: list) -> None:
+    est = sum(1 for p in plans if p.predicted.estimated)
+    n_est = use["signatures_estimated"]
+    print(f"costs from the {use['device']} profile{' (calibrated)' if use['calibrated'] else ''}: "
+          f"{use['signatures_measured']} op signatures measured, {n_est} priced from the roofline"
+          + (f", collectives without a fit: {', '.join(use['collectives_estimated'])}"
+             if use["collectives_estimated"] else "")
+          + f"; {est} of {len(plans)} plans carry estimated costs")
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from profiler.collectives import CollectiveBenchmarkError
+    from search.profile import load_profile
+
+    if not args.out:
+        raise InputError("--out is required: the profile JSON to write")
+    if not Path(args.out).resolve().parent.is_dir():
+        raise InputError(f"cannot write {args.out!r}: folder {str(Path(args.out).parent)!r} does not exist")
+    if args.calibrate:
+        from profiler.calibrate import calibrate, load_report
+
+        if not args.profile:
+            raise InputError("--calibrate needs --profile: the profile to calibrate")
+        prof = load_profile(args.profile)
+        reports = [load_report(r) for r in args.calibrate]
+        res = calibrate(reports, prof, names=list(args.calibrate))
+        res.profile.dump(args.out)
+        for name, why in res.skipped.items():
+            print(f"skipped {name}: {why}")
+        print(res.line())
+        print(f"wrote {args.out}")
+        return 0
+    if args.profile:
+        raise InputError("--profile is for --calibrate; to extend a profile use --base")
+    if args.devices is None:
+        raise InputError("--devices is required: how many devices the search will plan for")
+    from profiler.run import run_profile
+
+    base = load_profile(args.base) if args.base else None
+    try:
+        prof, summary = run_profile(args.model, args.devices, device=args.device,
+                                    devices_per_node=args.devices_per_node, global_batch=args.global_batch,
+                                    seq_len=args.seq_len, precision=args.precision, base=base,
+                                    collectives_only=args.collectives_only, repeats=args.repeats,
+                                    threads=args.threads, progress=sys.stderr.isatty())
+    except CollectiveBenchmarkError as e:
+        print(f"paretoplan: {e}", file=sys.stderr)
+        return 1
+    prof.dump(args.out)
+    where = f"{args.devices} x {prof.device}" + (f", {args.model}" if args.model and not args.collectives_only else "")
+    print(f"profiled {where}: {summary.line()}")
+    if summary.failed:
+        for sig, why in list(summary.failed.items())[:5]:
+            print(f"  not timed (roofline): {sig}: {why}")
+    print(f"wrote {args.out} ({len(prof.ops)} op signatures, {len(prof.collectives)} collective fits)")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    """`paretoplan run`: pick a plan (searched here or read), launch it, print predicted vs measured."""
+    from worker.launch import RunFailed, default_device, format_table, run_plan
+    from worker.spec import RunSettings
+
+    if args.steps < 1:
+        raise InputError(f"--steps must be at least 1, got {args.steps}")
+    if args.report and not Path(args.report).resolve().parent.is_dir():
+        raise InputError(f"cannot write {args.report!r}: folder {str(Path(args.report).parent)!r} does not exist")
+    device = default_device()
+    plan = _run_plan_from_search(args, device) if args.model else _run_plan_from_file(args)
+    settings = RunSettings(steps=args.steps, warmup=min(args.warmup, max(args.steps - 1, 0)), seed=args.seed,
+                           lr=args.lr, device=device)
+    try:
+        report = run_plan(plan, settings=settings, show_progress=not args.no_progress, max_procs=args.max_procs,
+                          timeout=args.timeout)
+    except RunFailed as e:
+        print(f"paretoplan: run failed: {str(e).splitlines()[0]}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    print(format_table(report))
+    for note in report.notes:
+        print(f"note: {note}")
+    if args.report:
+        _write(args.report, report.model_dump_json(indent=1))
+    return 0
+
+
+def _run_plan_from_search(args: argparse.Namespace, device: str):
+    """Search this machine (catalog device 'cpu' with N processes when there is no GPU) and pick."""
+    from pydantic import ValidationError
+
+    from search.api import SearchRequest, run_search
+
+    if device == "cuda" and args.device is None:
+        raise InputError("this machine has GPUs: name their catalog type with --device (see `paretoplan devices`)")
+    fields: dict = dict(model=args.model, device=args.device or "cpu", devices=args.devices,
+                        devices_per_node=args.devices_per_node, memory_budget=args.memory_budget,
+                        global_batch=args.global_batch, seq_len=args.seq_len,
+                        precision=args.precision or ("fp32" if device == "cpu" else "bf16"),
+                        zero_stages=list(_zero_stages(args.zero)), recompute=not args.no_recompute)
+    if args.profile:
+        fields["profile"] = _read_json(args.profile, "profile")
+        if args.device is None:
+            fields.pop("device")
+    try:
+        req = SearchRequest(**fields)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        raise InputError(f"--{where.replace('_', '-') or 'arguments'}: {first.get('msg', 'invalid')}") from None
+    o = run_search(req)
+    report = o.report.model_dump()
+    return _pick(report, args.pick or "budget")
+
+
+def _run_plan_from_file(args: argparse.Namespace):
+    data = _read_json(args.plan, "plan")
+    if isinstance(data, dict) and "frontier" in data:
+        return _pick(data, args.pick if args.pick is not None else "budget")
+    if args.pick is not None:
+        raise InputError("--pick chooses from a frontier JSON; --plan names a single Plan")
+    return _as_plan(data, args.plan)
+
+
+def _as_plan(data: object, origin: str):
+    from pydantic import ValidationError
+
+    from search.plan import Plan
+
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        raise InputError(f"{origin}: not a Plan{' at ' + where if where else ''}: {first.get('msg', 'invalid')}") from None
+
+
+def _pick(report: dict, pick: str):
+    """A Plan from a FrontierReport dict: fastest, leanest, budget, a frontier index or a baseline name."""
+    frontier = report.get("frontier") or []
+    if not frontier:
+        raise InputError("the frontier is empty")
+    bases = {b["name"]: b["plan"] for b in report.get("baselines") or []}
+    if pick == "fastest":
+        return _as_plan(frontier[0]["plan"], "frontier point 0")
+    if pick == "leanest":
+        return _as_plan(frontier[-1]["plan"], f"frontier point {len(frontier) - 1}")
+    if pick == "budget":
+        i = report.get("picked")
+        if i is None:
+            least = min(e["memory_bytes"] for e in frontier)
+            from search.cluster import format_size
+
+            raise NoFeasiblePlan(f"no plan fits the memory budget of {format_size(int(report['memory_budget_bytes']))} "
+                                 f"per device; the leanest plan needs {format_size(int(least))}", int(least))
+        return _as_plan(frontier[i]["plan"], f"frontier point {i}")
+    if pick.isdigit():
+        i = int(pick)
+        if i >= len(frontier):
+            raise InputError(f"--pick {i}: the frontier has {len(frontier)} plans (0-{len(frontier) - 1})")
+        return _as_plan(frontier[i]["plan"], f"frontier point {i}")
+    if pick in bases:
+        return _as_plan(bases[pick], f"baseline {pick!r}")
+    known = ", ".join(["fastest", "leanest", "budget", "N", *bases])
+    raise InputError(f"--pick {pick!r}: expected one of {known}")
 
 
 def _read_json(path: str, what: str) -> object:
@@ -145,11 +421,19 @@ def _request(args: argparse.Namespace):
 
     from search.api import SearchRequest
 
-    fields: dict = dict(device=args.device, devices=args.devices, devices_per_node=args.devices_per_node,
+    fields: dict = dict(devices=args.devices, devices_per_node=args.devices_per_node,
                         memory_budget=args.memory_budget, global_batch=args.global_batch, seq_len=args.seq_len,
                         precision=args.precision, eps=args.eps, zero_stages=list(_zero_stages(args.zero)),
                         recompute=not args.no_recompute, baselines=not args.no_baselines,
+                        pipeline=args.pipeline or args.allow_async_pipeline,
+                        allow_async_pipeline=args.allow_async_pipeline,
                         exhaustive=args.exhaustive, reuse_blocks=not args.no_block_reuse)
+    if args.device is not None:
+        fields["device"] = args.device
+    if args.profile:
+        from search.profile import load_profile
+
+        fields["profile"] = load_profile(args.profile).model_dump(mode="json")  # errors name the file
     if args.cluster:
         fields["cluster"] = _read_json(args.cluster, "cluster")
     if args.model:
