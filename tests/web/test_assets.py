@@ -1,0 +1,60 @@
+"""The dashboard's assets are served by the app itself (no browser needed): the page at `/`, its
+modules, and plotly.js from the installed plotly package; nothing refers to another host."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+import web.app
+from service.app import create_app
+from service.settings import Settings
+
+STATIC = Path(web.app.__file__).resolve().parent / "static"
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    db = tmp_path_factory.mktemp("web-assets") / "assets.sqlite"
+    with TestClient(create_app(Settings(database_url=f"sqlite:///{db}"))) as c:
+        yield c
+
+
+def test_the_page_is_served_at_the_root_with_its_modules(client):
+    r = client.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    page = r.text
+    assert "/docs" in page  # the API documentation stays one click away
+    refs = re.findall(r'(?:src|href)="(/static/[^"]+)"', page)
+    assert "/static/vendor/plotly.min.js" in refs and "/static/js/main.js" in refs
+    for ref in refs:
+        assert client.get(ref).status_code == 200, ref
+    # every module the page imports is there
+    for js in (STATIC / "js").glob("*.js"):
+        for dep in re.findall(r'from "\./([\w.]+)"', js.read_text()):
+            assert (STATIC / "js" / dep).is_file(), f"{js.name} imports missing {dep}"
+            assert client.get(f"/static/js/{dep}").headers["content-type"].startswith(("text/javascript", "application/javascript"))
+
+
+def test_plotly_comes_from_the_installed_package(client):
+    r = client.get("/static/vendor/plotly.min.js")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
+    assert r.content == web.app.plotly_js().read_bytes()
+    assert "max-age" in r.headers["cache-control"]
+
+
+def test_no_asset_refers_to_another_host():
+    for f in STATIC.rglob("*"):
+        if f.is_file():
+            text = f.read_text()
+            assert not re.search(r"""(src|href)\s*=\s*["'](https?:)?//""", text), f
+            assert not re.search(r"""(import|fetch)\s*\(?\s*["'](https?:)?//""", text), f
+
+
+def test_the_api_is_untouched_by_the_mount(client):
+    assert client.get("/api/health").json()["ok"] is True
+    assert client.get("/static/nope.js").status_code == 404
+    assert "/" not in client.get("/openapi.json").json()["paths"]

@@ -1,0 +1,57 @@
+// Numbers as people read them.
+
+const BYTE_UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+
+export function byteUnit(max) {
+  let i = 0;
+  while (i < BYTE_UNITS.length - 1 && Math.abs(max) >= 1024 ** (i + 1)) i++;
+  return { name: BYTE_UNITS[i], scale: 1024 ** i };
+}
+
+export function bytes(n, digits = 3) {
+  if (n === null || n === undefined || !Number.isFinite(Number(n))) return "–";
+  const { name, scale } = byteUnit(Number(n));
+  const v = Number(n) / scale;
+  return `${name === "B" ? v.toFixed(0) : Number(v.toPrecision(digits))} ${name}`;
+}
+
+export function timeUnit(max) {
+  if (max >= 1) return { name: "s", scale: 1 };
+  if (max >= 1e-3) return { name: "ms", scale: 1e-3 };
+  return { name: "µs", scale: 1e-6 };
+}
+
+export function seconds(t, digits = 3) {
+  if (t === null || t === undefined || !Number.isFinite(Number(t))) return "–";
+  const { name, scale } = timeUnit(Math.abs(t));
+  return `${Number((t / scale).toPrecision(digits))} ${name}`;
+}
+
+export function count(n) {
+  if (n >= 1e12) return `${+(n / 1e12).toPrecision(3)} T`;
+  if (n >= 1e9) return `${+(n / 1e9).toPrecision(3)} B`;
+  if (n >= 1e6) return `${+(n / 1e6).toPrecision(3)} M`;
+  if (n >= 1e3) return `${+(n / 1e3).toPrecision(3)} K`;
+  return String(n);
+}
+
+// relative change of b against a, signed: "+12.3%" / "−4.0%"
+export function pct(rel, digits = 1) {
+  if (rel === null || rel === undefined || !Number.isFinite(rel)) return "–";
+  if (Math.abs(rel) < 5e-5) return "0%";
+  const s = (rel * 100).toFixed(Math.abs(rel) < 0.01 ? Math.max(digits, 2) : digits);
+  return rel > 0 ? `+${s}%` : rel < 0 ? `−${s.slice(1)}%` : "0%";
+}
+
+export function when(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  const diff = (Date.now() - d.getTime()) / 1000;
+  if (diff < 60) return "just now";
+  if (diff < 3600) return `${Math.floor(diff / 60)} min ago`;
+  if (diff < 86400) return `${Math.floor(diff / 3600)} h ago`;
+  return d.toLocaleString();
+}
+
+const ESC = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+export const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ESC[c]);

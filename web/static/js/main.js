@@ -1,0 +1,576 @@
+// The dashboard: job list, new-job form, the open job's search progress, frontier chart and
+// table, the plan panel, runs and resize. The open job lives in the address (`/?job=ID`, and
+// `&point=ID` for the open plan), so a link opens the same view.
+
+import { api, ApiError, follow } from "./api.js";
+import { bytes, seconds, pct, when, esc } from "./format.js";
+import { initForm } from "./form.js";
+import { draw, colorFor } from "./chart.js";
+import { createTable } from "./table.js";
+import { renderPanel, updateRuns, runCard } from "./panel.js";
+
+const $ = (sel) => document.querySelector(sel);
+// timings from the start of navigation (performance.now()), read by tests and bench/dashboard_render.py
+const perf = (window.__paretoplan = { chartDrawnAt: null, chartPaintedAt: null, tableReadyAt: null, draws: 0 });
+
+const state = {
+  token: 0, jobId: null, job: null, frontier: null, series: [], baselines: [], points: new Map(),
+  strategies: new Map(), selectedId: null, runs: [], followers: new Map(), stream: null,
+  resizeTarget: null, steps: 20,
+};
+
+// ---- the address ------------------------------------------------------------------------------
+function fromUrl() {
+  const q = new URLSearchParams(location.search);
+  const h = new URLSearchParams(location.hash.replace(/^#/, ""));
+  const job = Number(q.get("job") || h.get("job")) || null;
+  const point = Number(q.get("point") || h.get("point")) || null;
+  return { job, point };
+}
+function setUrl({ job, point }, push) {
+  const q = new URLSearchParams();
+  if (job) q.set("job", job);
+  if (job && point) q.set("point", point);
+  const url = q.toString() ? `/?${q}` : "/";
+  if (url === location.pathname + location.search) return;
+  (push ? history.pushState : history.replaceState).call(history, null, "", url);
+}
+
+// ---- job list ---------------------------------------------------------------------------------
+let jobsTimer = null;
+async function refreshJobs() {
+  clearTimeout(jobsTimer);
+  let busy = false;
+  try {
+    const list = await api.jobs(100);
+    $("#jobs-total").textContent = `(${list.total})`;
+    busy = list.items.some((j) => j.status === "queued" || j.status === "running");
+    $("#job-list").innerHTML = list.items.map((j) => `<li><a href="/?job=${j.id}" data-job="${j.id}"${j.id === state.jobId ? ' aria-current="page"' : ""}>` +
+      `<span class="jid">#${j.id}</span><span class="jname">${esc(j.name)}</span><span class="badge ${j.status}">${j.status}</span>` +
+      `<span class="jsub">${j.devices} device${j.devices === 1 ? "" : "s"}${j.alternates.length ? ` (+${j.alternates.map((a) => a.devices).join(", ")})` : ""}` +
+      ` · ${when(j.created_at)}${j.frontier_size != null ? ` · ${j.frontier_size} points` : ""}${j.cached ? " · cached" : ""}</span></a></li>`).join("")
+      || '<li class="hint">no jobs yet</li>';
+  } catch (e) {
+    $("#job-list").innerHTML = `<li class="error">${esc(e.message)}</li>`;
+  }
+  jobsTimer = setTimeout(refreshJobs, busy ? 3000 : 15000);
+}
+$("#job-list").addEventListener("click", (e) => {
+  const a = e.target.closest("a[data-job]");
+  if (!a || e.ctrlKey || e.metaKey || e.shiftKey) return;
+  e.preventDefault();
+  openJob(Number(a.dataset.job), { push: true });
+});
+function markCurrent() {
+  for (const a of document.querySelectorAll("#job-list a[data-job]")) {
+    if (Number(a.dataset.job) === state.jobId) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+}
+
+// ---- one job ----------------------------------------------------------------------------------
+function reset() {
+  if (state.stream) state.stream.close();
+  for (const f of state.followers.values()) f.close();
+  Object.assign(state, { job: null, frontier: null, series: [], baselines: [], points: new Map(), selectedId: null,
+    runs: [], followers: new Map(), stream: null, resizeTarget: null, lastFraction: null, lastStage: null });
+  closePanel(false);
+  $("#frontier").hidden = true;
+  $("#progress-box").hidden = true;
+  $("#job-error").hidden = true;
+  $("#alternates").hidden = true;
+  $("#job-log").innerHTML = "";
+  $("#resize-result").innerHTML = "";
+  $("#runs-box").hidden = true;
+  $("#chart").removeAttribute("data-points");
+  clearResizeErrors();
+}
+
+function jobMeta(job) {
+  const r = job.request || {};
+  const model = r.model || r.name || (r.hf_config ? "HF config" : r.graph ? "uploaded graph" : "?");
+  const parts = [`${esc(model)} on ${job.devices} × ${esc(r.device || "?")}`];
+  if (r.global_batch) parts.push(`global batch ${r.global_batch}`);
+  if (r.seq_len) parts.push(`seq ${r.seq_len}`);
+  parts.push(esc(r.precision || "bf16"));
+  if (r.memory_budget) parts.push(`budget ${bytes(r.memory_budget)}`);
+  parts.push(`submitted ${when(job.created_at)}`);
+  if (job.cached) parts.push("answered from a stored frontier");
+  return parts.join(" · ");
+}
+
+function showJob(job) {
+  state.job = job;
+  $("#empty").hidden = true;
+  $("#job").hidden = false;
+  $("#job-title").textContent = `Job #${job.id}: ${job.name}`;
+  const badge = $("#job-status");
+  badge.className = `badge ${job.status}`;
+  badge.textContent = job.status;
+  $("#job-meta").innerHTML = jobMeta(job);
+  if (job.status === "failed") {
+    $("#job-error").textContent = `The search failed: ${job.error || "no reason given"}`;
+    $("#job-error").hidden = false;
+  }
+  if (job.alternates.length) {
+    $("#alternates").hidden = false;
+    $("#alternates").innerHTML = "Also searched: " + job.alternates.map((a) =>
+      `<span class="badge ${a.status}">${a.devices} devices: ${a.status}</span>`).join(" ");
+  }
+}
+
+function progress(fraction, label) {
+  const pctv = Math.round(100 * Math.max(0, Math.min(1, fraction || 0)));
+  $("#progress-box").hidden = false;
+  $("#progress-bar").style.width = `${pctv}%`;
+  $("#progress").setAttribute("aria-valuenow", String(pctv));
+  $("#progress-label").textContent = label;
+}
+
+async function openJob(id, { push = false, point = null } = {}) {
+  const token = ++state.token;
+  reset();
+  state.jobId = id;
+  setUrl({ job: id, point }, push);
+  markCurrent();
+  if (!id) { $("#empty").hidden = false; $("#job").hidden = true; return; }
+  let job;
+  try {
+    job = await api.job(id);
+  } catch (e) {
+    if (token !== state.token) return;
+    $("#empty").hidden = true; $("#job").hidden = false;
+    $("#job-title").textContent = `Job #${id}`;
+    $("#job-status").className = "badge failed"; $("#job-status").textContent = "not found";
+    $("#job-meta").textContent = "";
+    $("#job-error").textContent = e.message; $("#job-error").hidden = false;
+    return;
+  }
+  if (token !== state.token) return;
+  showJob(job);
+  if (job.status === "done") return loadFrontier(token, point);
+  if (job.status === "failed") return;
+  watchSearch(token, point);
+}
+
+function watchSearch(token, point) {
+  progress(state.job.progress, `${state.job.status}${state.job.stage ? `: ${state.job.stage}` : ""}`);
+  const log = $("#job-log");
+  state.stream = follow(`/api/jobs/${state.jobId}/events`, {
+    onEvent: (kind, e) => {
+      if (token !== state.token) return;
+      const stage = e.stage || (kind === "info" ? null : kind);
+      const frac = e.fraction ?? (stage === "done" ? 1 : null);
+      if (frac !== null) state.lastFraction = frac;
+      if (stage) state.lastStage = stage;
+      const pctText = state.lastFraction != null ? ` (${Math.round(100 * state.lastFraction)}%)` : "";
+      progress(state.lastFraction ?? 0, `${state.lastStage || "queued"}${pctText}${e.message ? ` — ${e.message}` : ""}`);
+      if (e.message) {
+        const li = document.createElement("li");
+        li.textContent = e.message;
+        log.appendChild(li);
+        log.scrollTop = log.scrollHeight;
+      }
+      if (stage === "running" || stage === "queued") {
+        $("#job-status").className = `badge ${stage}`;
+        $("#job-status").textContent = stage;
+      }
+    },
+    onEnd: async () => {
+      if (token !== state.token) return;
+      const job = await api.job(state.jobId);
+      if (token !== state.token) return;
+      showJob(job);
+      refreshJobs();
+      if (job.status === "done") { progress(1, `done: ${job.frontier_size} Pareto-optimal plans`); await loadFrontier(token, point); }
+    },
+    onError: async () => {
+      // the stream was refused: poll the job instead
+      if (token !== state.token) return;
+      const job = await api.job(state.jobId).catch(() => null);
+      if (job && token === state.token) {
+        showJob(job);
+        if (job.status === "done") loadFrontier(token, point);
+        else if (job.status !== "failed") setTimeout(() => token === state.token && watchSearch(token, point), 2000);
+      }
+    },
+  });
+}
+
+function rowsOf() {
+  const rows = [];
+  for (const s of state.series) {
+    for (const p of s.points) rows.push({ ...p, kind: "frontier", devices: s.devices, color: s.color, label: `#${p.index}` });
+  }
+  const budget = state.frontier.memory_budget_bytes;
+  for (const b of state.baselines) {
+    rows.push({ ...b, kind: "baseline", index: b.id, label: b.name, devices: state.frontier.num_devices,
+      fits: b.memory_bytes <= budget, color: "#333" });
+  }
+  return rows;
+}
+
+async function loadFrontier(token, point) {
+  let fr;
+  try {
+    performance.mark("pp:frontier-request");
+    fr = await api.frontier(state.jobId);
+    performance.mark("pp:frontier-parsed");
+  } catch (e) {
+    if (token !== state.token) return;
+    $("#job-error").textContent = e.message; $("#job-error").hidden = false;
+    return;
+  }
+  if (token !== state.token) return;
+  state.frontier = fr;
+  const counts = [fr.num_devices, ...state.job.alternates.map((a) => a.devices)];
+  state.series = [{ devices: fr.num_devices, search_id: fr.search_id, color: colorFor(fr.num_devices, counts), points: fr.points }];
+  state.baselines = fr.baselines;
+  indexPoints();
+  $("#frontier").hidden = false;
+  $("#frontier-summary").innerHTML = `<b>${fr.points.length}</b> Pareto-optimal plans for ${esc(fr.model)} (${(fr.params / 1e6).toPrecision(3)} M params) on ${esc(fr.cluster)}` +
+    ` · budget ${bytes(fr.memory_budget_bytes)}${fr.feasible ? "" : ' · <b class="nofit">no plan fits the budget</b>'}` +
+    ` · searched in ${seconds(fr.search_seconds)}${fr.eps ? ` · ε = ${fr.eps}` : " · exact"}`;
+  $("#r-devices").placeholder = String(fr.num_devices);
+  await redraw();
+  perf.chartDrawnAt = perf.chartDrawnAt ?? performance.now(); // the chart's SVG is in the document
+  // the table after the chart is on screen: the next frame's paint, then a task
+  await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));
+  perf.chartPaintedAt = perf.chartPaintedAt ?? performance.now();
+  if (token !== state.token) return;
+  table.setRows(rowsOf());
+  perf.tableReadyAt = perf.tableReadyAt ?? performance.now();
+  loadRuns(token);
+  loadAlternates(token, counts);
+  if (point) openStrategy(point, { focusPanel: false });
+}
+
+function indexPoints() {
+  state.points = new Map();
+  for (const s of state.series) for (const p of s.points) state.points.set(p.id, { ...p, devices: s.devices, kind: "frontier" });
+  for (const b of state.baselines) state.points.set(b.id, { ...b, kind: "baseline" });
+}
+
+async function loadAlternates(token, counts) {
+  // a job asked for several device counts: each count's frontier in its own colour, where the
+  // API serves it (GET /api/jobs/{id}/frontier?devices=N; the answer must be that search's)
+  for (const alt of state.job.alternates.filter((a) => a.status === "done")) {
+    let fr;
+    try { fr = await api.frontier(state.jobId, alt.devices); } catch { continue; }
+    if (token !== state.token) return;
+    if (fr.search_id !== alt.search_id || fr.num_devices !== alt.devices) continue;
+    state.series.push({ devices: alt.devices, search_id: alt.search_id, color: colorFor(alt.devices, counts), points: fr.points });
+  }
+  if (state.series.length > 1) {
+    state.series.sort((a, b) => (a.devices === state.frontier.num_devices ? -1 : b.devices === state.frontier.num_devices ? 1 : a.devices - b.devices));
+    indexPoints();
+    table.setRows(rowsOf());
+    await redraw();
+  }
+}
+
+function chartModel() {
+  const fr = state.frontier;
+  return {
+    series: state.series, baselines: state.baselines, memoryPerDevice: fr.memory_per_device, budget: fr.memory_budget_bytes,
+    pickedId: fr.picked_strategy_id, selectedId: state.selectedId, runs: state.runs, resizeTarget: state.resizeTarget,
+    xScale: $("#x-scale").value, yScale: $("#y-scale").value, revision: `${state.jobId}-${$("#x-scale").value}-${$("#y-scale").value}`,
+  };
+}
+
+async function redraw() {
+  if (!state.frontier) return;
+  await draw($("#chart"), chartModel(), (id) => openStrategy(id));
+  perf.draws++;
+}
+$("#x-scale").addEventListener("change", redraw);
+$("#y-scale").addEventListener("change", redraw);
+
+// ---- the plan panel ---------------------------------------------------------------------------
+async function strategy(id) {
+  if (!state.strategies.has(id)) state.strategies.set(id, await api.strategy(id));
+  return state.strategies.get(id);
+}
+
+function neighbours(id) {
+  const s = state.series.find((x) => x.points.some((p) => p.id === id));
+  if (!s) return {};
+  const sorted = [...s.points].sort((a, b) => a.time_s - b.time_s);
+  const i = sorted.findIndex((p) => p.id === id);
+  return { faster: sorted[i - 1] || null, leaner: sorted[i + 1] || null };
+}
+
+function currentPlanId() {
+  return state.job && (state.job.selected_strategy_id || state.job.picked_strategy_id);
+}
+
+async function openStrategy(id, { focusPanel = true } = {}) {
+  const token = state.token;
+  let st;
+  try { st = await strategy(id); } catch (e) {
+    $("#job-error").textContent = e.message; $("#job-error").hidden = false; return;
+  }
+  if (token !== state.token) return;
+  state.selectedId = id;
+  setUrl({ job: state.jobId, point: id }, false);
+  table.setSelected(id);
+  const point = state.points.get(id);
+  const target = state.resizeTarget && state.resizeTarget.strategy.id === id ? state.resizeTarget : null;
+  let title;
+  if (st.kind === "baseline") title = `Baseline: ${st.name}`;
+  else if (target) title = `Resize target: ${target.devices} devices`;
+  else title = `Point #${st.index}${point ? ` · ${point.devices} devices` : ""}`;
+  $("#panel-title").textContent = title;
+  const compareTo = [];
+  const cur = currentPlanId();
+  if (cur && cur !== id && (target || !point)) {
+    const c = state.points.get(cur);
+    if (c) compareTo.push({ label: `vs the job's current plan #${c.index}`, point: c });
+  }
+  if (target && state.points.size) {
+    const fastest = [...state.points.values()].filter((p) => p.kind === "frontier").sort((a, b) => a.time_s - b.time_s)[0];
+    if (fastest && fastest.id !== cur) compareTo.push({ label: `vs the fastest plan now (#${fastest.index})`, point: fastest });
+  }
+  renderPanel($("#panel-body"), {
+    strategy: st, neighbours: point && point.kind === "frontier" ? neighbours(id) : {},
+    // the baselines were planned for the job's own device count
+    baselines: (point ? point.kind === "baseline" || point.devices === state.frontier.num_devices : !target) ? state.baselines : [],
+    budget: state.frontier && state.frontier.memory_budget_bytes, memoryPerDevice: state.frontier && state.frontier.memory_per_device,
+    selected: state.job && state.job.selected_strategy_id === id, runs: state.runs.filter((r) => r.strategy_id === id),
+    compareTo, canLaunch: state.job && state.job.status === "done", steps: state.steps,
+  });
+  const panel = $("#panel");
+  const wasHidden = panel.hidden;
+  panel.hidden = false;
+  $("#layout").classList.add("with-panel");
+  if (wasHidden) window.Plotly.Plots.resize($("#chart"));
+  await redraw();
+  if (focusPanel && document.activeElement && !document.activeElement.closest("#points-table")) panel.focus({ preventScroll: true });
+}
+
+function closePanel(update = true) {
+  const panel = $("#panel");
+  if (panel.hidden) return;
+  panel.hidden = true;
+  $("#layout").classList.remove("with-panel");
+  state.selectedId = null;
+  if (update) {
+    setUrl({ job: state.jobId }, false);
+    table.setSelected(null);
+    if (state.frontier) { window.Plotly.Plots.resize($("#chart")); redraw(); }
+  }
+}
+$("#panel-close").addEventListener("click", () => closePanel());
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Escape" && !$("#panel").hidden) {
+    const inPanel = e.target.closest && e.target.closest("#panel");
+    closePanel();
+    if (inPanel) table.focus();
+  }
+});
+
+$("#panel-body").addEventListener("click", async (e) => {
+  const open = e.target.closest("[data-open]");
+  if (open) return openStrategy(Number(open.dataset.open));
+  if (e.target.id === "select-plan") return selectPlan(e.target);
+  if (e.target.id === "launch") return launch(e.target);
+});
+$("#panel-body").addEventListener("keydown", (e) => {
+  if (e.target.id === "launch-steps" && e.key === "Enter") { e.preventDefault(); launch($("#launch")); }
+});
+
+async function selectPlan(button) {
+  button.disabled = true;
+  try {
+    state.job = { ...state.job, ...(await api.select(state.jobId, state.selectedId)) };
+    button.textContent = "selected for the job ✓";
+  } catch (e) {
+    button.disabled = false;
+    showLaunchError(e.message);
+  }
+}
+
+function showLaunchError(msg) {
+  const p = $("#launch-error");
+  p.textContent = msg; p.hidden = !msg;
+  const steps = $("#launch-steps");
+  if (steps) { if (msg) steps.setAttribute("aria-invalid", "true"); else steps.removeAttribute("aria-invalid"); }
+}
+
+async function launch(button) {
+  if (button.disabled) return;
+  const raw = $("#launch-steps").value.trim();
+  const steps = /^-?\d+$/.test(raw) ? Number(raw) : raw;
+  showLaunchError("");
+  button.disabled = true;
+  const id = state.selectedId;
+  try {
+    const run = await api.launch(state.jobId, id, steps);
+    if (typeof steps === "number") state.steps = steps;
+    state.runs.push(run);
+    renderRuns();
+    followRun(run, state.token);
+  } catch (e) {
+    if (!(e instanceof ApiError)) throw e;
+    showLaunchError(e.detail);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// ---- runs -------------------------------------------------------------------------------------
+async function loadRuns(token) {
+  let runs;
+  try { runs = await api.jobRuns(state.jobId); } catch { return; }
+  if (token !== state.token) return;
+  state.runs = runs;
+  renderRuns();
+  for (const r of runs) if (r.status === "queued" || r.status === "running") followRun(r, token);
+  if (runs.some((r) => r.measured)) redraw();
+}
+
+function pointLabel(id) {
+  const p = state.points.get(id);
+  if (!p) return `strategy ${id}`;
+  return p.kind === "baseline" ? `baseline ${p.name}` : `#${p.index}`;
+}
+
+function renderRuns() {
+  $("#runs-box").hidden = state.runs.length === 0;
+  $("#runs").innerHTML = state.runs.slice().reverse().map((r) =>
+    `<li data-run="${r.id}"><button type="button" class="link" data-open="${r.strategy_id}">${esc(pointLabel(r.strategy_id))}</button><div>${runCard(r)}</div></li>`).join("");
+  if (state.selectedId != null) updateRuns($("#panel-body"), state.runs.filter((r) => r.strategy_id === state.selectedId));
+}
+$("#runs").addEventListener("click", (e) => {
+  const open = e.target.closest("[data-open]");
+  if (open) openStrategy(Number(open.dataset.open));
+});
+
+function replaceRun(run) {
+  const i = state.runs.findIndex((r) => r.id === run.id);
+  if (i >= 0) state.runs[i] = run; else state.runs.push(run);
+  renderRuns();
+}
+
+function followRun(run, token) {
+  if (state.followers.has(run.id)) return;
+  let pending = null;
+  const refresh = () => {
+    // coalesce: one GET per burst of events
+    if (pending) return;
+    pending = setTimeout(async () => {
+      pending = null;
+      const r = await api.run(run.id).catch(() => null);
+      if (r && token === state.token) replaceRun(r);
+    }, 150);
+  };
+  const f = follow(`/api/runs/${run.id}/events`, {
+    onEvent: refresh,
+    onEnd: async () => {
+      state.followers.delete(run.id);
+      const r = await api.run(run.id).catch(() => null);
+      if (!r || token !== state.token) return;
+      replaceRun(r);
+      await redraw();
+    },
+    onError: () => { state.followers.delete(run.id); setTimeout(() => token === state.token && followRun(run, token), 2000); },
+  });
+  state.followers.set(run.id, f);
+}
+
+// ---- resize -----------------------------------------------------------------------------------
+function clearResizeErrors() {
+  for (const p of document.querySelectorAll("#resize-form .error")) { p.hidden = true; p.textContent = ""; }
+  for (const el of document.querySelectorAll("#resize-form [aria-invalid]")) el.removeAttribute("aria-invalid");
+}
+function resizeField(err) {
+  const e = err.errors && err.errors[0];
+  const loc = e && e.loc ? e.loc.filter((x) => x !== "body") : [];
+  if (loc[0] === "devices" || loc[0] === "memory_per_device") return loc[0];
+  if (/size|memory|bytes/i.test(err.detail)) return "memory_per_device";
+  if (/devices|node/i.test(err.detail)) return "devices";
+  return "form";
+}
+$("#resize-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  clearResizeErrors();
+  const form = e.target, button = $("#resize-submit");
+  if (button.disabled || !state.jobId) return;
+  const rawDevices = $("#r-devices").value.trim(), mem = $("#r-memory").value.trim();
+  const body = { devices: /^-?\d+$/.test(rawDevices) ? Number(rawDevices) : rawDevices };
+  if (mem) body.memory_per_device = mem;
+  const out = $("#resize-result");
+  button.disabled = true;
+  const token = state.token;
+  try {
+    let r = await api.resize(state.jobId, body, 10);
+    while (r.body.status === "pending" && token === state.token) {
+      out.innerHTML = `<p>searching the frontier for ${r.body.devices} devices…</p>`;
+      r = await api.resizeAnswer(r.location, 10);
+    }
+    if (token !== state.token) return;
+    showResize(r.body);
+  } catch (err) {
+    if (!(err instanceof ApiError)) throw err;
+    const field = resizeField(err);
+    const p = form.querySelector(`#rerr-${field}`);
+    p.textContent = err.detail; p.hidden = false;
+    const input = form.querySelector(`[name="${field}"]`);
+    if (input) { input.setAttribute("aria-invalid", "true"); input.focus(); }
+  } finally {
+    button.disabled = false;
+  }
+});
+
+function showResize(r) {
+  const out = $("#resize-result");
+  if (r.status === "ready") {
+    const st = r.strategy;
+    state.strategies.set(st.id, st);
+    state.resizeTarget = { devices: r.devices, strategy: st };
+    const cur = state.points.get(r.current_strategy_id);
+    const cmp = cur ? ` (vs the current plan #${cur.index}: time ${pct(st.time_s / cur.time_s - 1)}, memory ${pct(st.memory_bytes / cur.memory_bytes - 1)})` : "";
+    out.innerHTML = `<div class="card" id="resize-card"><b>On ${r.devices} devices${r.memory_per_device ? ` with ${bytes(r.memory_per_device)} each` : ""} the job would move to:</b>` +
+      `<br><code>${esc(st.summary)}</code><br>${seconds(st.time_s)} per iteration, ${bytes(st.memory_bytes)} per device${cmp}` +
+      ` <button type="button" class="link" data-open="${st.id}">show this plan</button></div>`;
+    redraw();
+  } else if (r.status === "no_fit") {
+    state.resizeTarget = null;
+    out.innerHTML = `<div class="card"><b>No plan fits on ${r.devices} devices${r.memory_per_device ? ` with ${bytes(r.memory_per_device)} each` : ""}.</b>` +
+      (r.least_memory_bytes ? ` The leanest plan needs ${bytes(r.least_memory_bytes)} per device.` : "") + "</div>";
+    redraw();
+  } else {
+    out.innerHTML = `<div class="card error">The search for ${r.devices} devices ${r.status}${r.error ? `: ${esc(r.error)}` : ""}.</div>`;
+  }
+}
+$("#resize-result").addEventListener("click", (e) => {
+  const open = e.target.closest("[data-open]");
+  if (open) openStrategy(Number(open.dataset.open));
+});
+
+// ---- start ------------------------------------------------------------------------------------
+const table = createTable($("#points-table"), { onSelect: (id) => openStrategy(id, { focusPanel: false }) });
+
+window.addEventListener("popstate", () => {
+  const { job, point } = fromUrl();
+  if (job !== state.jobId) openJob(job, { point });
+  else if (point && point !== state.selectedId) openStrategy(point);
+  else if (!point) closePanel();
+});
+$("#home").addEventListener("click", (e) => { e.preventDefault(); openJob(null, { push: true }); });
+
+async function start() {
+  performance.mark("pp:start");
+  const { job, point } = fromUrl();
+  // a linked job's chart first; the form and the job list right after (they share the CPU)
+  if (job) await Promise.race([openJob(job, { point }), new Promise((r) => setTimeout(r, 1500))]);
+  initForm($("#job-form"), {
+    onCreated: (created) => {
+      refreshJobs();
+      openJob(created.id, { push: true });
+    },
+  });
+  refreshJobs();
+}
+if (window.Plotly) start();
+else window.addEventListener("load", start, { once: true });

@@ -1,0 +1,198 @@
+// The side panel: one strategy's Plan, what it gains or costs against its neighbours and the
+// baselines, and the actions on it (select, launch; its runs).
+
+import { bytes, seconds, pct, esc } from "./format.js";
+import { runErrors } from "./chart.js";
+
+const PARTS = [["params", "parameters"], ["grads", "gradients"], ["optimizer", "optimizer states"],
+  ["activations", "activations"], ["buffers", "buffers / workspace"]];
+const ZERO = ["none: parameters, gradients and optimizer states replicated over dp",
+  "ZeRO-1: optimizer states sharded over dp", "ZeRO-2: optimizer states and gradients sharded over dp",
+  "ZeRO-3 / FSDP: parameters, gradients and optimizer states sharded over dp"];
+const SCHEDULES = { none: "none", gpipe: "GPipe", "1f1b": "1F1B (PipeDream-Flush)", "2bw": "PipeDream-2BW (1-stale weights)" };
+
+export function ranges(nums) {
+  const out = [];
+  let start = null, prev = null;
+  for (const n of [...nums].sort((a, b) => a - b)) {
+    if (start === null) { start = prev = n; continue; }
+    if (n === prev + 1) { prev = n; continue; }
+    out.push(start === prev ? `${start}` : `${start}–${prev}`);
+    start = prev = n;
+  }
+  if (start !== null) out.push(start === prev ? `${start}` : `${start}–${prev}`);
+  return out.join(", ");
+}
+
+function rel(a, b) { return b ? a / b - 1 : null; }
+function cls(x) { return x === null ? "" : x < -1e-9 ? "better" : x > 1e-9 ? "worse" : ""; }
+function delta(label, me, other, openId) {
+  const dt = rel(me.time_s, other.time_s), dm = rel(me.memory_bytes, other.memory_bytes);
+  const link = openId ? ` <button type="button" class="link" data-open="${openId}">open</button>` : "";
+  return `<li><span>${label}</span>: time <b class="${cls(dt)}">${pct(dt)}</b>, memory <b class="${cls(dm)}">${pct(dm)}</b>${link}</li>`;
+}
+
+function meshText(plan) {
+  const axes = plan.mesh.axes.map((a) => `${a.name} ${a.size}`);
+  return [`pp ${plan.mesh.pp}`, ...axes].join(" × ");
+}
+
+function breakdown(plan, budget, devMem) {
+  const b = plan.predicted.breakdown;
+  const total = PARTS.reduce((s, [k]) => s + (b[k] || 0), 0) || 1;
+  const segs = PARTS.map(([k, name]) =>
+    `<span class="seg-${k}" style="width:${(100 * (b[k] || 0)) / total}%;background:var(--${k})" title="${name}: ${bytes(b[k])}"></span>`).join("");
+  const legend = PARTS.map(([k, name]) =>
+    `<li><i style="background:var(--${k})"></i>${name} <b>${bytes(b[k])}</b> (${((100 * (b[k] || 0)) / total).toFixed(0)}%)</li>`).join("");
+  const peak = plan.predicted.memory_bytes;
+  const note = budget ? `peak ${bytes(peak)} = ${((100 * peak) / budget).toPrecision(3)}% of the budget (${bytes(budget)})` +
+    (devMem && devMem !== budget ? `, ${((100 * peak) / devMem).toPrecision(3)}% of the device's ${bytes(devMem)}` : "") : "";
+  return `<div class="stack" role="img" aria-label="memory breakdown">${segs}</div><ul class="legend">${legend}</ul>` +
+    `<p class="budget-note">${note}</p>`;
+}
+
+function comm(plan) {
+  const c = plan.predicted.comm_bytes || {};
+  const sizes = Object.fromEntries(plan.mesh.axes.map((a) => [a.name, a.size]));
+  sizes.pp = plan.mesh.pp;
+  const keys = Object.keys(c);
+  if (!keys.length) return "<p class=hint>no communication recorded</p>";
+  const max = Math.max(...keys.map((k) => c[k]), 1);
+  return `<table class="mini comm"><thead><tr><th>axis</th><th class="num">size</th><th class="num">bytes / device / iteration</th><th></th></tr></thead><tbody>` +
+    keys.map((k) => `<tr><td>${esc(k)}</td><td class="num">${sizes[k] ?? ""}</td><td class="num">${bytes(c[k])}</td>` +
+      `<td><span class="hbar" style="width:${Math.round((80 * c[k]) / max)}px"></span></td></tr>`).join("") + "</tbody></table>";
+}
+
+function pipeline(plan) {
+  const p = plan.pipeline || {};
+  const layers = (plan.blocks || []).reduce((n, b) => Math.max(n, b.layer_variant.length), 0);
+  if (!p.stages || p.stages <= 1) {
+    return `<dl class="kv"><dt>stages</dt><dd>1 (no pipeline): every device holds all ${layers} layers</dd>` +
+      `<dt>micro-batching</dt><dd>none: the global batch of ${plan.global_batch} in one step</dd></dl>`;
+  }
+  const rows = p.stage_layers.map((lr, s) => `<tr><td>${s}</td><td>${lr[0]}–${lr[1] - 1}${s === 0 ? " + embeddings" : ""}${s === p.stages - 1 ? " + head" : ""}</td>` +
+    `<td class="num">${lr[1] - lr[0]}</td><td class="num">${seconds(p.stage_time_s[s])}</td><td class="num">${bytes(p.stage_memory_bytes[s])}</td></tr>`).join("");
+  return `<dl class="kv"><dt>stages</dt><dd>${p.stages}</dd><dt>schedule</dt><dd>${esc(SCHEDULES[p.schedule] || p.schedule)}</dd>` +
+    `<dt>micro-batches</dt><dd>${p.micro_batches}${p.micro_batch_size ? ` × ${p.micro_batch_size} samples per dp rank` : ""}</dd></dl>` +
+    `<table class="mini stages"><thead><tr><th>stage</th><th>layers</th><th class="num">#</th><th class="num">time</th><th class="num">memory</th></tr></thead><tbody>${rows}</tbody></table>`;
+}
+
+// "blocks.0.attn.q:linear" in layer 0 of "blocks" -> "attn.q"
+function shortOp(name, prefix) {
+  let n = name.split(":")[0];
+  if (prefix && n.startsWith(`${prefix}.`)) n = n.slice(prefix.length + 1).replace(/^\d+\./, "");
+  return n || name;
+}
+
+function opRows(ops, axes, prefix) {
+  return ops.map((o) => {
+    const cfg = o.config.map((c, i) => `${axes[i] ? axes[i].name : i}: ${c === "R" ? "rep" : c}`).join("<br>");
+    const params = Object.entries(o.params || {}).map(([name, pl]) =>
+      `<code>${esc(name.split(".").pop())}</code> ${esc(pl.join(", "))}`);
+    params.push(`<code>out</code> ${esc((o.output || []).join(", "))}`);
+    return `<tr><td><code title="${esc(o.op)}">${esc(shortOp(o.op, prefix))}</code><br><span class="hint">${esc(o.kind)}</span></td>` +
+      `<td>${cfg}</td><td>${params.join("<br>")}</td></tr>`;
+  }).join("");
+}
+
+function sharding(plan) {
+  const axes = plan.mesh.axes;
+  const head = `<thead><tr><th>op</th><th>mesh axis → dim</th><th>DTensor placements</th></tr></thead>`;
+  let html = "";
+  const rc = new Set((plan.recompute || []).map((r) => Number(r.split(".").pop())));
+  for (const b of plan.blocks || []) {
+    const n = b.layer_variant.length;
+    b.variants.forEach((ops, v) => {
+      const layers = b.layer_variant.map((x, i) => (x === v ? i : -1)).filter((i) => i >= 0);
+      const recomputed = layers.filter((l) => rc.has(l));
+      html += `<details class="variant"${v === 0 ? " open" : ""}><summary><b>${esc(b.prefix)}</b> layers ${ranges(layers)} ` +
+        `(${layers.length} of ${n})${recomputed.length ? `, recomputed: ${ranges(recomputed)}` : ""}</summary>` +
+        `<div class="scroll-x"><table class="mini ops">${head}<tbody>${opRows(ops, axes, b.prefix)}</tbody></table></div></details>`;
+    });
+  }
+  if ((plan.ops || []).length) {
+    html += `<details class="variant"><summary>outside the layers (${plan.ops.length} ops: embeddings, head, loss)</summary>` +
+      `<div class="scroll-x"><table class="mini ops">${head}<tbody>${opRows(plan.ops, axes, "")}</tbody></table></div></details>`;
+  }
+  return html || "<p class=hint>no ops</p>";
+}
+
+function recompute(plan) {
+  const total = (plan.blocks || []).reduce((n, b) => Math.max(n, b.layer_variant.length), 0);
+  const rc = plan.recompute || [];
+  if (!rc.length) return `none: activations of all ${total} layers are kept for the backward pass`;
+  const prefix = rc[0].split(".").slice(0, -1).join(".");
+  return `${rc.length} of ${total} layers recompute their activations in the backward pass (${esc(prefix)} ${ranges(rc.map((r) => Number(r.split(".").pop())))})`;
+}
+
+export function runCard(r) {
+  const pr = Math.round(100 * (r.progress || 0));
+  let html = `<div class="run-line"><b>run ${r.id}</b> <span class="badge ${r.status}">${r.status}</span>` +
+    `${r.stage && r.stage !== r.status ? ` ${esc(r.stage)}` : ""} · step ${r.step ?? 0}/${r.steps} ` +
+    `<span class="progress" role="progressbar" aria-label="run ${r.id} progress" aria-valuenow="${pr}" aria-valuemin="0" aria-valuemax="100">` +
+    `<span class="bar" style="width:${pr}%;display:block"></span></span></div>`;
+  if (r.measured && r.measured.time_s) {
+    const e = runErrors(r);
+    const mem = r.measured.memory_bytes != null ? bytes(r.measured.memory_bytes) : "memory not measured";
+    html += `<div class="run-line">measured <b>${seconds(r.measured.time_s)}</b>, <b>${mem}</b> · predicted ${seconds(r.predicted.time_s)}, ` +
+      `${bytes(r.predicted.memory_bytes)} · error: time <b class="run-err-time ${cls(e.time)}">${pct(e.time)}</b>, ` +
+      `memory <b class="run-err-memory ${cls(e.memory)}">${pct(e.memory)}</b></div>`;
+    if (r.report && r.report.device) {
+      html += `<div class="hint">on ${esc(r.report.device)}${r.report.notes && r.report.notes.length ? `; ${esc(r.report.notes.join("; "))}` : ""}</div>`;
+    }
+  }
+  if (r.error) html += `<div class="error">${esc(r.error.split("\n").slice(-3).join(" "))}</div>`;
+  return html;
+}
+
+// ctx: {title, strategy, neighbours: {faster, leaner}, baselines, budget, memoryPerDevice, selected,
+//       runs, compareTo: [{label, point}], canLaunch}
+export function renderPanel(root, ctx) {
+  const st = ctx.strategy, plan = st.plan, pred = plan.predicted;
+  const fits = ctx.budget ? pred.memory_bytes <= ctx.budget : true;
+  let deltas = "";
+  const me = { time_s: st.time_s, memory_bytes: st.memory_bytes };
+  if (ctx.neighbours.faster) deltas += delta(`vs #${ctx.neighbours.faster.index} (the next faster point)`, me, ctx.neighbours.faster, ctx.neighbours.faster.id);
+  if (ctx.neighbours.leaner) deltas += delta(`vs #${ctx.neighbours.leaner.index} (the next leaner point)`, me, ctx.neighbours.leaner, ctx.neighbours.leaner.id);
+  for (const c of ctx.compareTo || []) deltas += delta(c.label, me, c.point, c.point.id);
+  for (const b of ctx.baselines) if (b.id !== st.id) deltas += delta(`vs baseline ${esc(b.name)}`, me, b, b.id);
+  let against = "";
+  if (st.kind === "baseline" && st.against_frontier) {
+    const a = st.against_frontier;
+    against = `<p>The frontier has ` +
+      (a.faster_point != null ? `a plan <b>${Number(a.speedup).toPrecision(3)}×</b> as fast within its memory (#${a.faster_point})` : "no faster plan within its memory") +
+      " and " + (a.leaner_point != null ? `a plan needing <b>${Number(a.memory_ratio).toPrecision(3)}×</b> less memory at no more time (#${a.leaner_point})` : "no leaner plan at its time") + ".</p>";
+  }
+  root.innerHTML = `
+    <p class="summary-line" id="panel-summary">${esc(st.summary)}</p>
+    ${st.description ? `<p class="hint">${esc(st.description)}</p>` : ""}
+    <dl class="kv prediction">
+      <dt>iteration time</dt><dd id="panel-time">${seconds(pred.time_s, 4)}</dd>
+      <dt>peak memory / device</dt><dd id="panel-memory">${bytes(pred.memory_bytes, 4)} ${fits ? "" : '<b class="nofit">over the budget</b>'}</dd>
+      <dt>priced from</dt><dd>${pred.estimated ? "the device catalog (roofline estimate)" : "a measured device profile"}</dd>
+    </dl>
+    <div class="actions">
+      <button type="button" id="select-plan" ${ctx.selected ? "disabled" : ""}>${ctx.selected ? "selected for the job ✓" : "Select for the job"}</button>
+      <span><label for="launch-steps">steps</label><input id="launch-steps" type="text" inputmode="numeric" value="${ctx.steps || 20}" aria-describedby="launch-error"></span>
+      <button type="button" class="primary" id="launch" ${ctx.canLaunch ? "" : "disabled"}>Launch</button>
+    </div>
+    <p class="error" id="launch-error" role="alert" hidden></p>
+    <div id="panel-runs">${(ctx.runs || []).map((r) => `<div class="run-card" data-run="${r.id}">${runCard(r)}</div>`).join("")}</div>
+    ${against}
+    <h3>Compared with</h3><ul class="deltas" id="panel-deltas">${deltas || "<li>nothing to compare with</li>"}</ul>
+    <h3>Mesh</h3>
+    <p class="mesh" id="panel-mesh">${esc(meshText(plan))}</p>
+    <dl class="kv"><dt>devices</dt><dd>${plan.num_devices} (${plan.devices_per_node} per node) · ${esc(plan.cluster)}</dd>
+      <dt>sharded data parallel</dt><dd>${esc(ZERO[plan.zero_stage] || `ZeRO-${plan.zero_stage}`)}</dd>
+      <dt>job</dt><dd>${esc(plan.model)}, global batch ${plan.global_batch}${plan.seq_len ? `, seq ${plan.seq_len}` : ""}, ${esc(plan.precision)}</dd></dl>
+    <h3>Pipeline and micro-batching</h3><div id="panel-pipeline">${pipeline(plan)}</div>
+    <h3>Recomputation</h3><p id="panel-recompute">${recompute(plan)}</p>
+    <h3>Memory per device</h3><div id="panel-breakdown">${breakdown(plan, ctx.budget, ctx.memoryPerDevice)}</div>
+    <h3>Communication per axis</h3><div id="panel-comm">${comm(plan)}</div>
+    <h3>Sharding per layer</h3><div id="panel-sharding">${sharding(plan)}</div>`;
+}
+
+export function updateRuns(root, runs) {
+  const box = root.querySelector("#panel-runs");
+  if (box) box.innerHTML = runs.map((r) => `<div class="run-card" data-run="${r.id}">${runCard(r)}</div>`).join("");
+}
