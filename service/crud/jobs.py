@@ -127,9 +127,17 @@ def listing(s: Session, status: str | None, limit: int, offset: int) -> tuple[in
     return total, [_out(j, se, pid, alt) for j, se, pid in rows]
 
 
-def frontier(s: Session, job_id: int) -> FrontierOut:
+def frontier(s: Session, job_id: int, devices: int | None = None) -> FrontierOut:
+    """The job's frontier, or with `devices` the frontier of one of the device counts it asked
+    to have searched ahead (`device_counts`)."""
     job = get(s, job_id)
     search = searches.get(s, job.search_id, with_summary=True)
+    if devices is not None and devices != search.devices:
+        alts = {int(n): sid for n, sid in (job.alternates or {}).items()}
+        if devices not in alts:
+            counts = ", ".join(str(n) for n in sorted({search.devices, *alts}))
+            raise NotFound(f"job {job_id} has no search for {devices} devices (it has: {counts})")
+        search = searches.get(s, alts[devices], with_summary=True)
     if search.status != DONE:
         detail_ = f": {search.error}" if search.error else ""
         raise Conflict(f"job {job_id} has no frontier yet: its search is {search.status}{detail_}")

@@ -439,10 +439,8 @@ def test_live_progress_follows_the_event_stream(open_page, tmp_path, shot):
 def test_one_colour_per_device_count(web, http, shot):
     """A job that asked for several device counts: each count's frontier in its own colour.
 
-    The API serves a job's own frontier only; the page asks GET /api/jobs/{id}/frontier?devices=N
-    for the others and uses an answer only when it is that count's search. Until the service
-    serves it, that one request is answered here with the real stored frontier of the same search
-    (a job asking for 4 devices shares it)."""
+    The page asks GET /api/jobs/{id}/frontier?devices=N for the other counts; the answer is the
+    stored frontier of that count's search (a job asking for 4 devices shares it)."""
     body = {**TINY, "global_batch": 12, "device_counts": [4]}
     job = wait_job(http, http.post("/api/jobs", json=body).json()["id"])
     four = wait_job(http, http.post("/api/jobs", json={**TINY, "global_batch": 12, "devices": 4}).json()["id"])
@@ -453,8 +451,8 @@ def test_one_colour_per_device_count(web, http, shot):
     alt = http.get(f"/api/jobs/{four['id']}/frontier").json()
     assert alt["search_id"] == job["alternates"][0]["search_id"] and alt["num_devices"] == 4
     own = http.get(f"/api/jobs/{job['id']}/frontier?devices=4").json()
-    if own["search_id"] != alt["search_id"]:  # not served yet
-        web.page.route(re.compile(rf"/api/jobs/{job['id']}/frontier\?devices=4$"), lambda route: route.fulfill(json=alt))
+    assert own["search_id"] == alt["search_id"] and own["num_devices"] == 4
+    assert http.get(f"/api/jobs/{job['id']}/frontier?devices=3").status_code == 404
     page = web.page
     page.goto(f"/?job={job['id']}")
     page.wait_for_function("document.getElementById('chart').data.filter(t => t.name.endsWith('devices: frontier')).length === 2")

@@ -83,9 +83,12 @@ def get_job(job_id: JobId, db: DB) -> JobDetail:
 
 @router.get("/{job_id}/frontier", response_model=FrontierOut, responses=ERRORS,
             summary="The Pareto points (plans by strategy id) and the baselines")
-def get_frontier(job_id: JobId, db: DB) -> FrontierOut:
+def get_frontier(job_id: JobId, db: DB,
+                 devices: Annotated[int | None, Query(gt=0, le=1_000_000,
+                                                      description="one of the job's device_counts")] = None
+                 ) -> FrontierOut:
     with db.session() as s:
-        return jobs.frontier(s, job_id)
+        return jobs.frontier(s, job_id, devices)
 
 
 def _job_exists(job_id: JobId, db: DB) -> int:
