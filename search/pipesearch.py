@@ -47,7 +47,7 @@ import numpy as np
 from search.cluster import Cluster
 from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
 from search.frontier import RTOL, Factor, Stats, assignments, join, pareto_mask, select
-from search.ft import (Chain, _least_memory, _staircase, after_stack, find_chain, layer_index, layer_outputs,
+from search.ft import (Chain, _least_memory, _staircase, after_stack, find_chain, layer_index,
                        mesh_costs, prepare_mesh)
 from search.graph import OpGraph
 from search.mesh import Mesh, mesh_candidates, op_configs, output_placement, shard_factor
@@ -574,5 +574,5 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
 
 
 __all__ = ["PipeShape", "PipeSolution", "Weights", "evaluate_pipeline", "micro_batch_graph", "partitions",
-           "pipeline_shapes", "search_pipelines", "solve_shape", "stage_band", "stage_ops", "stage_weights",
-           "layer_outputs"]
+           "pipe_tables", "pipeline_shapes", "search_pipelines", "solve_shape", "stage_band", "stage_ops",
+           "stage_weights"]
