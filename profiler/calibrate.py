@@ -125,7 +125,7 @@ class Recoster:
     def parts(self, plan: dict[str, Any]) -> PlanParts:
         from search.exhaustive import evaluate
         from search.ft import layer_index, recompute_var
-        from search.mesh import Mesh, MeshAxis, op_configs
+        from search.mesh import Mesh, MeshAxis, default_role, op_configs
 
         mesh_d = plan.get("mesh") or {}
         if int(mesh_d.get("pp", 1)) > 1:
@@ -133,7 +133,8 @@ class Recoster:
         key, resolved = self._resolve(plan)
         graph = resolved[0]
         try:
-            mesh = Mesh(pp=1, axes=tuple(MeshAxis(a["name"], int(a["size"]), int(a["stride"]))
+            mesh = Mesh(pp=1, axes=tuple(MeshAxis(a["name"], int(a["size"]), int(a["stride"]),
+                                                  a.get("role") or default_role(a["name"]))
                                          for a in mesh_d["axes"]))
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"the report's plan has no valid mesh: {e}") from None
@@ -167,7 +168,7 @@ def _assignment(plan: dict[str, Any], graph, mesh, op_configs) -> dict[str, np.n
     def index(op_name: str, config: list[str]) -> int:
         op = graph.op(op_name)
         cfg = tuple(None if c == "R" else c for c in config)
-        cfgs = op_configs(op, mesh)
+        cfgs = op_configs(op, mesh, graph.batch_label)
         if cfg not in cfgs:
             raise InputError(f"the report's plan gives op {op_name!r} configuration {config}, which this "
                              f"model and mesh do not offer")

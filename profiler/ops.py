@@ -72,7 +72,7 @@ def enumerate_signatures(graph: OpGraph, cluster: Cluster, precision: str, meshe
     out = SignatureSet()
     for g, mesh in [(graph, m) for m in meshes] + list(pipelines or []):
         for op in g.ops:
-            for cfg in op_configs(op, mesh):
+            for cfg in op_configs(op, mesh, g.batch_label):
                 sig = op_signature(op, mesh, cfg, precision)
                 out.instances += 1
                 if sig in out.items:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from search.errors import InputError
 
-Progress = Callable[[str, float], None]  # (stage, fraction done in [0, 1])
+Progress = Callable[..., None]  # (stage, fraction done in [0, 1], message=None)
 
 
 class SearchRequest(BaseModel):
@@ -156,9 +156,14 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
     else:
         from search.ft import search
 
+        def searched(fraction: float, message: str) -> None:
+            if progress:
+                progress("search", 0.1 + 0.7 * fraction, message=message)
+
         result = search(graph, cluster, job, eps=req.eps, reuse_blocks=req.reuse_blocks,
                         zero_stages=tuple(req.zero_stages), recompute=req.recompute, profile=profile,
-                        pipeline=req.pipeline or req.allow_async_pipeline, allow_async=req.allow_async_pipeline)
+                        pipeline=req.pipeline or req.allow_async_pipeline, allow_async=req.allow_async_pipeline,
+                        progress=searched)
     if progress:
         progress("plans", 0.8)
     best = pick(result.points, budget)

@@ -50,7 +50,7 @@ from search.exhaustive import evaluate, tables
 from search.frontier import Factor, Stats
 from search.ft import FrontierPoint, MeshSolution, SearchResult, layer_index, recompute_var
 from search.graph import Op, OpGraph
-from search.mesh import Config, Mesh, MeshAxis, op_configs
+from search.mesh import DATA, TENSOR, Config, Mesh, MeshAxis, op_configs
 from search.plan import pick
 
 SEQ_LABEL = "seq"          # the label sequence parallelism splits
@@ -85,7 +85,7 @@ class Baseline:
     def configs(self, graph: OpGraph) -> dict[str, Config]:
         """op name -> its configuration (one label or None per mesh axis)."""
         mesh = self.solution.mesh
-        return {op.name: op_configs(op, mesh)[int(self.point.configs[op.name][self.point.row])] for op in graph.ops}
+        return {op.name: op_configs(op, mesh, graph.batch_label)[int(self.point.configs[op.name][self.point.row])] for op in graph.ops}
 
     def recomputed_layers(self) -> list[int]:
         return sorted(int(k.split("@")[1]) for k, v in self.point.configs.items()
@@ -115,12 +115,13 @@ def heads_label(op: Op, batch: str) -> str | None:
 
 
 # ---- turning wishes into configuration indices --------------------------------------------------
-def _choose(op: Op, mesh: Mesh, want: dict[str, str | None], cache: dict[str, list[Config]]) -> tuple[int, bool]:
+def _choose(op: Op, mesh: Mesh, want: dict[str, str | None], cache: dict[str, list[Config]],
+            batch: str) -> tuple[int, bool]:
     """Index of the configuration closest to `want` (axis name -> label; a label the op cannot
     split at all means replicate): the wished config if the op offers it, else the one with the
     fewest axes replicated instead (inner axes give way first). Returns (index, whether it had
     to fall back because a wished split does not divide)."""
-    cfgs = cache.setdefault(op.name, op_configs(op, mesh))
+    cfgs = cache.setdefault(op.name, op_configs(op, mesh, batch))
     wished = tuple(want.get(ax.name) if ax.size > 1 and want.get(ax.name) in op.splittable else None
                    for ax in mesh.axes)
     index = {c: i for i, c in enumerate(cfgs)}
@@ -138,7 +139,7 @@ def _choose(op: Op, mesh: Mesh, want: dict[str, str | None], cache: dict[str, li
 def _mesh(cluster: Cluster, tp: int) -> Mesh:
     """The same mesh the search builds for this tp (mesh.mesh_candidates)."""
     n = cluster.num_devices
-    return Mesh(pp=1, axes=(MeshAxis(DP, n // tp, tp), MeshAxis(TP, tp, 1)))
+    return Mesh(pp=1, axes=(MeshAxis(DP, n // tp, tp, DATA), MeshAxis(TP, tp, 1, TENSOR)))
 
 
 def _block_ops(graph: OpGraph) -> list[list[str]]:
@@ -207,7 +208,8 @@ class _Pricer:
         cache = self._cfgs.setdefault(mesh, {})
         out, fallbacks = {}, []
         for op in self.graph.ops:
-            idx, fell = _choose(op, mesh, {DP: dp.get(op.name), TP: tp.get(op.name)}, cache)
+            idx, fell = _choose(op, mesh, {DP: dp.get(op.name), TP: tp.get(op.name)}, cache,
+                                 self.graph.batch_label)
             out[op.name] = idx
             if fell:
                 fallbacks.append(op.name)
@@ -324,7 +326,7 @@ def _pipeline_candidate(pr: _Pricer, tp: int, p: int, m: int, schedule: str, zer
                                  profile=profile))
     g, cm = cache[m]
     n = pr.cluster.num_devices
-    sub = Mesh(pp=1, axes=(MeshAxis(DP, n // (tp * p), tp), MeshAxis(TP, tp, 1)))
+    sub = Mesh(pp=1, axes=(MeshAxis(DP, n // (tp * p), tp, DATA), MeshAxis(TP, tp, 1, TENSOR)))
     shape = PipeShape(Mesh(pp=p, axes=sub.axes), zero, m, schedule)  # type: ignore[arg-type]
     tabs = pipe_tables(g, cm, shape)
     if tabs is None:
@@ -333,7 +335,7 @@ def _pipeline_candidate(pr: _Pricer, tp: int, p: int, m: int, schedule: str, zer
     configs: dict[str, np.ndarray] = {}
     fallbacks = []
     for op in g.ops:
-        idx, fell = _choose(op, sub, {DP: g.batch_label, TP: tp_labels.get(op.name)}, cfg_cache)
+        idx, fell = _choose(op, sub, {DP: g.batch_label, TP: tp_labels.get(op.name)}, cfg_cache, g.batch_label)
         configs[op.name] = np.array([idx])
         if fell:
             fallbacks.append(op.name)
@@ -398,7 +400,7 @@ def megatron_3d(pr: _Pricer, budget: float, profile=None) -> list[Baseline]:
     labels = megatron_tp_labels(pr.graph)
     block = {name for layer in _block_ops(pr.graph) for name in layer}
     tps = [1] + [t for t in range(2, g + 1) if g % t == 0
-                 and not block.intersection(pr.assign(_mesh(pr.cluster, t), {}, labels)[1])]
+                 and not block.intersection(pr.assign(_mesh(pr.cluster, t), _batch_on_dp(pr.graph), labels)[1])]
     grid = [(tp, p, m, "1f1b", MEGATRON_ZERO, rc, labels) for tp, p, m, rc in _pipeline_grid(pr, tps, "1f1b", (False, True))]
 
     def describe(tp, p, m, schedule, zero, rc, labels, split):

@@ -34,7 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from search.cluster import Cluster
 from search.graph import Op, OpGraph, TensorRef
 from search.profile import DeviceProfile, ProfileLookup, as_lookup
+from search.boundaries import INFEASIBLE, Boundaries, Pair
 from search.mesh import (
+    DATA,
+    TENSOR,
     Config,
     Mesh,
     input_grad_placement,
@@ -123,6 +126,19 @@ class EdgeCosts:
     estimated: bool = True    # collectives priced from the cluster's links, not a measured profile
 
 
+def recomputed_mem(mem: np.ndarray) -> np.ndarray:
+    """An edge's memory inside a recomputed block: no kept copy, but an INFEASIBLE pair stays so."""
+    return np.where(mem >= INFEASIBLE, mem, 0.0)
+
+
+def add_edges(a: EdgeCosts | None, b: EdgeCosts) -> EdgeCosts:
+    """Two tables over the same pair of ops as one (an edge and a pair constraint between them)."""
+    if a is None:
+        return b
+    return EdgeCosts(src=a.src, dst=a.dst, time=a.time + b.time, mem=a.mem + b.mem, comm=a.comm + b.comm,
+                     estimated=a.estimated)
+
+
 class CostModel:
     """Prices ops and edges of one graph for one cluster and job, on any mesh."""
 
@@ -137,6 +153,7 @@ class CostModel:
         self.peak = cluster.device.peak(self.bytes.compute_dtype)
         self.mem_bw = cluster.device.memory_bandwidth
         consumers = graph.consumers()
+        self.bounds = Boundaries(graph)
         self._output_saved = {
             op.name: op.saves in ("output", "attention")
             or any(graph.op(c).saves in ("inputs", "attention") for c, _ in consumers[op.name])
@@ -225,7 +242,7 @@ class CostModel:
         The `_rc` arrays are the same op inside a recomputed block: its forward runs twice and
         it keeps no activations - except the op whose output is the block's output
         (`checkpoint`): that output is the next block's input, kept to recompute from."""
-        cfgs = op_configs(op, mesh)
+        cfgs = op_configs(op, mesh, self.graph.batch_label)
         n_axes = len(mesh.axes)
         C = len(cfgs)
         time = np.zeros(C)
@@ -247,12 +264,20 @@ class CostModel:
                 moved += local * b.param
                 if not p.owner:
                     continue
-                group = [ai for ai, lab in enumerate(cfg) if lab is not None and lab not in p.dims]
-                r = math.prod(mesh.axes[ai].size for ai in group)
-                for ai in group:  # replicated weight, split data: synchronise the gradients
+                # a weight replicated on an axis whose split label reaches the output (the batch on
+                # a data axis, the sequence of a sequence-parallel norm) gets a partial gradient
+                # there; a label reduced away before the output (a row-parallel Linear's input
+                # features) leaves the bias gradient whole on every rank: nothing to synchronise
+                group = [ai for ai, lab in enumerate(cfg)
+                         if lab is not None and lab not in p.dims and lab in op.output.dims]
+                # ZeRO shards states over the data axes only (FSDP2 / ZeroRedundancyOptimizer run
+                # there); on a tensor axis the gradient is all-reduced whatever the stage
+                sharded = [ai for ai in group if mesh.axes[ai].role == DATA]
+                r = math.prod(mesh.axes[ai].size for ai in sharded)
+                for ai in group:
                     n = mesh.axes[ai].size
                     g, w = local * b.grad, local * b.param
-                    if zero == 0:
+                    if zero == 0 or ai not in sharded:
                         steps = [(ALL_REDUCE, g)]
                     else:  # reduce-scatter gradients, all-gather updated (stage 3: also used) params
                         steps = [(REDUCE_SCATTER, g)] + [(ALL_GATHER, w)] * (2 if zero == 3 else 1)
@@ -300,16 +325,24 @@ class CostModel:
 
     # ---- edges ------------------------------------------------------------------------------
     def edge_costs(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config]) -> EdgeCosts:
-        """All tensors from `prod` read by `cons` (an op may read one tensor several times)."""
+        """All tensors from `prod` read by `cons` (an op may read one tensor several times).
+
+        A tensor with several readers is converted once for all of them (search/boundaries.py):
+        its first reader's edge carries the collectives and the kept copy, the other readers' edges
+        cost nothing and a pair constraint makes them read it alike. An edge with no module
+        boundary to convert at is INFEASIBLE wherever the placement would change."""
         n_axes = len(mesh.axes)
         Cu, Cv = len(prod_cfgs), len(cons_cfgs)
         time = np.zeros((Cu, Cv))
         mem = np.zeros((Cu, Cv))
         comm = np.zeros((Cu, Cv, n_axes))
+        pays = self.bounds.pays(prod.name, cons.name)
+        fixed = not self.bounds.convertible(prod, cons)
+        blocked = np.zeros((Cu, Cv), dtype=bool)
         out_pl = [output_placement(c, prod) for c in prod_cfgs]
         out_gpl = [output_grad_placement(c, prod) for c in prod_cfgs]
         full_bytes = prod.output.numel * self.esize(prod.output)
-        keeps_input = cons.saves in ("inputs", "attention")
+        keeps_input = self.bounds.any_reader_keeps(prod.name)
         for t in cons.inputs:
             if t.source != prod.name:
                 continue
@@ -318,6 +351,11 @@ class CostModel:
             changed = np.zeros((Cu, Cv), dtype=bool)
             for a in range(n_axes):
                 if mesh.axes[a].size == 1:
+                    continue
+                if fixed and mesh.axes[a].role == TENSOR:  # data axes convert nothing at module boundaries
+                    blocked |= _differ([p[a] for p in out_pl], [p[a] for p in in_pl])
+                    blocked |= _differ([p[a] for p in out_gpl], [p[a] for p in in_gpl])
+                if not pays:
                     continue
                 alpha, beta = self.collective_coefficients(mesh, a)
                 # bytes of the tensor as seen by a collective on axis a: sharded by the other axes
@@ -333,11 +371,41 @@ class CostModel:
                                     [2.0 * (n - 1) / n, (n - 1) / n / n, (n - 1) / n], 0.0)
                     comm[:, :, a] += vol * other[:, None]
                 changed |= fk != NONE
-            if keeps_input:
+            if pays and keeps_input:
                 local_in = np.array([t.numel / shard_factor(p, mesh) * self.esize(t) for p in in_pl])
                 mem += np.where(changed, local_in[None, :], 0.0)
+        if blocked.any():
+            time = np.where(blocked, INFEASIBLE, time)
+            mem = np.where(blocked, INFEASIBLE, mem)
         return EdgeCosts(src=prod.name, dst=cons.name, time=time, mem=mem, comm=comm,
                          estimated=not self._comm_measured(mesh))
+
+    def pair_costs(self, pair: Pair, mesh: Mesh, cfgs_a: list[Config], cfgs_b: list[Config]) -> EdgeCosts:
+        """A pair constraint as an edge between its two ops: free where they agree (the readers of
+        one tensor read it and return its gradient alike; tied ops place the parameter alike),
+        INFEASIBLE elsewhere."""
+        a, b = self.graph.op(pair.a), self.graph.op(pair.b)
+        if pair.kind == "reader":
+            ta = next(t for t in a.inputs if t.source == pair.tensor)
+            tb = next(t for t in b.inputs if t.source == pair.tensor)
+            ka = [(input_placement(c, ta), input_grad_placement(c, ta)) for c in cfgs_a]
+            kb = [(input_placement(c, tb), input_grad_placement(c, tb)) for c in cfgs_b]
+        else:
+            pa = next(p for p in a.params if p.name == pair.tensor)
+            pb = next(p for p in b.params if p.name == pair.tensor)
+            ka = [param_placement(c, pa.dims) for c in cfgs_a]
+            kb = [param_placement(c, pb.dims) for c in cfgs_b]
+        # on tensor axes only: a data axis splits the batch everywhere, and gradients of what it
+        # replicates are reduced by DDP/FSDP over the parameters, not at module boundaries
+        tensor = [i for i, ax in enumerate(mesh.axes) if ax.role == TENSOR and ax.size > 1]
+
+        def on_tensor_axes(k) -> str:
+            return repr([[pl[i] for i in tensor] for pl in (k if isinstance(k[0], tuple) else (k,))])
+
+        bad = _differ([on_tensor_axes(k) for k in ka], [on_tensor_axes(k) for k in kb])
+        cost = np.where(bad, INFEASIBLE, 0.0)
+        return EdgeCosts(src=pair.a, dst=pair.b, time=cost, mem=cost.copy(), comm=np.zeros((*bad.shape, len(mesh.axes))),
+                         estimated=False)
 
     # ---- constants ---------------------------------------------------------------------------
     def buffers(self, mesh: Mesh, ops: list[Op] | None = None, zero: int = 0) -> float:
@@ -347,7 +415,7 @@ class CostModel:
         (one layer of a stack of identical layers)."""
         worst = gathered = 0.0
         for op in self.graph.ops if ops is None else ops:
-            cfgs = op_configs(op, mesh)
+            cfgs = op_configs(op, mesh, self.graph.batch_label)
             lean = min(op.output.numel / shard_factor(output_placement(c, op), mesh) for c in cfgs)
             worst = max(worst, 2 * lean * self.esize(op.output))
             if zero == 3 and op.params:
@@ -357,6 +425,13 @@ class CostModel:
         if self.profile is not None:  # calibrated framework and allocator overhead per rank
             return worst + gathered + self.profile.memory_overhead
         return worst + gathered
+
+
+def _differ(src: list[str], dst: list[str]) -> np.ndarray:
+    """[len(src), len(dst)] matrix: whether the codes differ."""
+    us, ui = np.unique(np.array(src, dtype=object), return_inverse=True)
+    vs, vi = np.unique(np.array(dst, dtype=object), return_inverse=True)
+    return (us[:, None] != vs[None, :])[ui][:, vi]
 
 
 def _kind_matrix(src: list[str], dst: list[str], forward: bool) -> np.ndarray:

@@ -14,14 +14,14 @@ import time as _time
 import numpy as np
 
 from search.cluster import Cluster
-from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
+from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob, add_edges, recomputed_mem
 from search.errors import InputError
 from search.frontier import pareto_mask
 from search.ft import (ZERO_STAGES, FrontierPoint, MeshSolution, SearchResult, find_chain, layer_index,
                        layer_outputs, recompute_var)
 from search.frontier import Factor, Stats
 from search.graph import OpGraph
-from search.mesh import Mesh, mesh_candidates
+from search.mesh import Mesh, mesh_candidates, placeable_meshes
 
 MAX_ASSIGNMENTS = 5_000_000
 
@@ -34,6 +34,9 @@ def tables(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int = 0
     for op in graph.ops:
         for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
             edges[(src, op.name)] = cm.edge_costs(graph.op(src), op, mesh, ops[src].configs, ops[op.name].configs)
+    for pair in cm.bounds.pairs:  # constraints between ops, as edges (search/boundaries.py)
+        key = (pair.a, pair.b)
+        edges[key] = add_edges(edges.get(key), cm.pair_costs(pair, mesh, ops[pair.a].configs, ops[pair.b].configs))
     return ops, edges
 
 
@@ -66,7 +69,7 @@ def evaluate(op_costs: dict[str, OpCosts], edge_costs: dict[tuple[str, str], Edg
         cu = np.asarray(assignment[src]).reshape(-1)
         cv = np.asarray(assignment[dst]).reshape(-1)
         t += ec.time[cu, cv]
-        edge_mem += np.where(recomputed(dst), 0.0, ec.mem[cu, cv])
+        edge_mem += np.where(recomputed(dst), recomputed_mem(ec.mem[cu, cv]), ec.mem[cu, cv])
         comm += ec.comm[cu, cv]
     parts[:, 3] += edge_mem
     return {"time": t, "memory": parts.sum(axis=1) + buffers, "parts": parts, "buffers": np.full(n, buffers),
@@ -79,7 +82,7 @@ def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes
                       profile=None) -> SearchResult:
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job, profile=profile)
-    meshes = meshes if meshes is not None else mesh_candidates(cluster)
+    meshes = placeable_meshes(graph, meshes if meshes is not None else mesh_candidates(cluster))
     chain = find_chain(graph) if tie_blocks else None
     tied = {layer[-1]: chain.boundary for layer in chain.layers[1:]} if chain else {}
     layer_of = layer_index(graph) if recompute else {}

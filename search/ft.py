@@ -34,16 +34,18 @@ Read top to bottom:
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from search.cluster import Cluster
-from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
+from search.boundaries import INFEASIBLE, Pair
+from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob, add_edges, recomputed_mem
 from search.frontier import (RTOL, Factor, Stats, assignments, eliminate_var, join, leaf, pareto_mask,
                              restrict_equal, select, union)
 from search.graph import Op, OpGraph
-from search.mesh import Mesh, mesh_candidates, op_configs
+from search.mesh import Mesh, mesh_candidates, op_configs, placeable_meshes
 
 
 PREPASS_EPS = 0.02
@@ -186,7 +188,7 @@ def _edge_factor(ec: EdgeCosts, src_name: str, dst_name: str, rc: str | None = N
     n = len(keys)
     keys = np.concatenate([np.c_[keys, np.zeros(n, int)], np.c_[keys, np.ones(n, int)]])
     return leaf((src_name, dst_name, rc), keys, np.tile(ec.time.ravel(), 2),
-                np.concatenate([ec.mem.ravel(), np.zeros(n)]), note=f"edge {src_name}->{dst_name}")
+                np.concatenate([ec.mem.ravel(), recomputed_mem(ec.mem.ravel())]), note=f"edge {src_name}->{dst_name}")
 
 
 def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str, ...] = (), eps: float = 0.0,
@@ -292,28 +294,44 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     domain.update({recompute_var(i): 2 for i in set(layer_of.values())})
     edge_costs: dict[tuple[str, str], EdgeCosts] = {}
 
+    pairs: dict[str, list[Pair]] = {}
+    for pair in cm.bounds.pairs:
+        pairs.setdefault(pair.b, []).append(pair)
+
     def edge(src: str, dst: str) -> EdgeCosts:
         """Costs of dst reading src's output, priced with the real producer (for the ops after
-        the stack: the last layer's output op, whose configurations mirror the boundary's)."""
+        the stack: the last layer's output op, whose configurations mirror the boundary's), plus
+        any pair constraint between the two (search/boundaries.py)."""
         if (src, dst) not in edge_costs:
             prod, cons = graph.op(src), graph.op(dst)
-            edge_costs[(src, dst)] = cm.edge_costs(prod, cons, mesh, op_configs(prod, mesh), op_costs[dst].configs)
+            prod_cfgs = op_configs(prod, mesh, graph.batch_label)
+            ec = None
+            if any(t.source == src for t in cons.inputs):
+                ec = cm.edge_costs(prod, cons, mesh, prod_cfgs, op_costs[dst].configs)
+            for pair in pairs.get(dst, []):
+                if pair.a == src:
+                    ec = add_edges(ec, cm.pair_costs(pair, mesh, prod_cfgs, op_costs[dst].configs))
+            assert ec is not None
+            edge_costs[(src, dst)] = ec
         return edge_costs[(src, dst)]
 
     def factors(ops: list[Op], fixed: dict[int, int]) -> list[Factor]:
         """Factors of `ops`; a layer in `fixed` takes that recomputation choice, any other
         layer keeps its choice as a variable."""
         out: list[Factor] = []
+        names = {op.name for op in ops}
         for op in ops:
             layer = layer_of.get(op.name)
             rc = recompute_var(layer) if layer is not None and layer not in fixed else None
             oc = _with_recompute(op_costs[op.name], fixed.get(layer, 0)) if layer in fixed else op_costs[op.name]
             out.append(_op_factor(op.name, oc, rc))
-            for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
+            # its producers, and the ops it must agree with among those solved together
+            partners = [pr.a for pr in pairs.get(op.name, []) if pr.a in names]
+            for src in dict.fromkeys([*(t.source for t in op.inputs if t.source is not None), *partners]):
                 # ops after the stack read the last layer's output; the boundary variable stands for it
                 ec = edge(src, op.name)
                 if layer in fixed and fixed[layer]:
-                    ec = EdgeCosts(src=ec.src, dst=ec.dst, time=ec.time, mem=np.zeros_like(ec.mem), comm=ec.comm)
+                    ec = EdgeCosts(src=ec.src, dst=ec.dst, time=ec.time, mem=recomputed_mem(ec.mem), comm=ec.comm)
                 out.append(_edge_factor(ec, rename.get(src, src), op.name, rc))
         return out
 
@@ -359,6 +377,14 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     # configuration of every op it happens to share a table with
     prob.outside = solved(rest_ops, 0, (chain.boundary,), lambda f: f)
     return prob
+
+
+def _frontier_size(solutions: list) -> int:
+    """Points on the frontier of the solutions so far."""
+    t = np.concatenate([s.root.t for s in solutions])
+    m = np.concatenate([s.root.m for s in solutions])
+    ok = (t < INFEASIBLE) & (m < INFEASIBLE)
+    return len(pareto_mask(np.zeros(int(ok.sum()), dtype=np.int64), t[ok], m[ok]))
 
 
 def after_stack(graph: OpGraph, chain: Chain) -> set[str]:
@@ -610,14 +636,16 @@ def _drop_dominated_stages(tables: list[tuple[Mesh, int, dict[str, OpCosts]]],
 def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh] | None = None,
            eps: float = 0.0, reuse_blocks: bool = True, prune: bool = True,
            zero_stages: tuple[int, ...] = ZERO_STAGES, recompute: bool = True, profile=None,
-           pipeline: bool = False, allow_async: bool = False) -> SearchResult:
+           pipeline: bool = False, allow_async: bool = False,
+           progress: Callable[[float, str], None] | None = None) -> SearchResult:
     """The Pareto frontier of (iteration time, peak memory per device) over every mesh and ZeRO
     stage, with per-layer activation recomputation when `recompute`; priced from a measured
     DeviceProfile when `profile` is given (search/profile.py). With `pipeline`, pipeline plans
-    join the frontier (search/pipesearch.py; PipeDream-2BW only with `allow_async`)."""
+    join the frontier (search/pipesearch.py; PipeDream-2BW only with `allow_async`). `progress`
+    hears (fraction done, "<mesh>: N frontier points so far") after every mesh."""
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job, profile=profile)
-    meshes = meshes if meshes is not None else mesh_candidates(cluster)
+    meshes = placeable_meshes(graph, meshes if meshes is not None else mesh_candidates(cluster))
     chain = find_chain(graph) if reuse_blocks else None
     tables = [(mesh, zero, mesh_costs(graph, cm, mesh, zero, chain)) for mesh in meshes for zero in zero_stages]
     if prune:
@@ -634,11 +662,14 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
             rough = finish_mesh(prob, PREPASS_EPS, envelope)
             envelope = (np.concatenate([envelope[0], rough.root.t]), np.concatenate([envelope[1], rough.root.m]))
     solutions: list[MeshSolution] = []
+    steps = len(problems) + (1 if pipeline else 0)
     for prob in problems:
         sol = finish_mesh(prob, eps, envelope, prune)
         solutions.append(sol)
         # what this mesh achieves bounds what later meshes need to keep
         envelope = (np.concatenate([envelope[0], sol.root.t]), np.concatenate([envelope[1], sol.root.m]))
+        if progress:
+            progress(len(solutions) / steps, f"{sol.describe()}: {_frontier_size(solutions)} frontier points so far")
     if pipeline:
         from search.pipesearch import search_pipelines
 
@@ -646,11 +677,14 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
         known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
         solutions += search_pipelines(graph, cluster, job, zero_stages, recompute, allow_async, eps,
                                       profile=profile, envelope=known if prune else None)  # type: ignore[arg-type]
+        if progress:
+            progress(1.0, f"pipelines: {_frontier_size(solutions)} frontier points so far")
     t = np.concatenate([s.root.t for s in solutions]) if solutions else np.zeros(0)
     m = np.concatenate([s.root.m for s in solutions]) if solutions else np.zeros(0)
     which = np.concatenate([np.full(len(s.root), i) for i, s in enumerate(solutions)]) if solutions else np.zeros(0, int)
     local = np.concatenate([np.arange(len(s.root)) for s in solutions]) if solutions else np.zeros(0, int)
     keep = pareto_mask(np.zeros(len(t), dtype=np.int64), t, m, eps)
+    keep = keep[(t[keep] < INFEASIBLE) & (m[keep] < INFEASIBLE)]  # a pair constraint broken everywhere
     points: list[FrontierPoint] = []
     for i, sol in enumerate(solutions):
         sel = keep[which[keep] == i]

@@ -3,7 +3,16 @@
 The devices are factored into named axes ``pp x dp x tp`` (pp is the outermost, tp the innermost
 and fastest-varying, so a tp group of at most a node's size stays inside a node). On a mesh, an
 op's *configuration* assigns every axis of size > 1 either one of the op's splittable dimension
-labels or replication. From a configuration follow the DTensor placements of every operand:
+labels or replication.
+
+Each axis has one *role*, because torch's parallel APIs work per mesh dimension (DESIGN.md 3:
+every configuration offered must be executable as planned):
+- ``data``: every op that carries the batch splits it there, the others (a position embedding)
+  replicate; it runs as DDP / ZeRO / FSDP2 over that dimension;
+- ``tensor``: no op splits the batch; each op splits one of its own dimensions (Megatron's
+  column / row / head / sequence parallelism) or replicates; it runs as ``parallelize_module``.
+An axis on which most ops split the batch but one op splits its hidden size would need gathers
+that DDP does not perform, so that mix is not in the space. From a configuration follow the DTensor placements of every operand:
 ``Shard(label)`` where the operand carries the label, otherwise ``Replicate()`` for inputs and
 parameters (whose gradient then becomes ``Partial()``) and ``Partial()`` for an output whose op
 reduced over the label (a row-parallel Linear).
@@ -12,13 +21,23 @@ reduced over the label (a row-parallel Linear).
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
 from search.cluster import Cluster
-from search.graph import Op, TensorRef
+from search.errors import InputError
+from search.graph import Op, OpGraph, TensorRef
 
 REPLICATE = None  # a configuration's entry for "this axis replicates the op"
+DATA, TENSOR = "data", "tensor"
+ROLES = (DATA, TENSOR)
+
+
+def default_role(axis_name: str) -> str:
+    """The role of an axis named the way mesh_candidates names them (for plans written without roles)."""
+    return DATA if axis_name == "dp" else TENSOR
 
 
 @dataclass(frozen=True)
@@ -26,6 +45,11 @@ class MeshAxis:
     name: str
     size: int
     stride: int  # how many devices apart consecutive members of one group are
+    role: str  # "data" or "tensor" (see the module docstring)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"mesh axis {self.name!r}: role must be one of {', '.join(ROLES)}, not {self.role!r}")
 
 
 @dataclass(frozen=True)
@@ -65,7 +89,7 @@ def mesh_candidates(cluster: Cluster, tp_sizes: list[int] | None = None) -> list
         if n % tp:
             continue
         dp = n // tp
-        meshes.append(Mesh(pp=1, axes=(MeshAxis("dp", dp, tp), MeshAxis("tp", tp, 1))))
+        meshes.append(Mesh(pp=1, axes=(MeshAxis("dp", dp, tp, DATA), MeshAxis("tp", tp, 1, TENSOR))))
     return meshes
 
 
@@ -80,12 +104,27 @@ def _all_sizes(op: Op) -> dict[str, list[int]]:
     return sizes
 
 
-def op_configs(op: Op, mesh: Mesh) -> list[Config]:
-    """Every configuration of `op` on `mesh`, in a canonical order (replication first), keeping
-    only those whose sharded dimensions divide evenly on every operand (DTensor would otherwise
-    pad, and the executor must run exactly what was costed)."""
+def axis_choices(op: Op, axis: MeshAxis, batch: str) -> list[str | None]:
+    """What `op` may do on one axis: on a data axis split the batch when it carries one (an op
+    that reads the batch but cannot split it has no choice there), else replicate; on a tensor
+    axis replicate or split any of its dimensions but the batch."""
+    if axis.size == 1:
+        return [REPLICATE]
+    if axis.role == DATA:
+        if batch in op.splittable:
+            return [batch]
+        carries = any(batch in t.dims for t in (*op.inputs, op.output))
+        return [] if carries else [REPLICATE]
+    return [REPLICATE] + [lab for lab in op.splittable if lab != batch]
+
+
+def op_configs(op: Op, mesh: Mesh, batch: str = "batch") -> list[Config]:
+    """Every configuration of `op` on `mesh` (`batch`: the graph's batch label), in a canonical
+    order (replication first), keeping only those whose sharded dimensions divide evenly on
+    every operand (DTensor would otherwise pad, and the executor must run exactly what was
+    costed). Empty when the op cannot run on the mesh (a batch that does not split over dp)."""
     sizes = _all_sizes(op)
-    choices = [[REPLICATE] + list(op.splittable) if a.size > 1 else [REPLICATE] for a in mesh.axes]
+    choices = [axis_choices(op, a, batch) for a in mesh.axes]
     out: list[Config] = []
     for combo in itertools.product(*choices):
         shards: dict[str, int] = {}
@@ -94,6 +133,33 @@ def op_configs(op: Op, mesh: Mesh) -> list[Config]:
                 shards[lab] = shards.get(lab, 1) * ax.size
         if all(all(s % k == 0 for s in sizes.get(lab, [1])) for lab, k in shards.items()):
             out.append(tuple(combo))
+    return out
+
+
+def data_ways(mesh: Mesh) -> int:
+    """Into how many shards the data axes split the batch."""
+    return math.prod(a.size for a in mesh.axes if a.role == DATA)
+
+
+def unplaceable_op(ops: Iterable[Op], mesh: Mesh, batch: str) -> Op | None:
+    """The first op with no configuration on `mesh` (the batch does not split over its data
+    axes, or the op reads the batch without being able to split it), else None."""
+    return next((op for op in ops if not op_configs(op, mesh, batch)), None)
+
+
+def placeable_meshes(graph: OpGraph, meshes: list[Mesh]) -> list[Mesh]:
+    """The meshes every op of `graph` can run on; InputError naming why when there are none."""
+    out, why = [], []
+    for mesh in meshes:
+        odd = unplaceable_op(graph.ops, mesh, graph.batch_label)
+        if odd is None:
+            out.append(mesh)
+        else:
+            why.append(f"{mesh.describe()}: op {odd.name!r} cannot split its batch over {data_ways(mesh)} "
+                       f"data-parallel ranks")
+    if meshes and not out:
+        raise InputError("no device mesh can run this model: " + "; ".join(why)
+                         + " (choose a global batch divisible by the data-parallel size, or fewer devices)")
     return out
 
 

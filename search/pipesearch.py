@@ -45,12 +45,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from search.cluster import Cluster
-from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
+from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob, add_edges
 from search.frontier import RTOL, Factor, Stats, assignments, join, pareto_mask, select
 from search.ft import (Chain, _least_memory, _staircase, after_stack, find_chain, layer_index,
                        mesh_costs, prepare_mesh)
 from search.graph import OpGraph
-from search.mesh import Mesh, mesh_candidates, op_configs, output_placement, shard_factor
+from search.mesh import Mesh, data_ways, mesh_candidates, op_configs, unplaceable_op, output_placement, shard_factor
 from search.pipeline import ScheduleName, in_flight, weight_copies
 
 STAGE_BAND = 2
@@ -120,6 +120,9 @@ class _WeightedModel:
 
     def edge_costs(self, *args) -> EdgeCosts:
         return weigh_edge(self._cm.edge_costs(*args), self._w)
+
+    def pair_costs(self, *args) -> EdgeCosts:
+        return weigh_edge(self._cm.pair_costs(*args), self._w)
 
     def __getattr__(self, name: str):
         return getattr(self._cm, name)
@@ -203,8 +206,8 @@ def pipeline_shapes(cluster: Cluster, job: TrainingJob, n_layers: int, zero_stag
                     continue
                 for f in MICRO_BATCH_FACTORS:
                     m = f * p
-                    if job.global_batch % m:
-                        continue
+                    if job.global_batch % (m * data_ways(mesh)):
+                        continue  # each micro-batch splits over the data-parallel ranks
                     for sched in schedules:
                         shapes.append(PipeShape(mesh, zero, m, sched))
     return shapes
@@ -320,9 +323,11 @@ def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape) -> PipeSolution
         return None
     assert chain is not None
     sub = Mesh(pp=1, axes=shape.mesh.axes)
+    if unplaceable_op(graph.ops, sub, graph.batch_label) is not None:
+        return None  # the micro-batch does not split over the stage's data-parallel ranks
     # layers 2.. are priced with the template layer's tables (identical ops, identical costs)
     base = mesh_costs(graph, cm, sub, shape.zero, chain)
-    edges = _all_edges(graph, cm, sub, base, skip={n for layer in chain.layers[2:] for n in layer})
+    edges = _all_edges(graph, cm, sub, base, chain, skip={n for layer in chain.layers[2:] for n in layer})
     template = set(chain.template)
     template_edges = {k: ec for k, ec in edges.items() if k[1] in template}
     for i in range(2, len(chain.layers)):
@@ -480,15 +485,31 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
     return tables
 
 
-def _all_edges(graph: OpGraph, cm: CostModel, mesh: Mesh, ops: dict[str, OpCosts],
+def _all_edges(graph: OpGraph, cm: CostModel, mesh: Mesh, ops: dict[str, OpCosts], chain: Chain,
                skip: set[str] = frozenset()) -> dict[tuple[str, str], EdgeCosts]:  # type: ignore[assignment]
-    out = {}
+    """Every edge, and the pair constraints the DP applies: those within one part it solves
+    together (the head with layer 0, a layer, the tail). Tied parameters across the head and the
+    tail become two copies on two stages (worker/analyze.py) and are not constrained."""
+    out: dict[tuple[str, str], EdgeCosts] = {}
     for op in graph.ops:
         if op.name in skip:
             continue
         for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
             prod = graph.op(src)
-            out[(src, op.name)] = cm.edge_costs(prod, op, mesh, op_configs(prod, mesh), ops[op.name].configs)
+            out[(src, op.name)] = cm.edge_costs(prod, op, mesh, op_configs(prod, mesh, graph.batch_label), ops[op.name].configs)
+    tail = after_stack(graph, chain)
+    part = {name: ("tail" if name in tail else i if i > 0 else "head")
+            for i, layer in enumerate(chain.layers) for name in layer}
+
+    def part_of(name: str):
+        return "tail" if name in tail else part.get(name, "head")
+
+    for pair in cm.bounds.pairs:
+        if pair.b in skip or part_of(pair.a) != part_of(pair.b):
+            continue
+        key = (pair.a, pair.b)
+        cfgs_a = op_configs(graph.op(pair.a), mesh, graph.batch_label)
+        out[key] = add_edges(out.get(key), cm.pair_costs(pair, mesh, cfgs_a, ops[pair.b].configs))
     return out
 
 

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from search.costmodel import EdgeCosts, OpCosts
 from search.exhaustive import evaluate
 from search.ft import FrontierPoint, MeshSolution, SearchResult, layer_index, recompute_var
 from search.graph import Op, OpGraph
-from search.mesh import Mesh, format_placement, op_configs, output_placement, param_placement
+from search.mesh import Mesh, default_role, format_placement, op_configs, output_placement, param_placement
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: mesh axes carry a role; one role per axis
 
 
 class AxisSpec(BaseModel):
@@ -30,6 +30,15 @@ class AxisSpec(BaseModel):
     name: str
     size: int
     stride: int
+    role: Literal["data", "tensor"]  # what torch runs on this axis: DDP/ZeRO/FSDP or parallelize_module
+
+    @model_validator(mode="before")
+    @classmethod
+    def _role_from_name(cls, data: Any) -> Any:
+        """Plans written before axes carried a role named them dp (data) and tp (tensor)."""
+        if isinstance(data, dict) and "role" not in data and "name" in data:
+            return {**data, "role": default_role(str(data["name"]))}
+        return data
 
 
 class MeshSpec(BaseModel):
@@ -227,7 +236,7 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
         # configuration indices are positional, so each op reads its own labels from its own list
         # (a layer priced through the template carries the template's index, not its labels);
         # a pipeline's ops were configured on its micro-batch graph
-        cfg_list = {op.name: op_configs(op, mesh) for op in (sol.graph if piped else graph).ops}
+        cfg_list = {op.name: op_configs(op, mesh, graph.batch_label) for op in (sol.graph if piped else graph).ops}
         block_names = {n for b in graph.blocks for layer in b.layers for n in layer}
         op_plans: dict[tuple[str, int], OpPlan] = {}  # the same op in the same configuration, shared
         weighted = weighted_ops(graph)
@@ -268,7 +277,7 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
                 cluster=cluster.describe(), device=cluster.device.name, num_devices=cluster.num_devices,
                 devices_per_node=cluster.devices_per_node, global_batch=job.global_batch, seq_len=job.seq_len,
                 precision=job.precision,
-                mesh=MeshSpec(pp=mesh.pp, axes=[AxisSpec(name=a.name, size=a.size, stride=a.stride) for a in mesh.axes]),
+                mesh=MeshSpec(pp=mesh.pp, axes=[AxisSpec(name=a.name, size=a.size, stride=a.stride, role=a.role) for a in mesh.axes]),
                 ops=[op_plan(op.name, int(assign[op.name][j])) for op in graph.ops if op.name not in block_names],
                 blocks=blocks, predicted=pred, zero_stage=sol.zero, recompute=recomputed, pipeline=pipe,
                 summary=summarize(graph, mesh, configs, sol.zero, len(recomputed), weighted, pipe),

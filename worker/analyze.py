@@ -30,6 +30,7 @@ from functools import lru_cache
 import torch
 from torch import nn
 
+from search.boundaries import Boundaries
 from search.costmodel import COLLECTIVE_NAMES, NONE, forward_collective
 from search.errors import InputError
 from search.graph import Op, OpGraph
@@ -272,16 +273,31 @@ class _TensorAxis:
             if style == "rowwise":
                 spec.output_layout = "Partial()"  # kept partial unless an edge below says otherwise
             self.styles[op.name] = spec
+        bounds = Boundaries(self.g)
         for v in self.g.ops:
             for i, t in enumerate(v.inputs):
                 src = self.out(self.ops[t.source]) if t.source else "R"  # graph inputs: every rank loads them
                 dst = self.inp(v, i)
                 if src != dst:
                     self.redistribute(self.ops.get(t.source) if t.source else None, v, i, src, dst)
+                elif t.source and self._shared_gradient(t.source, v, i, bounds):
+                    # several readers return partial gradients (q, k, v reading ln1): convert where
+                    # they enter together, so autograd sums them and reduces once, as the plan prices
+                    self.redistribute(self.ops[t.source], v, i, src, dst)
         for op in self.g.ops:
             st = self.styles.get(op.name)
             if st and st.style == "rowwise" and st.output_layout == "Partial()":
                 raise Unsupported(f"op {op.name!r} (row-parallel) leaves a partial sum that no consumer reduces")
+
+    def _shared_gradient(self, prod: str, v: Op, i: int, bounds: Boundaries) -> bool:
+        """v is the first of several readers of prod's output and the gradient needs a collective."""
+        readers = {c for c, _ in self.consumers[prod]}
+        if len(readers) < 2 or not bounds.pays(prod, v.name):
+            return False
+        u = self.ops[prod]
+        back = forward_collective(input_grad_placement(self.cfgs[v.name], v.inputs[i])[self.a],
+                                  output_grad_placement(self.cfgs[u.name], u)[self.a])
+        return back != NONE
 
     def redistribute(self, u: Op | None, v: Op, i: int, src: str, dst: str) -> None:
         """Carry the edge u -> v (input i) from placement src to dst at a module boundary."""
@@ -295,22 +311,34 @@ class _TensorAxis:
         ua = self.mods.ancestors(u.module) if u else []
         entry = [m for m in self.mods.ancestors(v.module) if m not in ua]
         if entry:
-            m_in = entry[0]
-            prev = self.entries.get(m_in)
             pname = u.name if u else f"<input {i}>"
+            readers = [self.ops[c] for c, _ in self.consumers[u.name]] if u else [v]
+
+            def disagrees(m: str) -> Op | None:
+                """A reader inside m that needs the tensor in another placement than dst."""
+                for w in readers:
+                    if m in self.mods.ancestors(w.module):
+                        for j, tw in enumerate(w.inputs):
+                            if (tw.source == (u.name if u else None)) and self.inp(w, j) != dst:
+                                return w
+                return None
+
+            # the outermost module entered whose readers all want dst (a module that reads its
+            # input's shape, as attention does, then sees the redistributed tensor); readers that
+            # want the tensor as it arrives keep it when the conversion sits deeper, on v's side
+            m_in = next((m for m in entry if disagrees(m) is None), None)
+            if m_in is None:
+                w = disagrees(entry[-1])
+                raise Unsupported(f"ops {v.name!r} and {w.name!r} inside module {entry[-1]!r} need the output of "
+                                  f"{pname!r} in different placements on tensor axis {self.axis!r}")
+            prev = self.entries.get(m_in)
             if prev is not None:
                 if prev != (pname, dst):
                     raise Unsupported(f"module {m_in!r} receives two tensors that the plan redistributes "
                                       f"(from {prev[0]!r} and {pname!r}); PrepareModuleInput here handles one")
                 self.where[key] = m_in
                 return
-            inside = [self.ops[c] for c, _ in self.consumers[u.name]] if u else [v]
-            inside = [w for w in inside if m_in in self.mods.ancestors(w.module)]
-            for w in inside:
-                for j, tw in enumerate(w.inputs):
-                    if (tw.source == (u.name if u else None)) and self.inp(w, j) != dst:
-                        raise Unsupported(f"ops {v.name!r} and {w.name!r} inside module {m_in!r} need the output of "
-                                          f"{pname!r} in different placements on tensor axis {self.axis!r}")
+            inside = [w for w in readers if m_in in self.mods.ancestors(w.module)]
             dims = u.output.dims if u else v.inputs[i].dims
             vst = self.styles.get(v.name)
             if m_in == v.module and vst and vst.style in ("colwise", "rowwise"):
@@ -354,13 +382,14 @@ class _TensorAxis:
 
     def expected(self, unit) -> list[ExpectedComm]:
         """The collectives the cost model prices on this axis, each where the executor performs it:
-        one per plan edge and direction (search/costmodel.py edge_costs), plus the gradient
+        one per tensor and direction (search/costmodel.py edge_costs, on its first reader's edge), plus the gradient
         synchronisation of parameters replicated over split activations (op_costs)."""
         out: list[ExpectedComm] = []
+        bounds = Boundaries(self.g)
         for v in self.g.ops:
             for i, t in enumerate(v.inputs):
-                if t.source is None:
-                    continue
+                if t.source is None or not bounds.pays(t.source, v.name):
+                    continue  # a tensor's other readers share its first reader's conversion
                 u = self.ops[t.source]
                 fk = forward_collective(self.out(u), self.inp(v, i))
                 bk = forward_collective(input_grad_placement(self.cfgs[v.name], t)[self.a],
@@ -372,10 +401,9 @@ class _TensorAxis:
                                                 source=f"{u.name} -> {v.name}"))
             lab = self.label(v)
             for p in v.params:
-                if lab is None or not p.owner or lab in p.dims:
-                    continue
-                kinds = ["all_reduce"] if self.zero == 0 else ["reduce_scatter", "all_gather"] + (["all_gather"] if self.zero == 3 else [])
-                for k in kinds:
+                if lab is None or not p.owner or lab in p.dims or lab not in v.output.dims:
+                    continue  # a label reduced away (row-parallel bias): the gradient is whole already
+                for k in ["all_reduce"]:  # a tensor axis: ZeRO shards over the data axes only
                     out.append(ExpectedComm(unit=unit(v.module), module=v.module, phase="backward", kind=k,
                                             source=f"{v.name} grad {p.name}"))
         return out
@@ -460,9 +488,6 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     elif plan.zero_stage:
         notes.append(f"ZeRO-{plan.zero_stage} has no data-parallel axis to shard over: nothing is sharded "
                      f"(the cost model agrees)")
-    if any(st.style == "sequence" for st in styles) and plan.zero_stage:
-        notes.append("parameters of sequence-parallel norms are replicated on the tensor axis and their gradients "
-                     "all-reduced there; the cost model shards their ZeRO state over that axis too")
     if data is not None:
         a_data = [i for i, (ax, r) in enumerate(zip(plan.mesh.axes, roles)) if r == "data" and ax.size > 1]
         bn = next((op for op in graph.ops if op.kind == "norm" and any(cfgs[op.name][a] == graph.batch_label for a in a_data)

@@ -122,7 +122,7 @@ LIN = Op(name="fc", kind="linear", target="aten.linear.default", inputs=(X,),
          output=TensorRef(shape=(8, 4, 32), dims=("batch", "seq", "n")),
          params=(ParamRef(name="fc.weight", shape=(32, 16), dims=("n", "k")),),
          splittable=("batch", "n", "k"), flops=2.0 * 8 * 4 * 32 * 16)
-MESH = Mesh(pp=1, axes=(MeshAxis("dp", 2, 2), MeshAxis("tp", 2, 1)))
+MESH = Mesh(pp=1, axes=(MeshAxis("dp", 2, 2, "data"), MeshAxis("tp", 2, 1, "tensor")))
 
 
 @pytest.mark.parametrize("cfg,expected", [
@@ -152,7 +152,7 @@ def test_repeated_layers_share_signatures() -> None:
     v (equal shapes) share theirs: what makes the profile's size independent of depth."""
     g = capture_model(get_model("gpt2-tiny"), 8, None)
     layers = g.blocks[0].layers
-    for mesh in (MESH, Mesh(pp=1, axes=(MeshAxis("dp", 4, 1), MeshAxis("tp", 1, 1)))):
+    for mesh in (MESH, Mesh(pp=1, axes=(MeshAxis("dp", 4, 1, "data"), MeshAxis("tp", 1, 1, "tensor")))):
         per_layer = [[[op_signature(g.op(n), mesh, c, "bf16") for c in op_configs(g.op(n), mesh)] for n in layer]
                      for layer in layers]
         assert all(sigs == per_layer[0] for sigs in per_layer)

@@ -52,8 +52,23 @@ def random_dag(choices: list[tuple[int, int, int]]) -> OpGraph:
     return OpGraph(name="random", ops=tuple(ops))
 
 
-def stack(n_layers: int) -> OpGraph:
-    """embedding-like linear, then n pre-norm residual layers (norm -> linear -> add), then a head."""
+def with_batch(graph: OpGraph, batch: int) -> OpGraph:
+    """The same graph for a global batch of `batch` instead of B (FLOPs scale with it)."""
+    def scaled(t):
+        if "batch" not in t.dims:
+            return t
+        return t.model_copy(update={"shape": tuple(batch if d == "batch" else s for s, d in zip(t.shape, t.dims))})
+
+    ops = tuple(op.model_copy(update={"inputs": tuple(scaled(t) for t in op.inputs), "output": scaled(op.output),
+                                      "flops": op.flops * batch / B}) for op in graph.ops)
+    return graph.model_copy(update={"ops": ops})
+
+
+def stack(n_layers: int, batch: int = B) -> OpGraph:
+    """embedding-like linear, then n pre-norm residual layers (norm -> linear -> add), then a head,
+    for a global batch of `batch`."""
+    if batch != B:
+        return with_batch(stack(n_layers), batch)
     ops: list[Op] = [linear("inp", act(None, ("batch", "seq", "h")), "hidden")]
     prev = "inp"
     layers = []

@@ -39,11 +39,11 @@ def linear(name: str, src: TensorRef, n_label: str, n: int) -> Op:
 
 
 def dp_mesh(n: int) -> Mesh:
-    return Mesh(pp=1, axes=(MeshAxis("dp", n, 1), MeshAxis("tp", 1, 1)))
+    return Mesh(pp=1, axes=(MeshAxis("dp", n, 1, "data"), MeshAxis("tp", 1, 1, "tensor")))
 
 
 def dp_tp_mesh(d: int, t: int) -> Mesh:
-    return Mesh(pp=1, axes=(MeshAxis("dp", d, t), MeshAxis("tp", t, 1)))
+    return Mesh(pp=1, axes=(MeshAxis("dp", d, t, "data"), MeshAxis("tp", t, 1, "tensor")))
 
 
 def test_catalog_figures_used_below() -> None:
@@ -76,8 +76,8 @@ def test_data_parallel_gradient_all_reduce(n: int, per_node: int, bw: float, lat
     mesh = dp_mesh(n)
     costs = cm.op_costs(op, mesh)
     cfg = ("batch", None)
-    assert costs.configs[0] == (None, None) and cfg in costs.configs
-    c = costs.configs.index(cfg)
+    assert costs.configs == [cfg]  # on a data axis an op that carries the batch splits it
+    c = 0
 
     # weight: 32 * 16 = 512 elements, bf16 gradient = 2 bytes each -> 1024 bytes to all-reduce
     grad_bytes = H * K * 2
@@ -105,14 +105,15 @@ def test_data_parallel_gradient_all_reduce(n: int, per_node: int, bw: float, lat
     t_opt = H * K * 2 * (2 + 2 + 12) / HBM
     assert costs.time[c] == pytest.approx(3 * t_fwd + t_allreduce + t_opt, rel=1e-9)
 
-    # the replicated configuration synchronises nothing and costs the full compute
+    # the same op replicated (here: on a tensor axis) synchronises nothing and costs the full compute
+    rep = cm.op_costs(op, Mesh(pp=1, axes=(MeshAxis("dp", 1, n, "data"), MeshAxis("tp", n, 1, "tensor"))))
     moved_r = B * S * H * 2 + B * S * K * 2 + H * K * 2
-    assert costs.comm[0].tolist() == [0.0, 0.0]
-    assert costs.time[0] == pytest.approx(3 * max(flops / PEAK_BF16, moved_r / HBM) + t_opt, rel=1e-9)
+    assert rep.configs[0] == (None, None) and rep.comm[0].tolist() == [0.0, 0.0]
+    assert rep.time[0] == pytest.approx(3 * max(flops / PEAK_BF16, moved_r / HBM) + t_opt, rel=1e-9)
 
-    # sharding the weight itself on dp (column "h" or row "k") needs no gradient all-reduce
+    # sharding the weight itself (column "h" or row "k") needs no gradient all-reduce
     for lab in ("h", "k"):
-        assert costs.comm[costs.configs.index((lab, None)), 0] == 0.0
+        assert rep.comm[rep.configs.index((None, lab)), 1] == 0.0
 
     # each device holds the whole weight under data parallelism: 512 * (2, 2, 12) bytes
     assert costs.parts[c, :3].tolist() == [1024.0, 1024.0, 6144.0]
@@ -233,8 +234,9 @@ def test_sharded_linear_state_memory(t: int) -> None:
         # t = 4: [512, 512, 3072]
     c = oc.configs.index((None, None))
     assert oc.parts[c, :3].tolist() == [w * 2.0, w * 2.0, w * 12.0]  # [2048, 2048, 12288]
-    c = oc.configs.index((None, "batch"))  # batch split on tp: data parallel, full weight
-    assert oc.parts[c, :3].tolist() == [w * 2.0, w * 2.0, w * 12.0]
+    on_dp = cm.op_costs(fc1, dp_tp_mesh(t, 1))  # data parallel: the full weight on every device
+    assert on_dp.configs == [("batch", None)]
+    assert on_dp.parts[0, :3].tolist() == [w * 2.0, w * 2.0, w * 12.0]
     # its output [B, S, F] is kept for gelu's backward: column-parallel keeps a 1/t slice,
     #   8*8*64 / t * 2 bytes (t = 4: 2048 B)
     c = oc.configs.index((None, "f"))
@@ -258,16 +260,15 @@ def test_indivisible_label_is_not_offered() -> None:
     # a Linear whose output label "f" has size 6
     op = linear("fc", T(None, (8, 4, 16), ("batch", "seq", "k")), "f", 6)
     on4 = op_configs(op, dp_tp_mesh(1, 4))
-    # 6 % 4 != 0: "f" cannot be sharded 4 ways; batch (8) and k (16) can
-    assert on4 == [(None, None), (None, "batch"), (None, "k")]
+    # 6 % 4 != 0: "f" cannot be sharded 4 ways; k (16) can (the batch is never split on a tensor axis)
+    assert on4 == [(None, None), (None, "k")]
     # 6 is divisible by 2 and by 3
     assert (None, "f") in op_configs(op, dp_tp_mesh(1, 2))
-    assert (None, "f") in op_configs(op, Mesh(pp=1, axes=(MeshAxis("dp", 1, 3), MeshAxis("tp", 3, 1))))
-    # sharded on two axes of 2 the label is split 4 ways: also refused, each alone is fine
-    both = op_configs(op, dp_tp_mesh(2, 2))
-    assert ("f", "f") not in both
-    assert ("f", None) in both and (None, "f") in both
-    assert ("batch", "f") in both and ("f", "k") in both
+    assert (None, "f") in op_configs(op, Mesh(pp=1, axes=(MeshAxis("dp", 1, 3, "data"), MeshAxis("tp", 3, 1, "tensor"))))
+    # on dp x tp the data axis splits the batch and the tensor axis one of the op's own dimensions
+    assert op_configs(op, dp_tp_mesh(2, 2)) == [("batch", None), ("batch", "f"), ("batch", "k")]
+    # a batch that does not split over the data axis leaves the op nowhere to run
+    assert op_configs(op, dp_tp_mesh(3, 1)) == []
 
 
 # ---- ZeRO stages and recomputation (worked by hand) ----------------------------------------------
@@ -285,7 +286,7 @@ def _dp_linear_costs(zero: int, n: int = 8):
             splittable=("batch", "n", "k"), flops=2.0 * 16 * 4 * 64 * 32)
     g = OpGraph(ops=(op,))
     cm = CostModel(g, make_cluster("h100-80gb", n), TrainingJob(global_batch=16, precision="bf16"))
-    mesh = Mesh(pp=1, axes=(MeshAxis("dp", n, 1), MeshAxis("tp", 1, 1)))
+    mesh = Mesh(pp=1, axes=(MeshAxis("dp", n, 1, "data"), MeshAxis("tp", 1, 1, "tensor")))
     c = op_configs(op, mesh).index(("batch", None))
     oc = cm.op_costs(op, mesh, zero=zero)
     return cm, mesh, oc, c, (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER)

@@ -20,8 +20,8 @@ from graphs import random_dag, stack
 
 CLUSTER = make_cluster("h100-80gb", 4, devices_per_node=4)
 JOB = TrainingJob(global_batch=8, precision="bf16")
-MESH_2x2 = [Mesh(pp=1, axes=(MeshAxis("dp", 2, 2), MeshAxis("tp", 2, 1)))]
-MESH_4 = [Mesh(pp=1, axes=(MeshAxis("dp", 4, 1), MeshAxis("tp", 1, 1)))]
+MESH_2x2 = [Mesh(pp=1, axes=(MeshAxis("dp", 2, 2, "data"), MeshAxis("tp", 2, 1, "tensor")))]
+MESH_4 = [Mesh(pp=1, axes=(MeshAxis("dp", 4, 1, "data"), MeshAxis("tp", 1, 1, "tensor")))]
 
 
 def same_frontier(a: list, b: list) -> None:

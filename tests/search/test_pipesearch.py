@@ -52,7 +52,7 @@ def test_stage_band_and_partitions():
 def test_pipeline_dp_equals_exhaustive(devices):
     """Every shape kind (p = 2 and 3, 1F1B, GPipe, 2BW, ZeRO 0 and 1, several m): the DP over
     stage boundaries and per-op configurations gives exactly the exhaustive frontier."""
-    g = stack(3)
+    g = stack(3, batch=JOB.global_batch)
     cl = make_cluster("h100-80gb", devices)
     shapes = pipeline_shapes(cl, JOB, 3, (0, 1), allow_async=True, schedules=("1f1b", "gpipe", "2bw"))
     picked = {}
@@ -68,7 +68,7 @@ def test_pipeline_dp_equals_exhaustive(devices):
 
 
 def test_every_pipeline_point_recosts_to_itself():
-    g = stack(6)
+    g = stack(6, batch=32)
     cl = make_cluster("h100-80gb", 8)
     job = TrainingJob(global_batch=32, seq_len=None)
     sols = search_pipelines(g, cl, job, (0, 1), allow_async=True)
@@ -83,7 +83,7 @@ def test_every_pipeline_point_recosts_to_itself():
 
 def test_gpipe_never_beats_1f1b():
     """Same bubble, at least as many in-flight micro-batches: every GPipe point is matched by 1F1B."""
-    g = stack(4)
+    g = stack(4, batch=16)
     cl = make_cluster("h100-80gb", 4)
     job = TrainingJob(global_batch=16, seq_len=None)
     for sh in pipeline_shapes(cl, job, 4, (0,), schedules=("gpipe",)):
@@ -104,7 +104,7 @@ def test_2bw_needs_opt_in():
 def test_pipeline_plans_in_the_frontier():
     """A memory-bound stack: pipelines join the frontier, their Plans carry the stages and
     re-cost to the point, and 2BW plans say their weights are stale."""
-    g = stack(8)
+    g = stack(8, batch=32)
     cl = make_cluster("h100-80gb", 8)
     job = TrainingJob(global_batch=32, seq_len=None)
     flat = search(g, cl, job)

@@ -27,7 +27,7 @@ def baseline(model: str, name: str, devices: int = 4) -> Plan:
 
 def pipelined(plan: Plan, pp: int, schedule: str, micro_batches: int, layers: int = 2) -> Plan:
     """`plan` with pp pipeline stages in front of its own axes (so pp x its devices in all)."""
-    axes = [AxisSpec(name=a.name, size=a.size, stride=a.stride * 1) for a in plan.mesh.axes]
+    axes = [AxisSpec(name=a.name, size=a.size, stride=a.stride, role=a.role) for a in plan.mesh.axes]
     data = 1
     for a in axes:  # axes on which the plan's ops split the batch (its summary says so)
         data *= a.size if f"{a.name}: batch" in plan.summary else 1

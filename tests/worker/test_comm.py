@@ -4,25 +4,15 @@ CommDebugMode, against the collectives the Plan's cost model prices on the tenso
 Two checks per tensor-parallel family:
 - nothing ran that the plan does not price at that place (an executor defect would show here:
   before the executor reduced sequence-parallel gradients once, AdamW all-reduced them 3x);
-- the counts are equal. They are not, for reasons in the cost model (search/costmodel.py), named
-  in the xfail reasons; when the cost model is fixed these tests pass and strict xfail flags it.
+- the counts are equal, kind by kind, per block, forward and backward.
 """
 
 from __future__ import annotations
-
-from collections import Counter
 
 import pytest
 from conftest import COMM_FAMILIES
 
 from worker.commcheck import expected_counts, measured_counts, mismatches
-
-ROW_BIAS = ("cost model: a row-parallel Linear's bias is priced a gradient all-reduce over the tensor axis "
-            "(op_costs treats the split reduction label as split data); its gradient is already complete on every "
-            "rank, and torch performs none (blocks.*.attn.o, blocks.*.mlp.fc2)")
-PER_CONSUMER = ("cost model: a tensor redistributed for several consumers (ln1 -> q, k, v) is priced once per consumer "
-                "edge; torch gathers once at the attention module's boundary (PrepareModuleInput) and reduce-scatters "
-                "once in backward")
 
 
 def _units(job, comm) -> set[str]:
@@ -51,24 +41,15 @@ def test_every_rank_performs_the_same_collectives(family_runs):
         assert all(r["comm"] == first for r in raw["ranks"]), name
 
 
-@pytest.mark.xfail(strict=True, reason=ROW_BIAS)
 def test_tp_collectives_equal_the_plan(family_runs):
+    """Kind and count per module, forward and backward (a row-parallel bias once cost a gradient
+    all-reduce torch never performs; op_costs now synchronises only labels that reach the output)."""
     job, raw = family_runs["tp"]
     assert mismatches(job.spec.expected_comms, raw["ranks"][0]["comm"]) == []
 
 
-@pytest.mark.xfail(strict=True, reason=f"{ROW_BIAS}; {PER_CONSUMER}")
 def test_tp_sp_collectives_equal_the_plan(family_runs):
+    """ln1's output, gathered for q, k and v, is converted once where they enter the attention
+    module, as the plan prices it (it once priced one conversion per reader)."""
     job, raw = family_runs["tp+sp"]
     assert mismatches(job.spec.expected_comms, raw["ranks"][0]["comm"]) == []
-
-
-def test_tp_mismatch_is_only_the_row_parallel_bias(family_runs):
-    """Pin the known difference down: per block, exactly the two row-parallel biases."""
-    job, raw = family_runs["tp"]
-    exp = expected_counts(job.spec.expected_comms)
-    got = measured_counts(raw["ranks"][0]["comm"], _units(job, raw["ranks"][0]["comm"]))
-    diff = Counter({k: exp[k] - got[k] for k in exp | got if exp[k] != got[k]})
-    biases = Counter((e.unit, e.phase, e.kind) for e in job.spec.expected_comms
-                     if e.source.endswith((".o.bias", ".fc2.bias")))
-    assert diff == biases

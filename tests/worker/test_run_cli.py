@@ -49,10 +49,21 @@ def test_run_a_picked_baseline_from_a_frontier_json(frontier, tmp_path):
     assert rep["measured"]["memory_bytes"] > 0 and rep["measured"]["time_s"] > 0
 
 
-def test_inexpressible_pick_is_refused_naming_the_op(frontier, capsys):
-    rc = main(["run", "--plan", str(frontier), "--pick", "fastest", "--steps", "2"])
+def test_inexpressible_pick_is_refused_naming_the_op(frontier, tmp_path, capsys):
+    """A frontier file edited by hand so a plan splits an embedding's hidden size on the axis
+    where every other op splits the batch (the search itself never offers that)."""
+    data = json.loads(frontier.read_text())
+    i, entry = next((i, p) for i, p in enumerate(data["frontier"])
+                    if any(a["role"] == "data" and a["size"] > 1 for a in p["plan"]["mesh"]["axes"]))
+    dp = next(k for k, a in enumerate(entry["plan"]["mesh"]["axes"]) if a["role"] == "data")
+    for op in entry["plan"]["ops"]:
+        if op["op"] == "tok_emb:embedding":
+            op["config"][dp] = "hidden"
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    rc = main(["run", "--plan", str(path), "--pick", str(i), "--steps", "2"])
     line = _one_line_error(capsys, rc)
-    assert "splits 'hidden' on mesh axis" in line and "_emb:embedding" in line
+    assert "op 'tok_emb:embedding' splits 'hidden' on mesh axis" in line
 
 
 def test_pick_out_of_range(frontier, capsys):

@@ -1,0 +1,110 @@
+"""Where a plan may change a tensor's placement, and which ops must agree with each other.
+
+torch's tensor parallelism changes placements at module boundaries only (a style's layouts,
+``PrepareModuleInput`` / ``PrepareModuleOutput``; worker/analyze.py). For every configuration the
+search offers to run as priced (DESIGN.md 3), three rules follow from the captured graph:
+
+- *one placement per tensor:* a tensor read by several ops is read by all of them in one placement,
+  and their gradients come back in one placement. torch converts it once, where it enters the
+  readers' module, and autograd sums the readers' gradients before converting them back once. So
+  the conversion is priced on the edge to the tensor's first reader only, and every other reader
+  is tied to the first by a pair constraint.
+- *tied parameters:* ops that share a parameter (GPT's token embedding and lm head) place it alike.
+- *no conversion inside a module:* between two ops of one module's forward (the producer not a
+  module of its own) there is no boundary to convert at, so such an edge keeps its placement.
+
+The rules bind on tensor axes only: a data axis splits the batch everywhere, and the gradients
+of what it replicates are reduced by DDP/FSDP over the parameters, not at module boundaries.
+Graphs without module names (hand-written or random test graphs) get the first two rules only.
+A pair that breaks a rule is priced INFEASIBLE in both objectives: it is dominated by every real
+plan (replicating everywhere always satisfies all three), so it never reaches a frontier, and
+the tables stay plain sums over ops and edges, which keeps FT exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from search.graph import Op, OpGraph
+
+INFEASIBLE = 1e30  # seconds and bytes: beyond any real plan, still finite so sums stay ordered
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two ops whose configurations must agree: `a` reads tensor `tensor` first and `b` reads it
+    too (kind 'reader'), or both hold parameter `tensor` (kind 'tied')."""
+
+    a: str
+    b: str
+    kind: str
+    tensor: str
+
+
+@dataclass(eq=False)
+class Boundaries:
+    graph: OpGraph
+
+    @cached_property
+    def first_reader(self) -> dict[tuple[str, str], str]:
+        """(producer, reader) -> the producer's first reader, for every reader but the first."""
+        out: dict[tuple[str, str], str] = {}
+        for prod, readers in self.graph.consumers().items():
+            names = list(dict.fromkeys(c for c, _ in readers))
+            for other in names[1:]:
+                out[(prod, other)] = names[0]
+        return out
+
+    @cached_property
+    def pairs(self) -> list[Pair]:
+        """Every constraint between two ops, the first-named op before the second in graph order."""
+        out = [Pair(a=first, b=reader, kind="reader", tensor=prod) for (prod, reader), first in self.first_reader.items()]
+        holders: dict[str, list[str]] = {}
+        for op in self.graph.ops:
+            for p in op.params:
+                holders.setdefault(p.name, []).append(op.name)
+        for pname, ops in holders.items():
+            for other in dict.fromkeys(ops[1:]):
+                if other != ops[0]:
+                    out.append(Pair(a=ops[0], b=other, kind="tied", tensor=pname))
+        return out
+
+    def pays(self, prod: str, reader: str) -> bool:
+        """Whether the edge prod -> reader carries the conversion of prod's output (first reader)."""
+        return (prod, reader) not in self.first_reader
+
+    def any_reader_keeps(self, prod: str) -> bool:
+        """Whether some reader of prod's output keeps it for its backward."""
+        return any(self.graph.op(c).saves in ("inputs", "attention") for c, _ in self.graph.consumers()[prod])
+
+    @cached_property
+    def _modules(self) -> tuple[dict[str, int], set[str]]:
+        count: dict[str, int] = {}
+        parents: set[str] = set()
+        for op in self.graph.ops:
+            count[op.module] = count.get(op.module, 0) + 1
+            parts = op.module.split(".") if op.module else []
+            parents.update(".".join(parts[:i]) for i in range(1, len(parts)))
+        return count, parents
+
+    @cached_property
+    def has_modules(self) -> bool:
+        return any(op.module for op in self.graph.ops)
+
+    def own_module(self, op: Op) -> bool:
+        """The op is the only op of a module without submodules: its output leaves that module."""
+        count, parents = self._modules
+        return bool(op.module) and count[op.module] == 1 and op.module not in parents
+
+    def convertible(self, prod: Op, reader: Op) -> bool:
+        """Whether a module boundary lies between prod and reader where a placement may change:
+        a module the reader is in and prod is not, or prod's own module's output."""
+        if not self.has_modules:
+            return True
+        return bool(set(_ancestors(reader.module)) - set(_ancestors(prod.module))) or self.own_module(prod)
+
+
+def _ancestors(fqn: str) -> list[str]:
+    parts = fqn.split(".") if fqn else []
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]

@@ -1,0 +1,122 @@
+"""The rules that keep every offered configuration executable as priced (search/boundaries.py):
+one conversion per tensor shared by its readers, tied parameters placed alike, no conversion
+inside a module."""
+
+from __future__ import annotations
+
+import numpy as np
+from graphs import act, linear, norm, pointwise
+
+from search.boundaries import INFEASIBLE, Boundaries
+from search.cluster import make_cluster
+from search.costmodel import CostModel, TrainingJob
+from search.graph import Op, OpGraph, ParamRef
+from search.mesh import Mesh, MeshAxis, op_configs
+
+TP4 = Mesh(pp=1, axes=(MeshAxis("dp", 1, 4, "data"), MeshAxis("tp", 4, 1, "tensor")))
+
+
+def fan_graph(modules: bool = False) -> OpGraph:
+    """ln -> (q, k): one tensor, two readers, as a norm feeding attention's projections."""
+    ln = norm("ln", act(None, ("batch", "seq", "h")))
+    q = linear("q", act("ln", ln.output.dims), "fq")
+    k = linear("k", act("ln", ln.output.dims), "fk")
+    if modules:
+        ln, q, k = (op.model_copy(update={"module": m}) for op, m in ((ln, "ln"), (q, "attn.q"), (k, "attn.k")))
+    return OpGraph(name="fan", ops=(ln, q, k))
+
+
+def model(g: OpGraph) -> CostModel:
+    return CostModel(g, make_cluster("h100-80gb", 4), TrainingJob(global_batch=8, seq_len=None))
+
+
+def test_the_first_reader_pays_for_the_conversion():
+    g = fan_graph()
+    b = Boundaries(g)
+    assert b.first_reader == {("ln", "k"): "q"} and b.pays("ln", "q") and not b.pays("ln", "k")
+    cm = model(g)
+    cfg_ln = op_configs(g.op("ln"), TP4)
+    cfg_q, cfg_k = op_configs(g.op("q"), TP4), op_configs(g.op("k"), TP4)
+    eq, ek = cm.edge_costs(g.op("ln"), g.op("q"), TP4, cfg_ln, cfg_q), cm.edge_costs(g.op("ln"), g.op("k"), TP4, cfg_ln, cfg_k)
+    # ln sequence-split, q column-parallel (reads the whole input): an all-gather, priced once
+    i, j = cfg_ln.index((None, "seq")), cfg_q.index((None, "fq"))
+    assert eq.time[i, j] > 0 and eq.comm[i, j].sum() > 0 and eq.mem[i, j] > 0
+    assert not ek.time.any() and not ek.comm.any() and not ek.mem.any()
+
+
+def test_readers_of_one_tensor_read_it_alike():
+    g = fan_graph()
+    cm = model(g)
+    (pair,) = cm.bounds.pairs
+    cfg_q, cfg_k = op_configs(g.op("q"), TP4), op_configs(g.op("k"), TP4)
+    pc = cm.pair_costs(pair, TP4, cfg_q, cfg_k)
+    col_q, col_k = cfg_q.index((None, "fq")), cfg_k.index((None, "fk"))
+    rep_q, rep_k = cfg_q.index((None, None)), cfg_k.index((None, None))
+    # both column-parallel: the same input (whole) and gradient (partial) placement: free
+    assert pc.time[col_q, col_k] == 0.0 and pc.mem[col_q, col_k] == 0.0
+    # both replicated: whole input, whole gradient: free
+    assert pc.time[rep_q, rep_k] == 0.0
+    # one column-parallel (partial gradient), one replicated (whole gradient): two conversions back
+    assert pc.time[col_q, rep_k] == INFEASIBLE and pc.mem[col_q, rep_k] == INFEASIBLE
+    row_q = cfg_q.index((None, "h"))  # row-parallel reads the input split on h
+    assert pc.time[row_q, col_k] == INFEASIBLE
+
+
+def test_tied_parameters_are_placed_alike():
+    w = ParamRef(name="emb.weight", shape=(512, 512), dims=("vocab", "h"))
+    emb = Op(name="emb", kind="embedding", inputs=(act(None, ("batch", "seq")),), output=act(None, ("batch", "seq", "h")),
+             params=(w,), splittable=("batch", "vocab", "h"), flops=0.0, saves="none")
+    head = Op(name="head", kind="linear", inputs=(act("emb", ("batch", "seq", "h")),),
+              output=act(None, ("batch", "seq", "vocab")), params=(w.model_copy(update={"owner": False}),),
+              splittable=("batch", "vocab", "h"), flops=1.0, saves="inputs")
+    g = OpGraph(name="tied", ops=(emb, head))
+    cm = model(g)
+    tied = [p for p in cm.bounds.pairs if p.kind == "tied"]
+    assert [(p.a, p.b, p.tensor) for p in tied] == [("emb", "head", "emb.weight")]
+    ce, ch = op_configs(emb, TP4), op_configs(head, TP4)
+    pc = cm.pair_costs(tied[0], TP4, ce, ch)
+    assert pc.time[ce.index((None, "vocab")), ch.index((None, "vocab"))] == 0.0
+    assert pc.time[ce.index((None, "vocab")), ch.index((None, None))] == INFEASIBLE
+
+
+def test_no_conversion_between_two_ops_of_one_module():
+    x = act(None, ("batch", "seq", "h"))
+    a = pointwise("a", [x]).model_copy(update={"module": "blk"})
+    b = pointwise("b", [act("a", x.dims)]).model_copy(update={"module": "blk"})
+    c = pointwise("c", [act("b", x.dims)]).model_copy(update={"module": "blk.sub"})
+    g = OpGraph(name="mod", ops=(a, b, c))
+    bounds = Boundaries(g)
+    assert not bounds.convertible(a, b)  # both in blk's forward
+    assert bounds.convertible(b, c)      # c's module blk.sub is entered
+    cm = model(g)
+    ca, cb = op_configs(a, TP4), op_configs(b, TP4)
+    ec = cm.edge_costs(a, b, TP4, ca, cb)
+    same = [(i, cb.index(c)) for i, c in enumerate(ca)]
+    assert all(ec.time[i, j] < INFEASIBLE for i, j in same)
+    assert ec.time[ca.index((None, "seq")), cb.index((None, None))] == INFEASIBLE
+    # a graph without module names carries no such rule
+    plain = OpGraph(name="plain", ops=tuple(op.model_copy(update={"module": ""}) for op in g.ops))
+    assert Boundaries(plain).convertible(plain.op("a"), plain.op("b"))
+
+
+def test_a_module_of_its_own_converts_at_its_output():
+    g = fan_graph(modules=True)
+    bounds = Boundaries(g)
+    assert bounds.own_module(g.op("ln")) and bounds.convertible(g.op("ln"), g.op("q"))
+
+
+def test_no_frontier_point_breaks_a_rule():
+    """The frontier of a graph with fan-out and modules holds finite points only, and each
+    assignment satisfies every pair (re-costed, no INFEASIBLE term)."""
+    from search.exhaustive import evaluate, tables
+    from search.ft import search
+
+    g = fan_graph(modules=True)
+    cl = make_cluster("h100-80gb", 4)
+    job = TrainingJob(global_batch=8, seq_len=None)
+    res = search(g, cl, job, meshes=[TP4], recompute=False, zero_stages=(0,))
+    assert res.points and all(p.time_s < 1e3 and p.memory_bytes < 1e15 for p in res.points)
+    ops, edges = tables(g, model(g), TP4)
+    for p in res.points:
+        r = evaluate(ops, edges, 0.0, {k: np.asarray(v)[p.row:p.row + 1] for k, v in p.configs.items()})
+        assert r["time"][0] < INFEASIBLE
