@@ -64,8 +64,22 @@ class Lease:
 
     def progress(self, **fields: Any) -> None:
         with self._lock:
+            message = fields.pop("message", None)
+            if message:  # messages between two beats are kept, joined; stage and fraction: the latest
+                before = self._pending.get("message")
+                self._pending["message"] = (f"{before}; {message}" if before else message)[-4000:]
             self._pending.update({k: v for k, v in fields.items() if v is not None})
         self._wake.set()
+
+    def flush(self) -> None:
+        """Send what progress is pending now (before the result ends the claim)."""
+        with self._lock:
+            body, self._pending = self._pending, {}
+        if body and not self.lost.is_set():
+            try:
+                self.client.heartbeat(self.kind, self.id, self.token, **body)
+            except (LeaseLost, httpx.HTTPError, ServiceError) as e:
+                log.warning("last progress of %s %s not sent: %s", self.kind, self.id, e)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -193,14 +207,15 @@ class Agent:
 
         req = SearchRequest.model_validate(task["request"])
 
-        def progress(stage: str, fraction: float) -> None:
+        def progress(stage: str, fraction: float, message: str | None = None) -> None:
             if lease.lost.is_set():
                 raise _Abandon("lease lost")
-            lease.progress(stage=stage, fraction=max(0.0, min(1.0, float(fraction))))
+            lease.progress(stage=stage, fraction=max(0.0, min(1.0, float(fraction))), message=message)
 
         outcome = run_search(req, progress=progress)
         if lease.lost.is_set():
             raise _Abandon("lease lost")
+        lease.flush()
         return outcome.report.model_dump_json()
 
     # ---- runs ----------------------------------------------------------------------------------

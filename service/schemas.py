@@ -60,6 +60,8 @@ class JobOut(BaseModel):
     error: str | None = None
     search_id: int
     devices: int
+    device: str | None = Field(default=None, description="the device type asked for, e.g. h100-80gb "
+                                                         "(None for a cluster given in full)")
     cached: bool = Field(description="answered from a stored frontier of an identical earlier search")
     frontier_size: int | None = None
     feasible: bool | None = Field(default=None, description="whether any plan fits the memory budget (when done)")

@@ -76,7 +76,8 @@ def get(s: Session, job_id: int, *, with_request: bool = False) -> Job:
 
 def _rows(s: Session, where, limit: int | None = None, offset: int = 0):
     picked = aliased(Strategy)
-    q = (select(Job, Search, picked.id)
+    # the device type from the stored request (a JSON path: one expression on SQLite and PostgreSQL)
+    q = (select(Job, Search, picked.id, Job.request["device"].as_string())
          .join(Search, Search.id == Job.search_id)
          .outerjoin(picked, and_(picked.search_id == Search.id, picked.kind == "frontier",
                                  picked.idx == Search.picked_index))
@@ -88,9 +89,10 @@ def _rows(s: Session, where, limit: int | None = None, offset: int = 0):
     return s.execute(q).all()
 
 
-def _out(job: Job, search: Search, picked_id: int | None, alt_status: dict[int, str], cls=JobOut, **extra):
+def _out(job: Job, search: Search, picked_id: int | None, device: str | None, alt_status: dict[int, str],
+         cls=JobOut, **extra):
     return cls(id=job.id, name=job.name, status=search.status, stage=search.stage, progress=search.progress,
-               error=search.error, search_id=search.id, devices=search.devices, cached=job.cached,
+               error=search.error, search_id=search.id, devices=search.devices, device=device, cached=job.cached,
                frontier_size=search.frontier_size,
                feasible=None if search.status != DONE else search.picked_index is not None,
                picked_strategy_id=picked_id, selected_strategy_id=job.selected_strategy_id,
@@ -111,9 +113,9 @@ def detail(s: Session, job_id: int) -> JobDetail:
     rows = _rows(s, Job.id == job_id)
     if not rows:
         raise NotFound(f"no job {job_id}")
-    job, search, picked_id = rows[0]
+    job, search, picked_id, device = rows[0]
     request = s.scalar(select(Job.request).where(Job.id == job_id))
-    return _out(job, search, picked_id, _alt_status(s, [job]), cls=JobDetail, request=request)
+    return _out(job, search, picked_id, device, _alt_status(s, [job]), cls=JobDetail, request=request)
 
 
 def listing(s: Session, status: str | None, limit: int, offset: int) -> tuple[int, list[JobOut]]:
@@ -124,7 +126,7 @@ def listing(s: Session, status: str | None, limit: int, offset: int) -> tuple[in
     total = s.scalar(count)
     rows = _rows(s, where, limit, offset)
     alt = _alt_status(s, [r[0] for r in rows])
-    return total, [_out(j, se, pid, alt) for j, se, pid in rows]
+    return total, [_out(j, se, pid, dev, alt) for j, se, pid, dev in rows]
 
 
 def frontier(s: Session, job_id: int, devices: int | None = None) -> FrontierOut:

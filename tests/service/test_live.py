@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 from svchelp import count_rows, query, start_worker, wait_job
@@ -38,13 +39,17 @@ def test_a_job_is_searched_in_the_background_and_its_frontier_served(live, http)
 
 
 def test_the_stream_follows_a_search_while_it_runs(live, http):
-    job = http.post("/api/jobs", json={**TINY, "global_batch": 7}).json()
-    seen = []
+    job = http.post("/api/jobs", json={**TINY, "global_batch": 14}).json()
+    seen, data = [], []
     with http.stream("GET", f"/api/jobs/{job['id']}/events") as s:
         for line in s.iter_lines():
             if line.startswith("event: "):
                 seen.append(line[7:])
+            elif line.startswith("data: "):
+                data.append(line[6:])
     assert seen[0] == "status" and seen[-1] == "end" and "progress" in seen
+    # the search reports each mesh with the size of the frontier so far
+    assert any(re.search(r"pp1 x dp\d+ x tp\d+[^:]*: \d+ frontier points so far", d) for d in data), data
     assert http.get(f"/api/jobs/{job['id']}").json()["status"] == "done"
 
 
@@ -106,7 +111,7 @@ def _cycle_graph() -> dict:
 
 def test_bad_inputs_get_4xx_with_a_message_and_leave_the_database_unchanged(live, http):
     settle(live, http)
-    job = wait_job(http, http.post("/api/jobs", json={**TINY, "global_batch": 9}).json()["id"])
+    job = wait_job(http, http.post("/api/jobs", json={**TINY, "global_batch": 18}).json()["id"])
     settle(live, http)
     before = count_rows(live.db_url)
     big = b'{"model": "' + b"x" * (50 * 1024 * 1024) + b'"}'

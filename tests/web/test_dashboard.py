@@ -352,7 +352,7 @@ def test_upload_an_hf_config(web, http, shot):
 
 
 def test_a_link_opens_the_job_and_its_plan_and_resize_shows_the_target(web, http, shot):
-    job = wait_job(http, http.post("/api/jobs", json={**TINY, "global_batch": 6}).json()["id"])
+    job = wait_job(http, http.post("/api/jobs", json={**TINY, "global_batch": 16}).json()["id"])
     fr = http.get(f"/api/jobs/{job['id']}/frontier").json()
     point = fr["points"][len(fr["points"]) // 2]["id"]
     page = web.page
@@ -395,6 +395,7 @@ def test_a_link_opens_the_job_and_its_plan_and_resize_shows_the_target(web, http
     other = http.post("/api/jobs", json={**TINY, "global_batch": 8}).json()["id"]
     page.evaluate("document.querySelector('#home').click()")
     page.wait_for_selector(f'#job-list a[data-job="{other}"]', timeout=30_000)
+    assert "2 × cpu" in page.inner_text(f'#job-list a[data-job="{other}"]')  # device count and type
     page.focus(f'#job-list a[data-job="{other}"]')
     page.keyboard.press("Enter")
     page.wait_for_url(re.compile(rf"job={other}\b"))
@@ -429,6 +430,8 @@ def test_live_progress_follows_the_event_stream(open_page, tmp_path, shot):
         page.wait_for_selector("#chart .scatterlayer .trace path.point", timeout=120_000)
         assert page.inner_text("#job-status") == "done"
         assert "Pareto-optimal plans" in page.inner_text("#job-log")
+        # the search reported each mesh it finished with the frontier's size so far
+        assert re.search(r"pp1 x dp\d+ x tp\d+.*: \d+ frontier points so far", page.inner_text("#job-log"))
         assert page.get_attribute("#progress", "aria-valuenow") == "100"
         shot(page, "done")
         assert web.errors == []

@@ -47,7 +47,7 @@ async function refreshJobs() {
     busy = list.items.some((j) => j.status === "queued" || j.status === "running");
     $("#job-list").innerHTML = list.items.map((j) => `<li><a href="/?job=${j.id}" data-job="${j.id}"${j.id === state.jobId ? ' aria-current="page"' : ""}>` +
       `<span class="jid">#${j.id}</span><span class="jname">${esc(j.name)}</span><span class="badge ${j.status}">${j.status}</span>` +
-      `<span class="jsub">${j.devices} device${j.devices === 1 ? "" : "s"}${j.alternates.length ? ` (+${j.alternates.map((a) => a.devices).join(", ")})` : ""}` +
+      `<span class="jsub">${j.devices} × ${esc(j.device || "custom cluster")}${j.alternates.length ? ` (+${j.alternates.map((a) => a.devices).join(", ")})` : ""}` +
       ` · ${when(j.created_at)}${j.frontier_size != null ? ` · ${j.frontier_size} points` : ""}${j.cached ? " · cached" : ""}</span></a></li>`).join("")
       || '<li class="hint">no jobs yet</li>';
   } catch (e) {
