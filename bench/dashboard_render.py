@@ -9,7 +9,7 @@
    gpt2-tiny search, repriced along a Pareto curve (times up, memory down), plus its real baselines.
 2. A real `paretoplan serve --no-worker` on that database.
 3. Debian's Chromium (Playwright) opens `/?job=ID` in a fresh browser context each time (cold
-   cache: the HTML, plotly.min.js of 4.6 MB, the page's modules, the job and its frontier are all
+   cache: the HTML, plotly-basic.min.js of 1.2 MB, the page's modules, the job and its frontier are all
    fetched), then once more reloaded in the same context (warm: plotly.js from the cache).
    The page records `performance.now()` (milliseconds since the navigation started) when Plotly
    has drawn the chart, after the next paint, and when the table under it is filled.
@@ -101,7 +101,7 @@ def start_server(db_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
 READ = """() => {
   const p = window.__paretoplan;
   const res = (s) => performance.getEntriesByType('resource').find((e) => e.name.includes(s));
-  const fr = res('/frontier'), pl = res('plotly.min.js');
+  const fr = res('/frontier'), pl = res('plotly-basic.min.js');
   return { drawn: p.chartDrawnAt, painted: p.chartPaintedAt, table: p.tableReadyAt,
            frontier_end: fr ? fr.responseEnd : null, frontier_bytes: fr ? fr.decodedBodySize : null,
            plotly_end: pl ? pl.responseEnd : null,
@@ -182,7 +182,7 @@ def main() -> int:
                  r["cold_painted_max_ms"], r["cold_table_ms"], r["after_ready_ms"], r["warm_painted_ms"],
                  r["warm_after_ready_ms"]]
         print(" | ".join(f"{c:>{len(h)}.0f}" for c, h in zip(cells, head)))
-    print("\nplotly.js run: when the page's own code starts, after plotly.min.js (4.6 MB) is fetched, compiled and run;"
+    print("\nplotly.js run: when the page's own code starts, after plotly-basic.min.js (1.2 MB) is fetched, compiled and run;"
           "\nchart after plotly.js: painted - plotly.js run, the part that grows with the points")
     largest = max(rows, key=lambda r: r["points"])
     ok = largest["cold_painted_ms"] < TARGET_MS

@@ -180,7 +180,7 @@ def test_submit_watch_click_launch_with_the_mouse(web, service, http, shot):
     shot(page, "measured")
 
     # offline: every request the page made went to the app itself (plotly.js included)
-    assert any(u.endswith("/static/vendor/plotly.min.js") for u in web.requests)
+    assert any(u.endswith("/static/vendor/plotly-basic.min.js") for u in web.requests)
     assert all(u.startswith(service.url) for u in web.requests if not u.startswith("data:")), web.requests
     assert web.errors == []
 
