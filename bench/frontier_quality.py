@@ -1,14 +1,18 @@
 """How much the frontier gains over the plans people use today, on the same cost model.
 
-    python bench/frontier_quality.py
+    python bench/frontier_quality.py                 # the frontier with pipelines, every planner
+    python bench/frontier_quality.py --no-pipeline   # without pipelines (and pipeline planners)
 
 For each model and device count (h100-80gb nodes of 8, bf16): every baseline planner's time and
-memory, the speed-up of the frontier's fastest plan that fits the device's memory over it
-("best fit"), the speed-up at the baseline's own memory, and the memory saved at its time.
+memory (Megatron 3-D and PipeDream-2BW's own planner included; 2BW's 1-stale weights admitted for
+it, so the frontier is searched with --allow-async-pipeline too), the speed-up of the frontier's
+fastest plan that fits the device's memory over it ("best fit"), the speed-up at the baseline's
+own memory, and the memory saved at its time.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from search.baselines import against_frontier, baselines
@@ -24,6 +28,10 @@ GIB = 2**30
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-pipeline", action="store_true", help="search and plan without pipelines")
+    args = ap.parse_args()
+    piped = not args.no_pipeline
     print(f"{'model':<11} {'dev':>4} {'baseline':<30} {'time ms':>9} {'mem GiB':>8} {'fits':>4} "
           f"{'best fit':>9} {'at its mem':>10} {'mem at its time':>15}")
     for model, devices, batch in CASES:
@@ -31,10 +39,10 @@ def main() -> None:
         cluster = make_cluster("h100-80gb", devices)
         job = TrainingJob(global_batch=batch)
         t0 = time.perf_counter()
-        result = search(graph, cluster, job)
+        result = search(graph, cluster, job, pipeline=piped, allow_async=piped)
         seconds = time.perf_counter() - t0
         best = pick(result.points, cluster.memory_per_device)
-        for b in baselines(graph, cluster, job):
+        for b in baselines(graph, cluster, job, pipelines=piped, allow_async=piped):
             d = against_frontier(result.points, b)
             fits = b.memory_bytes <= cluster.memory_per_device
             best_fit = f"{b.time_s / best.time_s:.2f}x" if best and fits else "-"

@@ -4,11 +4,13 @@ torch's tensor parallelism changes placements at module boundaries only (a style
 ``PrepareModuleInput`` / ``PrepareModuleOutput``; worker/analyze.py). For every configuration the
 search offers to run as priced (DESIGN.md 3), three rules follow from the captured graph:
 
-- *one placement per tensor:* a tensor read by several ops is read by all of them in one placement,
-  and their gradients come back in one placement. torch converts it once, where it enters the
-  readers' module, and autograd sums the readers' gradients before converting them back once. So
-  the conversion is priced on the edge to the tensor's first reader only, and every other reader
-  is tied to the first by a pair constraint.
+- *one conversion per entry:* a tensor's readers that enter the same module from outside (q, k
+  and v entering attention; ln1 and the residual add entering a block) read it in one placement
+  and return their gradients in one placement: torch converts it once at that module's boundary,
+  and autograd sums the readers' gradients before converting them back once. So the conversion is
+  priced on the edge to the group's first reader only, and its other readers are tied to the
+  first by a pair constraint. Readers entering different modules (BERT's q, k, v and the residual
+  add of the attention's output block) convert separately.
 - *tied parameters:* ops that share a parameter (GPT's token embedding and lm head) place it alike.
 - *no conversion inside a module:* between two ops of one module's forward (the producer not a
   module of its own) there is no boundary to convert at, so such an edge keeps its placement.
@@ -48,13 +50,29 @@ class Boundaries:
 
     @cached_property
     def first_reader(self) -> dict[tuple[str, str], str]:
-        """(producer, reader) -> the producer's first reader, for every reader but the first."""
+        """(producer, reader) -> the first reader converting at the same module, for every reader
+        but the first of its group."""
         out: dict[tuple[str, str], str] = {}
         for prod, readers in self.graph.consumers().items():
-            names = list(dict.fromkeys(c for c, _ in readers))
-            for other in names[1:]:
-                out[(prod, other)] = names[0]
+            first: dict[str, str] = {}
+            for c in dict.fromkeys(c for c, _ in readers):
+                at = self.conversion_module(self.graph.op(prod), self.graph.op(c))
+                if at in first:
+                    out[(prod, c)] = first[at]
+                else:
+                    first[at] = c
         return out
+
+    def conversion_module(self, prod: Op, reader: Op) -> str:
+        """Where the reader's copy of prod's output changes placement: the innermost module it
+        enters from outside that is not its own (its readers there share one conversion); its own
+        module when that is all it enters (a style's input layout); '' without module names."""
+        if not self.has_modules:
+            return ""
+        entered = [m for m in _ancestors(reader.module) if m not in set(_ancestors(prod.module))]
+        if entered and self.own_module(reader) and entered[-1] == reader.module:
+            entered = entered[:-1] or entered
+        return entered[-1] if entered else f"<inside {reader.module}>"
 
     @cached_property
     def pairs(self) -> list[Pair]:

@@ -50,7 +50,8 @@ from search.frontier import RTOL, Factor, Stats, assignments, join, pareto_mask,
 from search.ft import (Chain, _least_memory, _staircase, after_stack, find_chain, layer_index,
                        mesh_costs, prepare_mesh)
 from search.graph import OpGraph
-from search.mesh import Mesh, data_ways, mesh_candidates, op_configs, unplaceable_op, output_placement, shard_factor
+from search.mesh import (Mesh, data_ways, mesh_candidates, op_configs, output_placement, param_placement, shard_factor,
+                         unplaceable_op)
 from search.pipeline import ScheduleName, in_flight, weight_copies
 
 STAGE_BAND = 2
@@ -327,6 +328,7 @@ def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape) -> PipeSolution
         return None  # the micro-batch does not split over the stage's data-parallel ranks
     # layers 2.. are priced with the template layer's tables (identical ops, identical costs)
     base = mesh_costs(graph, cm, sub, shape.zero, chain)
+    base.update(_tied_copies(graph, cm, sub, shape, chain))
     edges = _all_edges(graph, cm, sub, base, chain, skip={n for layer in chain.layers[2:] for n in layer})
     template = set(chain.template)
     template_edges = {k: ec for k, ec in edges.items() if k[1] in template}
@@ -483,6 +485,32 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
     tables.root = Factor(scope=(), keys=np.zeros((len(keep), 0), dtype=np.int32), t=t[keep], m=mem[keep])
     tables.partitions, tables.assigns, tables.stats = parts_list, assigns, stats
     return tables
+
+
+def _tied_copies(graph: OpGraph, cm: CostModel, sub: Mesh, shape: PipeShape, chain: Chain) -> dict[str, OpCosts]:
+    """Ops after the stack that read a parameter owned before it (GPT's lm head and the token
+    embedding) hold a copy of it on the last stage, as Megatron-LM does: its own gradients and
+    optimizer state, and an all-reduce of the gradients with the first stage once per iteration."""
+    tail = after_stack(graph, chain)
+    owned_in_tail = {p.name for op in graph.ops if op.name in tail for p in op.params if p.owner}
+    out: dict[str, OpCosts] = {}
+    for op in graph.ops:
+        tied = [p for p in op.params if not p.owner and p.name not in owned_in_tail]
+        if op.name not in tail or not tied:
+            continue
+        own = op.model_copy(update={"params": tuple(p.model_copy(update={"owner": True}) if p in tied else p
+                                                    for p in op.params)})
+        oc = cm.op_costs(own, sub, shape.zero)
+        alpha, beta = cm.p2p_coefficients(shape.stages, sub.num_devices)
+        # an all-reduce of two ranks: each sends its gradient shard and receives the other's
+        grads = np.array([sum(p.numel / shard_factor(param_placement(c, p.dims), sub) for p in tied) * cm.bytes.grad
+                          for c in oc.configs])
+        t_tie = 2.0 * (alpha + beta * grads)
+        step = (oc.step if oc.step is not None else np.zeros_like(oc.time)) + t_tie
+        out[op.name] = OpCosts(configs=oc.configs, time=oc.time + t_tie, mem=oc.mem, parts=oc.parts, comm=oc.comm,
+                               time_rc=oc.time_rc + t_tie, mem_rc=oc.mem_rc, parts_rc=oc.parts_rc, step=step,
+                               estimated=oc.estimated)
+    return out
 
 
 def _all_edges(graph: OpGraph, cm: CostModel, mesh: Mesh, ops: dict[str, OpCosts], chain: Chain,

@@ -187,6 +187,7 @@ class _TensorAxis:
         self.where: dict[tuple[str, str], str] = {}  # (producer, consumer) -> module that redistributes
         self.entries: dict[str, tuple[str, str]] = {}  # module -> (producer, target code)
         self.exits: dict[str, str] = {}              # producer -> target code
+        self.bounds = Boundaries(graph)
 
     # placements on this axis, as codes 'R' | 'P' | 'S:label'
     def out(self, op: Op) -> str:
@@ -273,7 +274,7 @@ class _TensorAxis:
             if style == "rowwise":
                 spec.output_layout = "Partial()"  # kept partial unless an edge below says otherwise
             self.styles[op.name] = spec
-        bounds = Boundaries(self.g)
+        bounds = self.bounds
         for v in self.g.ops:
             for i, t in enumerate(v.inputs):
                 src = self.out(self.ops[t.source]) if t.source else "R"  # graph inputs: every rank loads them
@@ -290,9 +291,10 @@ class _TensorAxis:
                 raise Unsupported(f"op {op.name!r} (row-parallel) leaves a partial sum that no consumer reduces")
 
     def _shared_gradient(self, prod: str, v: Op, i: int, bounds: Boundaries) -> bool:
-        """v is the first of several readers of prod's output and the gradient needs a collective."""
-        readers = {c for c, _ in self.consumers[prod]}
-        if len(readers) < 2 or not bounds.pays(prod, v.name):
+        """v is the first of several readers converting prod's output at one module, and the
+        gradient needs a collective."""
+        group = [c for c, _ in self.consumers[prod] if bounds.first_reader.get((prod, c)) == v.name]
+        if not group or not bounds.pays(prod, v.name):
             return False
         u = self.ops[prod]
         back = forward_collective(input_grad_placement(self.cfgs[v.name], v.inputs[i])[self.a],
@@ -323,13 +325,14 @@ class _TensorAxis:
                                 return w
                 return None
 
-            # the outermost module entered whose readers all want dst (a module that reads its
-            # input's shape, as attention does, then sees the redistributed tensor); readers that
-            # want the tensor as it arrives keep it when the conversion sits deeper, on v's side
-            m_in = next((m for m in entry if disagrees(m) is None), None)
-            if m_in is None:
-                w = disagrees(entry[-1])
-                raise Unsupported(f"ops {v.name!r} and {w.name!r} inside module {entry[-1]!r} need the output of "
+            # where the plan priced the conversion (search/boundaries.py): the innermost module v
+            # enters that is not its own, shared by the readers entering it; a module below it that
+            # reads its input's shape (attention) sees the converted tensor
+            at = self.bounds.conversion_module(u, v) if u is not None else entry[0]
+            m_in = at if at in entry else entry[0]
+            w = disagrees(m_in)
+            if w is not None:
+                raise Unsupported(f"ops {v.name!r} and {w.name!r} inside module {m_in!r} need the output of "
                                   f"{pname!r} in different placements on tensor axis {self.axis!r}")
             prev = self.entries.get(m_in)
             if prev is not None:
@@ -385,7 +388,7 @@ class _TensorAxis:
         one per tensor and direction (search/costmodel.py edge_costs, on its first reader's edge), plus the gradient
         synchronisation of parameters replicated over split activations (op_costs)."""
         out: list[ExpectedComm] = []
-        bounds = Boundaries(self.g)
+        bounds = self.bounds
         for v in self.g.ops:
             for i, t in enumerate(v.inputs):
                 if t.source is None or not bounds.pays(t.source, v.name):
@@ -466,7 +469,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     if pipe.stages > 1 and ties:
         notes.append(f"tied parameters across pipeline stages ({'; '.join(' = '.join(g) for g in ties)}) are kept as a "
                      f"copy on the first and last stage whose gradients are all-reduced between the two (as "
-                     f"Megatron-LM does); the plan does not price that all-reduce")
+                     f"Megatron-LM does, and as the plan prices it: search/pipesearch.py _tied_copies)")
     data = next((d for d in mesh if d.role == "data"), None)
     mode, reshard = "none", False
     if data is not None:

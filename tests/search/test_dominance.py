@@ -24,6 +24,9 @@ def test_no_baseline_below_left_of_the_frontier(model, devices, batch):
     bases = baselines(graph, cluster, job, pipelines=False)  # pipeline planners: test_baselines.py
     assert len(bases) >= 2  # data-parallel and fsdp apply everywhere
     for b in bases:
+        # every planner's plan is one the executor runs as priced (search/boundaries.py): a broken
+        # rule would price it INFEASIBLE and make this test pass for the wrong reason
+        assert b.time_s < 1e6 and b.memory_bytes < 1e15, b.name
         # at the baseline's memory the frontier is at least as fast ...
         fitting = [p for p in result.points if p.memory_bytes <= b.memory_bytes * (1 + 1e-9)]
         assert fitting, f"{b.name}: no frontier point within its {b.memory_bytes:.3g} bytes"

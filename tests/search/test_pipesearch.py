@@ -136,3 +136,38 @@ def test_pipeline_plans_in_the_frontier():
 def test_graph_without_a_stack_has_no_pipelines():
     g = capture_model(get_model("gpt2-tiny"), 8, None)  # 2 layers: no stack of 3 to cut
     assert search_pipelines(g, make_cluster("cpu", 4), TrainingJob(global_batch=8, seq_len=64), (0, 1)) == []
+
+
+def test_a_tied_head_holds_its_own_copy_on_the_last_stage():
+    """The lm head reads the input layer's weight (tied, as GPT's): on a pipeline the last stage
+    keeps a copy with its gradients and optimizer state, and all-reduces its gradient with the
+    first stage once per iteration (Megatron-LM's layout)."""
+    from search.costmodel import CostModel
+    from search.graph import ParamRef
+    from search.pipesearch import pipe_tables
+
+    g = stack(4, batch=16)
+    inp_w = g.op("inp").params[0]
+    head = g.op("head")
+    tied_head = head.model_copy(update={"params": (ParamRef(name=inp_w.name, shape=head.params[0].shape,
+                                                             dims=head.params[0].dims, owner=False),)})
+    tied = g.model_copy(update={"ops": tuple(tied_head if op.name == "head" else op for op in g.ops)})
+    tied.__dict__.pop("_op_index", None)
+    cl = make_cluster("h100-80gb", 4)
+    job = TrainingJob(global_batch=16, seq_len=None)
+    shape = next(s for s in pipeline_shapes(cl, job, 4, (0,)) if s.stages == 2)
+    plain_t = pipe_tables(g, CostModel(g, cl, job), shape)
+    tied_t = pipe_tables(tied, CostModel(tied, cl, job), shape)
+    a, b = plain_t.op_costs["head"], tied_t.op_costs["head"]
+    # the same states as the untied head (its own weight of the same shape), plus the cross-stage all-reduce
+    assert np.allclose(a.parts, b.parts) and np.allclose(a.mem, b.mem)
+    assert np.all(b.step > a.step) and np.allclose(b.time - a.time, b.step - a.step)
+    # without a pipeline the head owns nothing: one copy, on every device, counted at the input layer
+    flat = CostModel(tied, cl, job).op_costs(tied_head, search_mesh(cl))
+    assert not flat.parts[:, :3].any()
+
+
+def search_mesh(cl):
+    from search.mesh import mesh_candidates
+
+    return mesh_candidates(cl)[0]
