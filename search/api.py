@@ -73,7 +73,9 @@ class BaselineEntry(BaseModel):
     plan: dict[str, Any]
 
 
-class FrontierReport(BaseModel):
+class SearchSummary(BaseModel):
+    """What was searched and how: the header of a frontier, wherever it is served."""
+
     model: str
     params: int
     cluster: str
@@ -86,18 +88,18 @@ class FrontierReport(BaseModel):
     capture_seconds: float
     eps: float
     stats: dict[str, Any]
+
+
+class FrontierReport(SearchSummary):
     picked: int | None = Field(description="index of the fastest plan that fits the budget")
     frontier: list[FrontierEntry]
     baselines: list[BaselineEntry] = Field(default_factory=list)
 
 
-def resolve(req: SearchRequest, progress: Progress | None = None):
-    """The graph, cluster, job and budget a request names (InputError on anything invalid)."""
-    from search.capture import capture_model
-    from search.cluster import cluster_from_dict, make_cluster, parse_size
-    from search.costmodel import TrainingJob
-    from search.graph import parse_graph
-    from search.zoo import get_model, spec_from_hf_config
+def request_cluster(req: SearchRequest):
+    """The cluster a request names (a profile sets the device unless the request does), checked
+    against the profile's device; cheap: the service runs it before storing a job."""
+    from search.cluster import cluster_from_dict, make_cluster
 
     prof = request_profile(req)
     device = prof.device if prof is not None and "device" not in req.model_fields_set else req.device
@@ -106,6 +108,18 @@ def resolve(req: SearchRequest, progress: Progress | None = None):
     if prof is not None and cluster.device.name != prof.device:
         raise InputError(f"the profile was measured on {prof.device!r}, but the cluster is of {cluster.device.name!r}; "
                          f"search {prof.device!r} devices with it (or profile {cluster.device.name!r})")
+    return cluster
+
+
+def resolve(req: SearchRequest, progress: Progress | None = None):
+    """The graph, cluster, job and budget a request names (InputError on anything invalid)."""
+    from search.capture import capture_model
+    from search.cluster import parse_size
+    from search.costmodel import TrainingJob
+    from search.graph import parse_graph
+    from search.zoo import get_model, spec_from_hf_config
+
+    cluster = request_cluster(req)
     budget = parse_size(req.memory_budget) if req.memory_budget is not None else cluster.memory_per_device
     if budget <= 0:
         raise InputError(f"memory budget must be positive, got {req.memory_budget!r}")

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
-from search.api import FrontierReport, SearchRequest
+from search.api import FrontierReport, SearchRequest, SearchSummary
 
 
 def _utc(dt: datetime | None) -> str | None:
@@ -102,22 +102,10 @@ class BaselineOut(BaseModel):
     against_frontier: dict[str, Any]
 
 
-class FrontierOut(BaseModel):
+class FrontierOut(SearchSummary):
     job_id: int
     search_id: int
     status: Status
-    model: str
-    params: int
-    cluster: str
-    device: str
-    num_devices: int
-    memory_per_device: int
-    memory_budget_bytes: int
-    job: dict[str, Any]
-    eps: float
-    search_seconds: float
-    capture_seconds: float
-    stats: dict[str, Any]
     feasible: bool
     picked_index: int | None
     picked_strategy_id: int | None

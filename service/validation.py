@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from search.api import SearchRequest
+from search.api import SearchRequest, request_cluster
 from search.errors import InputError
 
 KEY_VERSION = "1"  # bump when stored frontiers must not be reused any more
@@ -19,22 +19,12 @@ KEY_VERSION = "1"  # bump when stored frontiers must not be reused any more
 
 def check(req: SearchRequest) -> tuple[SearchRequest, int]:
     """The request normalised (sizes in bytes), and its device count; InputError when invalid."""
-    from search.cluster import cluster_from_dict, make_cluster, parse_size
+    from search.cluster import parse_size
 
     update: dict[str, Any] = {}
-    prof = None
-    if req.profile is not None:
-        from search.profile import parse_profile
-
-        prof = parse_profile(req.profile, origin="profile")
-        if req.cluster is None and "device" not in req.model_fields_set:
-            update["device"] = prof.device  # what search.api.resolve does; explicit, so the key and the worker agree
-    device = update.get("device", req.device)
-    cluster = (cluster_from_dict(req.cluster) if req.cluster is not None
-               else make_cluster(device, req.devices, req.devices_per_node))
-    if prof is not None and cluster.device.name != prof.device:
-        raise InputError(f"the profile was measured on {prof.device!r}, but the cluster is of {cluster.device.name!r}; "
-                         f"search {prof.device!r} devices with it (or profile {cluster.device.name!r})")
+    cluster = request_cluster(req)  # the search's own checks of names, shape and profile
+    if req.profile is not None and req.cluster is None and "device" not in req.model_fields_set:
+        update["device"] = cluster.device.name  # what the search chose; explicit, so the key and the worker agree
     if req.memory_budget is not None:
         update["memory_budget"] = parse_size(req.memory_budget)
     if req.model is not None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased, undefer
 
-from search.api import SearchRequest
+from search.api import SearchRequest, SearchSummary
 from search.errors import InputError
 from service import validation
 from service.crud import events, searches
@@ -163,9 +163,7 @@ def search_frontier(s: Session, search: Search, job_id: int) -> FrontierOut:
     return FrontierOut(job_id=job_id, search_id=search.id, status=search.status, feasible=search.picked_index is not None,
                        picked_index=search.picked_index, picked_strategy_id=picked_id,
                        least_memory_bytes=search.least_memory_bytes, points=points, baselines=bases,
-                       **{k: summ[k] for k in ("model", "params", "cluster", "device", "num_devices",
-                                               "memory_per_device", "memory_budget_bytes", "job", "eps",
-                                               "search_seconds", "capture_seconds", "stats")})
+                       **{k: summ[k] for k in SearchSummary.model_fields})
 
 
 def search_ids(s: Session, job: Job) -> set[int]:
