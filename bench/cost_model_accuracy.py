@@ -35,6 +35,7 @@ from search.cluster import format_size  # noqa: E402
 from search.plan import Plan  # noqa: E402
 from worker.analyze import Unsupported, analyze  # noqa: E402
 from worker.launch import Progress, check_capacity, make_report, run_jobs  # noqa: E402
+from worker.reference import reference_losses  # noqa: E402
 from worker.spec import Job, RunSettings  # noqa: E402
 
 TIME_TARGET, MEMORY_TARGET = 0.10, 0.05
@@ -117,8 +118,13 @@ def main() -> None:
         print(f"| {model} | {spec.summary.replace(' | ', '; ')} | {label} | {rep.predicted.time_s * 1e3:.3f} ms | "
               f"{rep.measured.time_s * 1e3:.1f} ms | {pct(rep.errors.time)} | {format_size(rep.predicted.memory_bytes)} | "
               f"{format_size(rep.measured.memory_bytes) if rep.measured.memory_bytes else '-'} | {pct(rep.errors.memory)} |")
+    # every run must also have trained the model it claims to: its losses against one process's
+    refs = {(m, s.seq_len): reference_losses(m, args.steps, args.global_batch, s.seq_len) for m, _, s in labelled}
+    worst = max((max(abs(a - b) for a, b in zip(rep.losses, refs[(m, s.seq_len)])), f"{m} {label}")
+                for (m, label, s), rep in zip(labelled, reports))
+    print(f"\nlosses: every run within {worst[0]:.1e} of the single-process run's ({args.steps} steps; worst: {worst[1]})")
     if t_err:
-        print(f"\nmedian |time error| {statistics.median(t_err) * 100:.0f}% (target {TIME_TARGET:.0%}), "
+        print(f"median |time error| {statistics.median(t_err) * 100:.0f}% (target {TIME_TARGET:.0%}), "
               f"median |memory error| {statistics.median(m_err) * 100:.0f}% (target {MEMORY_TARGET:.0%}) "
               f"over {len(reports)} plans")
     if refused_all:

@@ -12,8 +12,15 @@ search offers to run as priced (DESIGN.md 3), three rules follow from the captur
   first by a pair constraint. Readers entering different modules (BERT's q, k, v and the residual
   add of the attention's output block) convert separately.
 - *tied parameters:* ops that share a parameter (GPT's token embedding and lm head) place it alike.
-- *no conversion inside a module:* between two ops of one module's forward (the producer not a
-  module of its own) there is no boundary to convert at, so such an edge keeps its placement.
+- *conversions at module entries:* a tensor changes placement where its reader enters a module
+  (``PrepareModuleInput``, a style's input layout): the module's own code then sees the converted
+  tensor, shapes included. Leaving a producer's module (a style's output layout) a partial sum may
+  be reduced whole (a row-parallel output's all-reduce), and, when the reader takes the tensor as
+  it is (no view between them), reduced or sliced into shards (sequence parallelism's
+  reduce-scatter after a row-parallel Linear, its scatter after the embedding). Gathering or
+  re-splitting there, or sharding a tensor the enclosing code then reshapes, would hand that code
+  (attention's ``view(b, t, -1, head_dim)``) a shape it does not expect.
+  Between two ops of one module's forward there is no boundary, so such an edge keeps its placement.
 
 The rules bind on tensor axes only: a data axis splits the batch everywhere, and the gradients
 of what it replicates are reduced by DDP/FSDP over the parameters, not at module boundaries.
@@ -115,12 +122,26 @@ class Boundaries:
         count, parents = self._modules
         return bool(op.module) and count[op.module] == 1 and op.module not in parents
 
+    def crossing(self, prod: Op, reader: Op) -> str:
+        """How the edge prod -> reader may change placement: 'entry' (the reader enters a module
+        prod is not in: any change), 'exit' (only prod's own module is left: a partial sum may
+        be reduced to whole or shards, nothing else), 'none' (inside one module's forward). Without
+        module names every edge is an 'entry'."""
+        if not self.has_modules or set(_ancestors(reader.module)) - set(_ancestors(prod.module)):
+            return "entry"
+        return "exit" if self.own_module(prod) else "none"
+
     def convertible(self, prod: Op, reader: Op) -> bool:
-        """Whether a module boundary lies between prod and reader where a placement may change:
-        a module the reader is in and prod is not, or prod's own module's output."""
-        if not self.has_modules:
-            return True
-        return bool(set(_ancestors(reader.module)) - set(_ancestors(prod.module))) or self.own_module(prod)
+        """Whether the edge may change placement at all (an entry, or a reduction at an exit)."""
+        return self.crossing(prod, reader) != "none"
+
+
+def exit_allowed(src: str, dst: str, same_shape: bool) -> bool:
+    """Whether a placement may change from src to dst as the tensor leaves its producer's module
+    (codes 'R', 'P', 'S:label'; `same_shape`: the reader takes the tensor with no view between)."""
+    if src == dst or (src == "P" and dst == "R"):
+        return True
+    return same_shape and src in ("P", "R") and dst.startswith("S:")
 
 
 def _ancestors(fqn: str) -> list[str]:

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from search.cluster import Cluster
 from search.graph import Op, OpGraph, TensorRef
 from search.profile import DeviceProfile, ProfileLookup, as_lookup
-from search.boundaries import INFEASIBLE, Boundaries, Pair
+from search.boundaries import INFEASIBLE, Boundaries, Pair, exit_allowed
 from search.mesh import (
     DATA,
     TENSOR,
@@ -148,6 +148,7 @@ class CostModel:
         self.cluster = cluster
         self.job = job
         self.profile = as_lookup(profile, job.precision)
+        self.contention = self.profile.contention(cluster.devices_per_node) if self.profile is not None else 1.0
         self._coef: dict[tuple[Mesh, int], tuple[np.ndarray, np.ndarray]] = {}
         self.bytes = PRECISION_BYTES[job.precision]
         self.peak = cluster.device.peak(self.bytes.compute_dtype)
@@ -295,6 +296,10 @@ class CostModel:
             else:  # measured forward and forward + backward, optimizer step, calibrated
                 t_fwd, t_fb, ok = self.profile.compute(op, mesh, cfg, t_fwd)
                 t_opt, ok_opt = self.profile.optimizer(updated, t_opt)
+                if ok:  # timed alone, run beside the host's other ranks
+                    t_fwd, t_fb = t_fwd * self.contention, t_fb * self.contention
+                if ok_opt:
+                    t_opt *= self.contention
                 measured &= ok and ok_opt and (t_sync == 0.0 or comm_ok)
                 time[ci] = t_fb + t_sync + t_opt
             step[ci] = t_sync + t_opt
@@ -337,7 +342,7 @@ class CostModel:
         mem = np.zeros((Cu, Cv))
         comm = np.zeros((Cu, Cv, n_axes))
         pays = self.bounds.pays(prod.name, cons.name)
-        fixed = not self.bounds.convertible(prod, cons)
+        crossing = self.bounds.crossing(prod, cons)
         blocked = np.zeros((Cu, Cv), dtype=bool)
         out_pl = [output_placement(c, prod) for c in prod_cfgs]
         out_gpl = [output_grad_placement(c, prod) for c in prod_cfgs]
@@ -352,9 +357,22 @@ class CostModel:
             for a in range(n_axes):
                 if mesh.axes[a].size == 1:
                     continue
-                if fixed and mesh.axes[a].role == TENSOR:  # data axes convert nothing at module boundaries
-                    blocked |= _differ([p[a] for p in out_pl], [p[a] for p in in_pl])
-                    blocked |= _differ([p[a] for p in out_gpl], [p[a] for p in in_gpl])
+                if crossing != "entry" and mesh.axes[a].role == TENSOR:  # data axes convert nothing at boundaries
+                    src, dst = [p[a] for p in out_pl], [p[a] for p in in_pl]
+                    changed_here = _differ(src, dst) | _differ([p[a] for p in out_gpl], [p[a] for p in in_gpl])
+                    if crossing == "exit":  # leaving the producer's module: the style's output hook
+                        # converts forward and its gradient back (search/boundaries.py)
+                        same_shape = tuple(t.shape) == tuple(prod.output.shape)
+                        changed_here &= ~np.array([[exit_allowed(s, d, same_shape) for d in dst] for s in src])
+                    blocked |= changed_here
+                elif mesh.axes[a].role == TENSOR and tuple(t.dims) != tuple(prod.output.dims):
+                    # converted where the reader receives it, after a view: both layouts must be
+                    # expressible in the reader's dimensions (DTensor's Shard(dim) of that view)
+                    src, dst = [p[a] for p in out_pl], [p[a] for p in in_pl]
+                    gsrc, gdst = [p[a] for p in out_gpl], [p[a] for p in in_gpl]
+                    bad_src = np.array([s.startswith("S:") and s[2:] not in t.dims for s in src])
+                    bad_gsrc = np.array([s.startswith("S:") and s[2:] not in t.dims for s in gsrc])
+                    blocked |= (_differ(src, dst) & bad_src[:, None]) | (_differ(gsrc, gdst) & bad_gsrc[:, None])
                 if not pays:
                     continue
                 alpha, beta = self.collective_coefficients(mesh, a)

@@ -345,6 +345,15 @@ class ProfileLookup:
         self.measured.add(sig)
         return f * entry.fwd.median, f * (entry.fwd.median + entry.bwd.median), True
 
+    def contention(self, ranks_per_host: int) -> float:
+        """How much slower a CPU op runs in a job than when the profiler timed it alone: the
+        host's ranks share its cores (ranks x threads each over the cores, at least 1). Ops on
+        an accelerator have it to themselves; collectives were timed with every rank running."""
+        host = self.profile.host
+        if host.accelerator is not None or host.cpu_count <= 0:
+            return 1.0
+        return max(1.0, ranks_per_host * host.threads / host.cpu_count)
+
     def optimizer(self, elements: float, roofline: float) -> tuple[float, bool]:
         """Seconds of the optimizer step over `elements` parameters on one rank."""
         f = self.compute_factors.get("optimizer", 1.0)

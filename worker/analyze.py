@@ -30,7 +30,7 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-from search.boundaries import Boundaries
+from search.boundaries import Boundaries, exit_allowed
 from search.costmodel import COLLECTIVE_NAMES, NONE, forward_collective
 from search.errors import InputError
 from search.graph import Op, OpGraph
@@ -342,7 +342,7 @@ class _TensorAxis:
                 self.where[key] = m_in
                 return
             inside = [w for w in readers if m_in in self.mods.ancestors(w.module)]
-            dims = u.output.dims if u else v.inputs[i].dims
+            dims = v.inputs[i].dims  # the tensor as the module receives it, after any view of the producer's
             vst = self.styles.get(v.name)
             if m_in == v.module and vst and vst.style in ("colwise", "rowwise"):
                 vst.input_layout = dtensor(src, dims)
@@ -360,6 +360,11 @@ class _TensorAxis:
         if not self.own_leaf(u):
             raise Unsupported(f"op {u.name!r} -> op {v.name!r}: the plan redistributes on tensor axis {self.axis!r} "
                               f"({src} -> {dst}) where no module boundary lies between them")
+        if not exit_allowed(src, dst, tuple(v.inputs[i].shape) == tuple(u.output.shape)):
+            raise Unsupported(f"op {u.name!r} -> op {v.name!r}: the plan changes the placement on tensor axis "
+                              f"{self.axis!r} ({src} -> {dst}) as it leaves {u.module!r}, inside {v.module!r}: only a "
+                              f"partial sum may be reduced there, or a tensor the reader takes as it is sharded "
+                              f"(other changes would reach that module's code in a shape it does not expect)")
         # converted as it leaves u's module, the tensor is dst for every consumer: all must want dst,
         # and none may already have a conversion of its own that expects src
         for c, j in self.consumers[u.name]:

@@ -199,7 +199,7 @@ def test_the_enumeration_is_exactly_what_the_search_looks_up() -> None:
     from search.baselines import baselines
     from search.ft import search
 
-    req = SearchRequest(model="gpt2-medium", device="cpu", devices=4, devices_per_node=4, global_batch=4, seq_len=64)
+    req = SearchRequest(model="gpt2-medium", device="cpu", devices=4, devices_per_node=4, global_batch=16, seq_len=64)
     graph, cluster, job, _ = resolve(req)
     lookup = ProfileLookup(DeviceProfile(device="cpu"), job.precision)
     result = search(graph, cluster, job, profile=lookup, pipeline=True)
@@ -210,3 +210,26 @@ def test_the_enumeration_is_exactly_what_the_search_looks_up() -> None:
     assert set(sigs.items) == lookup.missing
     # and the pipeline's micro-batch shapes are among them (not only the full batch's)
     assert len(enumerate_signatures(graph, cluster, job.precision).items) < len(sigs.items)
+
+
+def test_cpu_ops_run_slower_beside_the_hosts_other_ranks(tiny_profile) -> None:
+    """The profiler times an op in one process; a job runs one process per device on the same
+    cores. 4 ranks of 1 thread on 2 cores: each op takes twice its profiled time."""
+    from search.profile import HostInfo
+
+    prof, _ = tiny_profile
+    host = prof.host.model_copy(update={"cpu_count": 2, "threads": 1, "accelerator": None})
+    cpu = prof.model_copy(update={"host": host})
+    assert ProfileLookup(cpu, "fp32").contention(4) == 2.0
+    assert ProfileLookup(cpu, "fp32").contention(1) == 1.0  # never faster than alone
+    gpu = prof.model_copy(update={"host": host.model_copy(update={"accelerator": "NVIDIA H100"})})
+    assert ProfileLookup(gpu, "fp32").contention(8) == 1.0
+    assert HostInfo().cpu_count == 0 and ProfileLookup(DeviceProfile(device="cpu"), "fp32").contention(4) == 1.0
+    o = _search(prof)
+    graph, job = o.result.graph, o.result.job
+    mesh = o.result.solutions[0].mesh
+    op = next(op for op in graph.ops if op.kind == "attention")  # no parameters: compute only
+    four = CostModel(graph, make_cluster("cpu", 4, 4), job, profile=cpu).op_costs(op, mesh)
+    roomy = cpu.model_copy(update={"host": host.model_copy(update={"cpu_count": 4})})
+    alone = CostModel(graph, make_cluster("cpu", 4, 4), job, profile=roomy).op_costs(op, mesh)
+    assert not four.estimated and np.allclose(four.time, 2.0 * alone.time) and alone.time.min() > 0

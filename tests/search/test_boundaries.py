@@ -120,3 +120,27 @@ def test_no_frontier_point_breaks_a_rule():
     for p in res.points:
         r = evaluate(ops, edges, 0.0, {k: np.asarray(v)[p.row:p.row + 1] for k, v in p.configs.items()})
         assert r["time"][0] < INFEASIBLE
+
+
+def test_leaving_a_module_only_reduces_or_shards_what_the_reader_takes_as_is():
+    """A style's output hook (RowwiseParallel's output_layouts) may reduce a partial sum, or shard
+    a tensor its reader takes without a view; gathering or re-splitting there would reach the
+    enclosing module's code (attention's view(b, t, -1, head_dim)) in a shape it does not expect."""
+    from search.boundaries import exit_allowed
+
+    assert exit_allowed("P", "R", same_shape=False)           # row-parallel output, all-reduced
+    assert exit_allowed("P", "S:seq", same_shape=True)        # ... reduce-scattered (sequence parallel)
+    assert exit_allowed("R", "S:seq", same_shape=True)        # the embedding scattered over the sequence
+    assert not exit_allowed("R", "S:seq", same_shape=False)   # q's output, then viewed into heads
+    assert not exit_allowed("S:heads", "S:seq", same_shape=True)  # an all-to-all inside attention
+    assert not exit_allowed("S:h", "R", same_shape=True)      # a gather
+    x = act(None, ("batch", "seq", "h"))
+    lin = linear("blk.fc", x, "f").model_copy(update={"module": "blk.fc"})
+    add = pointwise("blk:add", [act("blk.fc", lin.output.dims)]).model_copy(update={"module": "blk"})
+    g = OpGraph(name="exit", ops=(lin, add))
+    assert Boundaries(g).crossing(lin, add) == "exit"
+    cm = model(g)
+    cl, ca = op_configs(lin, TP4), op_configs(add, TP4)
+    ec = cm.edge_costs(lin, add, TP4, cl, ca)
+    assert ec.time[cl.index((None, "h")), ca.index((None, None))] < INFEASIBLE     # P -> R: all-reduce
+    assert ec.time[cl.index((None, "f")), ca.index((None, None))] == INFEASIBLE    # S -> R: a gather
