@@ -108,6 +108,13 @@ def request_cluster(req: SearchRequest):
     if prof is not None and cluster.device.name != prof.device:
         raise InputError(f"the profile was measured on {prof.device!r}, but the cluster is of {cluster.device.name!r}; "
                          f"search {prof.device!r} devices with it (or profile {cluster.device.name!r})")
+    if req.global_batch is not None:
+        from search.mesh import data_ways, mesh_candidates
+
+        ways = sorted({data_ways(m) for m in mesh_candidates(cluster)})
+        if not any(req.global_batch % w == 0 for w in ways):
+            raise InputError(f"global_batch {req.global_batch} does not split over any data-parallel size this cluster "
+                             f"offers ({', '.join(map(str, ways))}): every op carrying the batch splits it over dp")
     return cluster
 
 

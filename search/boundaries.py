@@ -56,11 +56,15 @@ class Boundaries:
     graph: OpGraph
 
     @cached_property
+    def consumers(self) -> dict[str, list[tuple[str, int]]]:
+        return self.graph.consumers()
+
+    @cached_property
     def first_reader(self) -> dict[tuple[str, str], str]:
         """(producer, reader) -> the first reader converting at the same module, for every reader
         but the first of its group."""
         out: dict[tuple[str, str], str] = {}
-        for prod, readers in self.graph.consumers().items():
+        for prod, readers in self.consumers.items():
             first: dict[str, str] = {}
             for c in dict.fromkeys(c for c, _ in readers):
                 at = self.conversion_module(self.graph.op(prod), self.graph.op(c))
@@ -101,7 +105,7 @@ class Boundaries:
 
     def any_reader_keeps(self, prod: str) -> bool:
         """Whether some reader of prod's output keeps it for its backward."""
-        return any(self.graph.op(c).saves in ("inputs", "attention") for c, _ in self.graph.consumers()[prod])
+        return any(self.graph.op(c).saves in ("inputs", "attention") for c, _ in self.consumers[prod])
 
     @cached_property
     def _modules(self) -> tuple[dict[str, int], set[str]]:

@@ -274,14 +274,13 @@ class _TensorAxis:
             if style == "rowwise":
                 spec.output_layout = "Partial()"  # kept partial unless an edge below says otherwise
             self.styles[op.name] = spec
-        bounds = self.bounds
         for v in self.g.ops:
             for i, t in enumerate(v.inputs):
                 src = self.out(self.ops[t.source]) if t.source else "R"  # graph inputs: every rank loads them
                 dst = self.inp(v, i)
                 if src != dst:
                     self.redistribute(self.ops.get(t.source) if t.source else None, v, i, src, dst)
-                elif t.source and self._shared_gradient(t.source, v, i, bounds):
+                elif t.source and self._shared_gradient(t.source, v, i):
                     # several readers return partial gradients (q, k, v reading ln1): convert where
                     # they enter together, so autograd sums them and reduces once, as the plan prices
                     self.redistribute(self.ops[t.source], v, i, src, dst)
@@ -290,11 +289,10 @@ class _TensorAxis:
             if st and st.style == "rowwise" and st.output_layout == "Partial()":
                 raise Unsupported(f"op {op.name!r} (row-parallel) leaves a partial sum that no consumer reduces")
 
-    def _shared_gradient(self, prod: str, v: Op, i: int, bounds: Boundaries) -> bool:
+    def _shared_gradient(self, prod: str, v: Op, i: int) -> bool:
         """v is the first of several readers converting prod's output at one module, and the
         gradient needs a collective."""
-        group = [c for c, _ in self.consumers[prod] if bounds.first_reader.get((prod, c)) == v.name]
-        if not group or not bounds.pays(prod, v.name):
+        if v.name not in {self.bounds.first_reader.get((prod, c)) for c, _ in self.consumers[prod]}:
             return False
         u = self.ops[prod]
         back = forward_collective(input_grad_placement(self.cfgs[v.name], v.inputs[i])[self.a],
@@ -393,10 +391,9 @@ class _TensorAxis:
         one per tensor and direction (search/costmodel.py edge_costs, on its first reader's edge), plus the gradient
         synchronisation of parameters replicated over split activations (op_costs)."""
         out: list[ExpectedComm] = []
-        bounds = self.bounds
         for v in self.g.ops:
             for i, t in enumerate(v.inputs):
-                if t.source is None or not bounds.pays(t.source, v.name):
+                if t.source is None or not self.bounds.pays(t.source, v.name):
                     continue  # a tensor's other readers share its first reader's conversion
                 u = self.ops[t.source]
                 fk = forward_collective(self.out(u), self.inp(v, i))

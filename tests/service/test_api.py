@@ -110,14 +110,14 @@ def test_a_task_whose_leases_keep_expiring_fails_with_a_message(databases, backe
 
 def test_input_errors_are_final_other_failures_retry_on_resubmission(databases, backend):
     with app_client(databases, backend) as c:
-        a = submit(c, global_batch=5)
+        a = submit(c, global_batch=10)
         t = claim(c, "w1")
         r = c.post(f"/api/tasks/search/{t['id']}/fail", json={"token": t["token"], "error": "bad config",
                                                               "input_error": True})
         assert r.status_code == 200
         failed = c.get(f"/api/jobs/{a['id']}").json()
         assert failed["status"] == "failed" and failed["error"] == "bad config"
-        again = submit(c, global_batch=5)  # the same request: the same (final) answer
+        again = submit(c, global_batch=10)  # the same request: the same (final) answer
         assert again["status"] == "failed" and again["search_id"] == a["search_id"] and claim(c, "w1") is None
 
         b = submit(c, global_batch=6)
@@ -301,3 +301,12 @@ def test_a_worker_token_guards_the_worker_protocol(databases, backend):
         r = c.post("/api/tasks/claim", json={"worker": "w"}, headers={"X-Worker-Token": "s3cret"})
         assert r.status_code == 200 and r.json()["kind"] == "search"
         assert c.get("/api/jobs").status_code == 200  # users need no token
+
+
+def test_a_batch_no_mesh_splits_is_refused_at_submission(databases, backend):
+    """2 CPU devices, one per node: only dp2 exists, and 3 does not split over it."""
+    with app_client(databases, backend) as c:
+        before = count_rows(c.db_url)
+        r = c.post("/api/jobs", json={**TINY, "global_batch": 3})
+        assert r.status_code == 422 and "global_batch 3 does not split over any data-parallel size" in r.text
+        assert count_rows(c.db_url) == before
