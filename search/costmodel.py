@@ -363,7 +363,7 @@ class CostModel:
                     if crossing == "exit":  # leaving the producer's module: the style's output hook
                         # converts forward and its gradient back (search/boundaries.py)
                         same_shape = tuple(t.shape) == tuple(prod.output.shape)
-                        changed_here &= ~np.array([[exit_allowed(s, d, same_shape) for d in dst] for s in src])
+                        changed_here &= ~_pairwise(src, dst, lambda s, d: exit_allowed(s, d, same_shape), dtype=bool)
                     blocked |= changed_here
                 elif mesh.axes[a].role == TENSOR and tuple(t.dims) != tuple(prod.output.dims):
                     # converted where the reader receives it, after a view: both layouts must be
@@ -411,19 +411,26 @@ class CostModel:
         else:
             pa = next(p for p in a.params if p.name == pair.tensor)
             pb = next(p for p in b.params if p.name == pair.tensor)
-            ka = [param_placement(c, pa.dims) for c in cfgs_a]
-            kb = [param_placement(c, pb.dims) for c in cfgs_b]
+            ka = [(param_placement(c, pa.dims),) for c in cfgs_a]
+            kb = [(param_placement(c, pb.dims),) for c in cfgs_b]
         # on tensor axes only: a data axis splits the batch everywhere, and gradients of what it
         # replicates are reduced by DDP/FSDP over the parameters, not at module boundaries
         tensor = [i for i, ax in enumerate(mesh.axes) if ax.role == TENSOR and ax.size > 1]
 
-        def on_tensor_axes(k) -> str:
-            return repr([[pl[i] for i in tensor] for pl in (k if isinstance(k[0], tuple) else (k,))])
+        def on_tensor_axes(placements: tuple) -> str:
+            return repr([[pl[i] for i in tensor] for pl in placements])
 
         bad = _differ([on_tensor_axes(k) for k in ka], [on_tensor_axes(k) for k in kb])
         cost = np.where(bad, INFEASIBLE, 0.0)
         return EdgeCosts(src=pair.a, dst=pair.b, time=cost, mem=cost.copy(), comm=np.zeros((*bad.shape, len(mesh.axes))),
                          estimated=False)
+
+    def add_pair_edges(self, edges: dict[tuple[str, str], EdgeCosts], mesh: Mesh, configs, pairs: list[Pair]) -> None:
+        """Each pair constraint into `edges` as the edge (a, b), summed with any edge already there;
+        `configs(name)` gives an op's configurations."""
+        for pair in pairs:
+            key = (pair.a, pair.b)
+            edges[key] = add_edges(edges.get(key), self.pair_costs(pair, mesh, configs(pair.a), configs(pair.b)))
 
     # ---- constants ---------------------------------------------------------------------------
     def buffers(self, mesh: Mesh, ops: list[Op] | None = None, zero: int = 0) -> float:
@@ -445,24 +452,23 @@ class CostModel:
         return worst + gathered
 
 
-def _differ(src: list[str], dst: list[str]) -> np.ndarray:
-    """[len(src), len(dst)] matrix: whether the codes differ."""
+def _pairwise(src: list[str], dst: list[str], f, dtype=np.int64) -> np.ndarray:
+    """[len(src), len(dst)] matrix of f(s, d), computed over the distinct codes only (a table of
+    configurations repeats a few placements many times)."""
     us, ui = np.unique(np.array(src, dtype=object), return_inverse=True)
     vs, vi = np.unique(np.array(dst, dtype=object), return_inverse=True)
-    return (us[:, None] != vs[None, :])[ui][:, vi]
+    table = np.array([[f(s, d) for d in vs] for s in us], dtype=dtype).reshape(len(us), len(vs))
+    return table[ui][:, vi]
+
+
+def _differ(src: list[str], dst: list[str]) -> np.ndarray:
+    """[len(src), len(dst)] matrix: whether the codes differ."""
+    return _pairwise(src, dst, lambda s, d: s != d, dtype=bool)
 
 
 def _kind_matrix(src: list[str], dst: list[str], forward: bool) -> np.ndarray:
-    """[len(src), len(dst)] matrix of collective kinds; computed over distinct codes only."""
-    us, ui = np.unique(np.array(src, dtype=object), return_inverse=True)
-    vs, vi = np.unique(np.array(dst, dtype=object), return_inverse=True)
-    table = np.zeros((len(us), len(vs)), dtype=np.int64)
-    for i, s in enumerate(us):
-        for j, d in enumerate(vs):
-            if forward:
-                table[i, j] = forward_collective(s, d)
-            else:
-                # gradients flow dst -> src: the consumer's input gradient becomes what the
-                # producer needs for its output gradient
-                table[i, j] = forward_collective(d, s)
-    return table[ui][:, vi]
+    """[len(src), len(dst)] matrix of collective kinds. Backward, gradients flow dst -> src: the
+    consumer's input gradient becomes what the producer needs for its output gradient."""
+    if forward:
+        return _pairwise(src, dst, forward_collective)
+    return _pairwise(src, dst, lambda s, d: forward_collective(d, s))

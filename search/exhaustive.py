@@ -14,7 +14,7 @@ import time as _time
 import numpy as np
 
 from search.cluster import Cluster
-from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob, add_edges, recomputed_mem
+from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob, recomputed_mem
 from search.errors import InputError
 from search.frontier import pareto_mask
 from search.ft import (ZERO_STAGES, FrontierPoint, MeshSolution, SearchResult, find_chain, layer_index,
@@ -34,9 +34,8 @@ def tables(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int = 0
     for op in graph.ops:
         for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
             edges[(src, op.name)] = cm.edge_costs(graph.op(src), op, mesh, ops[src].configs, ops[op.name].configs)
-    for pair in cm.bounds.pairs:  # constraints between ops, as edges (search/boundaries.py)
-        key = (pair.a, pair.b)
-        edges[key] = add_edges(edges.get(key), cm.pair_costs(pair, mesh, ops[pair.a].configs, ops[pair.b].configs))
+    # constraints between ops, as edges (search/boundaries.py)
+    cm.add_pair_edges(edges, mesh, lambda name: ops[name].configs, cm.bounds.pairs)
     return ops, edges
 
 

@@ -12,7 +12,9 @@ every configuration offered must be executable as planned):
 - ``tensor``: no op splits the batch; each op splits one of its own dimensions (Megatron's
   column / row / head / sequence parallelism) or replicates; it runs as ``parallelize_module``.
 An axis on which most ops split the batch but one op splits its hidden size would need gathers
-that DDP does not perform, so that mix is not in the space. From a configuration follow the DTensor placements of every operand:
+that DDP does not perform, so that mix is not in the space.
+
+From a configuration follow the DTensor placements of every operand:
 ``Shard(label)`` where the operand carries the label, otherwise ``Replicate()`` for inputs and
 parameters (whose gradient then becomes ``Partial()``) and ``Partial()`` for an output whose op
 reduced over the label (a row-parallel Linear).

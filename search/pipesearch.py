@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from search.cluster import Cluster
-from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob, add_edges
+from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
 from search.frontier import RTOL, Factor, Stats, assignments, join, pareto_mask, select
 from search.ft import (Chain, _least_memory, _staircase, after_stack, find_chain, layer_index,
                        mesh_costs, prepare_mesh)
@@ -526,18 +526,13 @@ def _all_edges(graph: OpGraph, cm: CostModel, mesh: Mesh, ops: dict[str, OpCosts
             prod = graph.op(src)
             out[(src, op.name)] = cm.edge_costs(prod, op, mesh, op_configs(prod, mesh, graph.batch_label), ops[op.name].configs)
     tail = after_stack(graph, chain)
-    part = {name: ("tail" if name in tail else i if i > 0 else "head")
-            for i, layer in enumerate(chain.layers) for name in layer}
+    layer_of = {name: i for i, layer in enumerate(chain.layers) if i > 0 for name in layer}  # layer 0: the head
 
     def part_of(name: str):
-        return "tail" if name in tail else part.get(name, "head")
+        return "tail" if name in tail else layer_of.get(name, "head")
 
-    for pair in cm.bounds.pairs:
-        if pair.b in skip or part_of(pair.a) != part_of(pair.b):
-            continue
-        key = (pair.a, pair.b)
-        cfgs_a = op_configs(graph.op(pair.a), mesh, graph.batch_label)
-        out[key] = add_edges(out.get(key), cm.pair_costs(pair, mesh, cfgs_a, ops[pair.b].configs))
+    cm.add_pair_edges(out, mesh, lambda name: op_configs(graph.op(name), mesh, graph.batch_label),
+                      [p for p in cm.bounds.pairs if p.b not in skip and part_of(p.a) == part_of(p.b)])
     return out
 
 
