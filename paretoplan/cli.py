@@ -7,11 +7,10 @@ fits is reported with the least memory any plan needs and exit code 3.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from search.errors import InputError, NoFeasiblePlan
+from search.errors import InputError, NoFeasiblePlan, read_json
 
 EXIT_INPUT = 2
 EXIT_NO_PLAN = 3
@@ -407,12 +406,7 @@ def _read_json(path: str, what: str) -> object:
     p = Path(path)
     if what == "HF config" and p.is_dir():
         p = p / "config.json"
-    try:
-        return json.loads(p.read_text())
-    except OSError as e:
-        raise InputError(f"cannot read {what} file {str(p)!r}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{what} file {str(p)!r} is not valid JSON: {e}") from None
+    return read_json(p, f"{what} file")
 
 
 def _request(args: argparse.Namespace):

@@ -14,7 +14,6 @@ not see). The errors before and after are in-sample: the runs fitted are the run
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from search.errors import InputError
+from search.errors import InputError, read_json
 from search.profile import Calibration, DeviceProfile, ProfileLookup
 
 FACTOR_MIN, FACTOR_MAX = 0.02, 50.0
@@ -32,14 +31,7 @@ PRIOR_WEIGHT = 0.01  # a factor 1.0 away from its prior costs what a 1% error on
 # ---- reading reports ---------------------------------------------------------------------------
 def load_report(path: str | Path) -> dict[str, Any]:
     """A RunReport as a plain dict with the keys calibration reads (InputError when it is not)."""
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as e:
-        raise InputError(f"cannot read run report {str(p)!r}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"run report {str(p)!r} is not valid JSON: {e}") from None
-    return check_report(data, str(p))
+    return check_report(read_json(path, "run report"), str(path))
 
 
 def check_report(data: Any, origin: str = "run report") -> dict[str, Any]:

@@ -5,6 +5,11 @@ service (later) turns it into HTTP 422. Anything else escaping is a bug.
 """
 
 
+import json
+from pathlib import Path
+from typing import Any
+
+
 class InputError(ValueError):
     """Bad input from the user: unknown model or device, malformed graph, impossible cluster."""
 
@@ -15,3 +20,17 @@ class NoFeasiblePlan(RuntimeError):
     def __init__(self, message: str, least_memory_bytes: int) -> None:
         super().__init__(message)
         self.least_memory_bytes = least_memory_bytes
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """The JSON document in a user's file; InputError naming `what` (\"profile\", \"graph file\")
+    when it cannot be read or is not JSON text."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except OSError as e:
+        raise InputError(f"cannot read {what} {str(p)!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{what} {str(p)!r} is not valid JSON (not text)") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{what} {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from None

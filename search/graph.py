@@ -14,7 +14,6 @@ The JSON form (``format: paretoplan.graph/1``) is documented in README.md.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from search.errors import InputError
+from search.errors import InputError, read_json
 
 GRAPH_FORMAT = "paretoplan.graph/1"
 
@@ -244,16 +243,7 @@ def _topological_order(ops: Iterable[Op]) -> list[Op] | None:
 
 def load_graph(path: str | Path) -> OpGraph:
     """Read a graph JSON file; every problem becomes an InputError naming the file."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError(f"cannot read graph file {str(p)!r}: {e.strerror or e}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"graph file {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
-    return parse_graph(data, origin=str(p))
+    return parse_graph(read_json(path, "graph file"), origin=str(path))
 
 
 def parse_graph(data: object, origin: str = "graph") -> OpGraph:

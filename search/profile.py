@@ -24,14 +24,13 @@ InputError.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from search.errors import InputError
+from search.errors import InputError, read_json
 from search.graph import Op
 from search.mesh import Config, Mesh, input_placement, output_placement, param_placement
 
@@ -207,18 +206,7 @@ class DeviceProfile(BaseModel):
 # ---- reading -----------------------------------------------------------------------------------
 def load_profile(path: str | Path) -> DeviceProfile:
     """Read a profile file; every problem becomes a one-line InputError naming the file."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError(f"cannot read profile {str(p)!r}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"profile {str(p)!r} is not valid JSON (not text)") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"profile {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
-    return parse_profile(data, origin=str(p))
+    return parse_profile(read_json(path, "profile"), origin=str(path))
 
 
 def parse_profile(data: Any, origin: str = "profile") -> DeviceProfile:

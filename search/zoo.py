@@ -30,7 +30,6 @@ Conventions shared by all models
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -41,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from search.errors import InputError
+from search.errors import InputError, read_json
 
 __all__ = [
     "ModelSpec",
@@ -871,14 +870,7 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError(f"cannot read HF config '{p}': {e.strerror or e}") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"HF config '{p}' is not valid JSON: {e}") from None
+    raw = read_json(p, "HF config")
     label = (p.parent.name or "config") if p.name == "config.json" else p.stem
     return spec_from_hf_config(raw, label, origin=str(p))
 
