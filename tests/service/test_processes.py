@@ -13,7 +13,9 @@ import httpx
 from svchelp import query, start_server, start_worker, wait_job, wait_ready
 
 # a search of seconds (capture ~3 s, FT ~3 s, plans ~3 s on one core); no pipeline stages: they take minutes
-SLOW = {"model": "gpt2-medium", "device": "h100-80gb", "devices": 8, "global_batch": 32, "pipeline": False,
+# a search that takes seconds, so a worker can be stopped inside it (the flat search of gpt2-medium
+# now ends in half a second, before the service has even seen its progress)
+SLOW = {"model": "gpt2-xl", "device": "h100-80gb", "devices": 16, "global_batch": 32, "pipeline": True,
         "baselines": False}
 
 
