@@ -195,7 +195,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     backends = args.backends.split(",") if args.backends else ["sqlite"] + (["postgresql"] if pg_reachable() else [])
 
-    from search.api import SearchRequest, run_search
+    from search.plans.api import SearchRequest, run_search
 
     report = run_search(SearchRequest(model="gpt2-tiny", device="cpu", devices=2)).report
     report_json = report.model_dump_json()
@@ -207,8 +207,8 @@ def main() -> int:
         for b in backends:
             print(f"{b}: ...", file=sys.stderr)
             rows.append(run_backend(b, args, report_json, Path(tmp)))
-    print(f"| database | stored jobs | submissions/s | submit p50 | submit p99 | frontiers stored/s "
-          f"| GET frontier/s | GET frontier p50 | GET frontier p99 |")
+    print("| database | stored jobs | submissions/s | submit p50 | submit p99 | frontiers stored/s "
+          "| GET frontier/s | GET frontier p50 | GET frontier p99 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['backend']} | {r['jobs']:,} | {r['submit_per_s']:.0f} | {r['submit_p50'] * 1e3:.1f} ms "

@@ -25,14 +25,14 @@ import re
 import statistics
 import sys
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from search.api import SearchRequest, run_search  # noqa: E402
-from search.cluster import format_size  # noqa: E402
-from search.plan import Plan  # noqa: E402
+from search.plans.api import SearchRequest, run_search  # noqa: E402
+from search.plans.plan import Plan  # noqa: E402
+from search.prices.cluster import format_size  # noqa: E402
 from worker.analyze import Unsupported, analyze  # noqa: E402
 from worker.launch import Progress, check_capacity, make_report, run_jobs  # noqa: E402
 from worker.reference import reference_losses  # noqa: E402
@@ -93,12 +93,12 @@ def main() -> None:
     settings = RunSettings(steps=args.steps, warmup=args.warmup)
     jobs = [Job(spec=spec, settings=settings) for _, _, spec in labelled]
     bar = Progress(jobs)
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     try:
         raws = run_jobs(jobs, progress=bar, timeout=3600)
     finally:
         bar.close()
-    finished = datetime.now(timezone.utc)
+    finished = datetime.now(UTC)
     reports = [make_report(j, r, started, finished) for j, r in zip(jobs, raws)]
     if args.reports:
         out = Path(args.reports)

@@ -38,7 +38,7 @@ CHROMIUM = os.environ.get("PARETOPLAN_CHROMIUM", "/usr/bin/chromium")
 
 def synthetic_report(template, n: int):
     """A FrontierReport of n Pareto points: the template's first plan, repriced along a curve."""
-    from search.api import FrontierEntry
+    from search.plans.api import FrontierEntry
 
     base = template.frontier[0]
     t0, m0 = base.time_s, base.memory_bytes
@@ -56,7 +56,7 @@ def synthetic_report(template, n: int):
 
 def store_jobs(db_url: str, sizes: list[int]) -> dict[int, int]:
     """One done job per size, through the service's own CRUD and queue layers: {size: job id}."""
-    from search.api import SearchRequest, run_search
+    from search.plans.api import SearchRequest, run_search
     from service import queue
     from service.crud import jobs
     from service.db import Database
@@ -116,7 +116,7 @@ def measure(browser, url: str, job_id: int, n: int, repeats: int) -> dict:
         ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
         page = ctx.new_page()
         page.set_default_timeout(60_000)
-        wait = f"window.__paretoplan && window.__paretoplan.tableReadyAt !== null"
+        wait = "window.__paretoplan && window.__paretoplan.tableReadyAt !== null"
         page.goto(f"{url}/?job={job_id}")
         page.wait_for_function(wait)
         cold.append(page.evaluate(READ))

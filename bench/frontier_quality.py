@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from search.baselines import against_frontier, baselines
-from search.capture import capture_model
-from search.cluster import make_cluster
-from search.costmodel import TrainingJob
-from search.ft import search
-from search.plan import pick
-from search.zoo import get_model
+from search.algorithm.ft import search
+from search.models.capture import capture_model
+from search.models.zoo import get_model
+from search.plans.baselines import against_frontier, baselines
+from search.plans.plan import pick
+from search.prices.cluster import make_cluster
+from search.prices.costmodel import TrainingJob
 
 CASES = [("gpt2-xl", 16, 32), ("bert-large", 8, 64), ("llama-7b", 64, 256), ("gpt3-13b", 64, 256)]
 GIB = 2**30

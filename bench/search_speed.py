@@ -34,11 +34,11 @@ CASES = [
 def run_case(model: str, devices: int, batch: int, eps: float, space: str) -> dict:
     import time
 
-    from search.capture import capture_model
-    from search.cluster import make_cluster
-    from search.costmodel import TrainingJob
-    from search.ft import search
-    from search.zoo import get_model
+    from search.algorithm.ft import search
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import TrainingJob
 
     t0 = time.perf_counter()
     graph = capture_model(get_model(model), batch)

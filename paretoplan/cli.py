@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from search.errors import InputError, NoFeasiblePlan, read_json
+from search import InputError, NoFeasiblePlan, read_json
 
 EXIT_INPUT = 2
 EXIT_NO_PLAN = 3
@@ -188,7 +188,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _models() -> int:
-    from search.zoo import ZOO
+    from search.models.zoo import ZOO
 
     print(f"{'model':<14} {'params':>16}  description")
     for name, spec in ZOO.items():
@@ -197,7 +197,7 @@ def _models() -> int:
 
 
 def _devices() -> int:
-    from search.cluster import CATALOG, format_size
+    from search import CATALOG, format_size
 
     print(f"{'device':<12} {'memory':>10} {'bf16 TFLOP/s':>13} {'HBM GB/s':>9} {'intra GB/s':>10} {'inter GB/s':>10}")
     for name, d in CATALOG.items():
@@ -207,8 +207,7 @@ def _devices() -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from search.api import run_search
-    from search.cluster import format_size
+    from search import format_size, run_search
 
     req = _request(args)
     for out in (args.json_out, args.html_out, args.dump_graph):  # fail before a long search, not after
@@ -249,7 +248,7 @@ def _print_profile_use(use: dict, plans: list) -> None:
 
 def _profile(args: argparse.Namespace) -> int:
     from profiler.collectives import CollectiveBenchmarkError
-    from search.profile import load_profile
+    from search import load_profile
 
     if not args.out:
         raise InputError("--out is required: the profile JSON to write")
@@ -326,7 +325,7 @@ def _run_plan_from_search(args: argparse.Namespace, device: str):
     """Search this machine (catalog device 'cpu' with N processes when there is no GPU) and pick."""
     from pydantic import ValidationError
 
-    from search.api import SearchRequest, run_search
+    from search import SearchRequest, run_search
 
     if device == "cuda" and args.device is None:
         raise InputError("this machine has GPUs: name their catalog type with --device (see `paretoplan devices`)")
@@ -362,7 +361,7 @@ def _run_plan_from_file(args: argparse.Namespace):
 def _as_plan(data: object, origin: str):
     from pydantic import ValidationError
 
-    from search.plan import Plan
+    from search import Plan
 
     try:
         return Plan.model_validate(data)
@@ -386,7 +385,7 @@ def _pick(report: dict, pick: str):
         i = report.get("picked")
         if i is None:
             least = min(e["memory_bytes"] for e in frontier)
-            from search.cluster import format_size
+            from search import format_size
 
             raise NoFeasiblePlan(f"no plan fits the memory budget of {format_size(int(report['memory_budget_bytes']))} "
                                  f"per device; the leanest plan needs {format_size(int(least))}", int(least))
@@ -413,7 +412,7 @@ def _request(args: argparse.Namespace):
     """The CLI's flags as the SearchRequest the service takes too (one validation path)."""
     from pydantic import ValidationError
 
-    from search.api import SearchRequest
+    from search import SearchRequest
 
     fields: dict = dict(devices=args.devices, devices_per_node=args.devices_per_node,
                         memory_budget=args.memory_budget, global_batch=args.global_batch, seq_len=args.seq_len,
@@ -425,7 +424,7 @@ def _request(args: argparse.Namespace):
     if args.device is not None:
         fields["device"] = args.device
     if args.profile:
-        from search.profile import load_profile
+        from search import load_profile
 
         fields["profile"] = load_profile(args.profile).model_dump(mode="json")  # errors name the file
     if args.cluster:
@@ -463,8 +462,8 @@ def _ms(seconds: float) -> str:
 
 
 def _print_baselines(result, bases) -> None:
-    from search.baselines import against_frontier
-    from search.cluster import format_size
+    from search import format_size
+    from search.plans.baselines import against_frontier
 
     print()
     print(f"{'baseline (same cost model)':<30} {'time/iter':>11} {'memory':>10}   frontier at its memory / at its time")
@@ -500,7 +499,7 @@ def _sample(points, k: int) -> list[int]:
 
 
 def _print_table(result, best, budget: float, capture_s: float, show_all: bool) -> None:
-    from search.cluster import format_size
+    from search import format_size
 
     pts = result.points
     rows = list(range(len(pts))) if show_all else _sample(pts, 20)
@@ -527,7 +526,7 @@ def _print_table(result, best, budget: float, capture_s: float, show_all: bool) 
 
 
 def _summaries(result, points) -> list[str]:
-    from search.plan import build_plans
+    from search import build_plans
 
     return [p.summary for p in build_plans(result, points)]
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from search.cluster import format_size
-from search.ft import FrontierPoint, SearchResult
-from search.plan import Plan
+from search import Plan, format_size
+from search.algorithm.ft import FrontierPoint, SearchResult
 
 GIB = 2**30
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from search.errors import InputError, read_json
-from search.profile import Calibration, DeviceProfile, ProfileLookup
+from search import InputError, read_json
+from search.prices.profile import Calibration, DeviceProfile, ProfileLookup
 
 FACTOR_MIN, FACTOR_MAX = 0.02, 50.0
 PRIOR_WEIGHT = 0.01  # a factor 1.0 away from its prior costs what a 1% error on one run does
@@ -81,7 +81,7 @@ class Recoster:
         self._tables: dict[tuple, tuple] = {}
 
     def _resolve(self, plan: dict[str, Any]):
-        from search.api import SearchRequest, resolve
+        from search import SearchRequest, resolve
 
         try:
             key = (plan["model"], plan["device"], plan["num_devices"], plan.get("devices_per_node"),
@@ -100,8 +100,8 @@ class Recoster:
 
     def _price(self, key, resolved, mesh, zero: int, setting: tuple[str, str], kinds, axes):
         """Cost tables with every factor at 0 but the one `setting` names (("", "") : none)."""
-        from search.costmodel import CostModel
-        from search.exhaustive import tables
+        from search.algorithm.exhaustive import tables
+        from search.prices.costmodel import CostModel
 
         tkey = (key, mesh, zero, setting)
         if tkey not in self._tables:
@@ -115,9 +115,9 @@ class Recoster:
         return self._tables[tkey]
 
     def parts(self, plan: dict[str, Any]) -> PlanParts:
-        from search.exhaustive import evaluate
-        from search.ft import layer_index, recompute_var
-        from search.mesh import Mesh, MeshAxis, default_role, op_configs
+        from search.algorithm.exhaustive import evaluate
+        from search.algorithm.ft import layer_index, recompute_var
+        from search.prices.mesh import Mesh, MeshAxis, default_role, op_configs
 
         mesh_d = plan.get("mesh") or {}
         if int(mesh_d.get("pp", 1)) > 1:

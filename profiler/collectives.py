@@ -8,7 +8,7 @@ collective *at the same time*, as every group along a mesh axis does in training
 the groups share the cores, which a lone group would not see). Each repeat starts after a
 barrier; its time is the slowest rank's, and the median over repeats is kept.
 
-Byte counts follow the cost model (search/costmodel.py): the tensor as if unsharded on the axis.
+Byte counts follow the cost model (search/prices/costmodel.py): the tensor as if unsharded on the axis.
 all_reduce: the tensor each rank holds; all_gather: the gathered output; reduce_scatter: the
 input; all_to_all: the whole tensor, each rank holding 1/g of it; send_recv: the message (timed
 as half a ping-pong between rank pairs).
@@ -24,8 +24,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from search.errors import InputError
-from search.profile import COLLECTIVE_KINDS, CollectiveFit
+from search import InputError
+from search.prices.profile import COLLECTIVE_KINDS, CollectiveFit
 
 DEFAULT_SIZES = tuple(4096 * 4**k for k in range(7))  # 4 KiB .. 16 MiB
 PROCESSES_PER_CORE = 4  # gloo ranks this machine will host per CPU core (DESIGN 8a runs 4 on 2 cores)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from search.profile import CollectiveFit, LinearFit
+from search.prices.profile import CollectiveFit, LinearFit
 
 
 def fit_alpha_beta(sizes, times) -> tuple[float, float, float]:

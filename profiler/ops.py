@@ -1,8 +1,8 @@
 """Op timing: every distinct op signature the search will consider, forward and backward.
 
-What to time (`enumerate_signatures`): for each mesh the search tries (search.mesh.mesh_candidates)
-and each op in each of its configurations (search.mesh.op_configs), the op's signature at its
-local shapes (search.profile.op_signature). Repeated layers and meshes that give an op the same
+What to time (`enumerate_signatures`): for each mesh the search tries (search.prices.mesh.mesh_candidates)
+and each op in each of its configurations (search.prices.mesh.op_configs), the op's signature at its
+local shapes (search.prices.profile.op_signature). Repeated layers and meshes that give an op the same
 local shapes collapse to one signature, so a 24-layer model costs what one layer does.
 
 How (`time_signature`): a real torch op per kind at the local shapes - F.linear, F.embedding,
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from search.cluster import Cluster
-from search.graph import Op, OpGraph
-from search.mesh import Config, Mesh, input_placement, mesh_candidates, op_configs, output_placement, param_placement
-from search.profile import LinearFit, OpEntry, Stat, is_causal, local_shape, op_signature, short_target, value_dtype
+from search import Cluster
+from search.models.graph import Op, OpGraph
+from search.prices.mesh import Config, Mesh, input_placement, mesh_candidates, op_configs, output_placement, param_placement
+from search.prices.profile import LinearFit, OpEntry, Stat, is_causal, local_shape, op_signature, short_target, value_dtype
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "i64": torch.int64,
                 "i32": torch.int32, "bool": torch.bool}
@@ -85,9 +85,9 @@ def enumerate_signatures(graph: OpGraph, cluster: Cluster, precision: str, meshe
 def pipeline_graphs(graph: OpGraph, cluster: Cluster, job, zero_stages: tuple[int, ...] = (0, 1, 2, 3),
                     allow_async: bool = False) -> list[tuple[OpGraph, Mesh]]:
     """(micro-batch graph, stage sub-mesh) pairs the pipeline search prices ops on - the same
-    shapes search.pipesearch.search_pipelines walks (none when the graph cannot be pipelined)."""
-    from search.ft import find_chain
-    from search.pipesearch import micro_batch_graph, pipeline_shapes, unsupported
+    shapes search.algorithm.pipeline.search_pipelines walks (none when the graph cannot be pipelined)."""
+    from search.algorithm.ft import find_chain
+    from search.algorithm.pipeline import micro_batch_graph, pipeline_shapes, unsupported
 
     chain = find_chain(graph)
     if chain is None or unsupported(graph, chain) is not None:

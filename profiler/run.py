@@ -2,7 +2,7 @@
 machine and merged into a DeviceProfile (on top of a base profile, whose measurements are kept
 and not repeated).
 
-The model, cluster and job are resolved exactly as a search resolves them (search.api.resolve,
+The model, cluster and job are resolved exactly as a search resolves them (search.plans.api.resolve,
 same defaults for the global batch and sequence length), so the signatures timed are the ones
 the search will look up.
 """
@@ -14,14 +14,12 @@ import platform
 import socket
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-
-from search.cluster import DeviceSpec, get_device
-from search.errors import InputError
-from search.mesh import mesh_candidates
-from search.profile import COLLECTIVE_KINDS, DeviceProfile, HostInfo, ProfiledModel
+from datetime import UTC, datetime
 
 from profiler.collectives import DEFAULT_SIZES, check_capacity, profile_collectives
+from search import DeviceSpec, InputError, get_device
+from search.prices.mesh import mesh_candidates
+from search.prices.profile import COLLECTIVE_KINDS, DeviceProfile, HostInfo, ProfiledModel
 
 
 @dataclass
@@ -59,7 +57,7 @@ def detect_target(device: str | None) -> Target:
 
 
 def _match_gpu(name: str) -> DeviceSpec | None:
-    from search.cluster import CATALOG
+    from search import CATALOG
 
     low = name.lower().replace("-", " ")
     best = None
@@ -134,10 +132,8 @@ def run_profile(model: str | None, devices: int, device: str | None = None, devi
                 budget_s: float = 0.2, progress: bool = True, pipelines: bool = True) -> tuple[DeviceProfile, Summary]:
     """Profile what a search of `model` on `devices` devices needs, on this machine (with
     `pipelines`, also the micro-batch shapes the pipeline search prices on stage sub-meshes)."""
-    from search.api import SearchRequest, resolve
-    from search.cluster import make_cluster
-
     from profiler.ops import enumerate_signatures, pipeline_graphs, profile_ops, time_optimizer
+    from search import SearchRequest, make_cluster, resolve
 
     start = time.perf_counter()
     if devices < 1:
@@ -162,7 +158,7 @@ def run_profile(model: str | None, devices: int, device: str | None = None, devi
     prof = base.model_copy(deep=True) if base is not None else DeviceProfile(
         device=target.spec.name, backend=target.backend, dist_backend=target.dist_backend)
     prof.host = host_info(threads, target)
-    prof.created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    prof.created = datetime.now(UTC).isoformat(timespec="seconds")
     summary = Summary(model=None if collectives_only else model, devices=devices)
 
     if not collectives_only:

@@ -4,7 +4,7 @@ The loop: claim a task (a search or a run) -> heartbeat it from a background thr
 of its lease, carrying progress -> post the result, or the failure. A 409 from the service means
 the claim is over (the lease expired and another worker took the task): the work is dropped.
 
-- A search runs `search.api.run_search` in this process, so searches never run in the API server.
+- A search runs `search.plans.api.run_search` in this process, so searches never run in the API server.
 - A run executes its Plan through the worker package: `worker.launch`'s entry when it has one
   (imported lazily), else the command `paretoplan run --plan FILE --steps N --report FILE` in a
   subprocess when it exists; otherwise the run fails with a message saying so.
@@ -187,7 +187,7 @@ class Agent:
             self._give_back(kind, task_id, token, "the worker was stopped", retry=True)
             raise
         except Exception as e:  # noqa: BLE001 - every failure is reported, the loop goes on
-            from search.errors import InputError
+            from search import InputError
 
             if isinstance(e, InputError):
                 self._give_back(kind, task_id, token, str(e), input_error=True)
@@ -203,7 +203,7 @@ class Agent:
 
     # ---- searches ------------------------------------------------------------------------------
     def _search(self, task: dict, lease: Lease) -> str:
-        from search.api import SearchRequest, run_search
+        from search import SearchRequest, run_search
 
         req = SearchRequest.model_validate(task["request"])
 
@@ -265,10 +265,10 @@ class Agent:
 
 def _warm_up() -> None:
     """Import the search stack now, so the first claimed search does not pay for it under its lease."""
-    import search.api  # noqa: F401
-    import search.capture  # noqa: F401
-    import search.ft  # noqa: F401
-    import search.zoo  # noqa: F401
+    import search.algorithm.ft  # noqa: F401
+    import search.models.capture  # noqa: F401
+    import search.models.zoo  # noqa: F401
+    import search.plans.api  # noqa: F401
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -311,7 +311,7 @@ def _call_launch(fn, plan: dict, steps: int, checkpoint: str | None, lease: Leas
                            checkpoint=extra.get("checkpoint"))
         kwargs["progress"] = progress
     try:
-        from search.plan import Plan
+        from search import Plan
 
         arg: Any = Plan.model_validate(plan)
     except Exception:  # noqa: BLE001 - an entry taking the dict is fine too
@@ -344,7 +344,7 @@ def main(api: str, *, name: str | None = None, kinds: str = "search,run", poll_s
     wanted = tuple(k.strip() for k in kinds.split(",") if k.strip())
     bad = [k for k in wanted if k not in ("search", "run")]
     if not wanted or bad:
-        from search.errors import InputError
+        from search import InputError
 
         raise InputError(f"--kinds takes search, run or both separated by commas, got {kinds!r}")
     agent = Agent(api, name=name, kinds=wanted, poll_seconds=poll_seconds, max_tasks=max_tasks,

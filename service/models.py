@@ -13,8 +13,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, \
-    UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, deferred, mapped_column
 
 NAMING = {
@@ -57,7 +69,7 @@ class LeaseMixin:
 
 
 class Profile(Base):
-    """A DeviceProfile (search.profile, format paretoplan.profile/1) as uploaded, under a name."""
+    """A DeviceProfile (search.prices.profile, format paretoplan.profile/1) as uploaded, under a name."""
 
     __tablename__ = "profiles"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import and_, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
-from search.api import FrontierReport
+from search import FrontierReport
 from service.crud import events
 from service.crud.errors import Conflict
 from service.db import Database

@@ -1,6 +1,6 @@
 """The API's edge: pydantic models of what comes in and goes out.
 
-A job's body *is* the CLI's `search.api.SearchRequest` (one validation path for both front ends)
+A job's body *is* the CLI's `search.plans.api.SearchRequest` (one validation path for both front ends)
 plus what only the service knows: a stored profile to price the devices with, and further device
 counts to search ahead so that a resize has its answer ready.
 """
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
-from search.api import FrontierReport, SearchRequest, SearchSummary
+from search import FrontierReport, SearchRequest, SearchSummary
 
 
 def _utc(dt: datetime | None) -> str | None:
@@ -125,7 +125,7 @@ class StrategyOut(BaseModel):
     memory_bytes: int
     summary: str
     against_frontier: dict[str, Any] | None = None
-    plan: dict[str, Any] = Field(description="the full Plan (search.plan.Plan)")
+    plan: dict[str, Any] = Field(description="the full Plan (search.plans.plan.Plan)")
 
 
 class SelectIn(BaseModel):

@@ -47,7 +47,7 @@ class _Server(uvicorn.Server):
 
 def serve(settings: Settings, *, workers: int = 1, log_level: str = "warning") -> int:
     app = create_app(settings)  # migrates before listening
-    import search.zoo  # noqa: F401 - the first submission validates against the zoo: import torch now, not then
+    import search.models.zoo  # noqa: F401 - the first submission validates against the zoo: import torch now, not then
     server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                                            timeout_graceful_shutdown=5))
     procs: list[subprocess.Popen] = []

@@ -11,15 +11,14 @@ import hashlib
 import json
 from typing import Any
 
-from search.api import SearchRequest, request_cluster
-from search.errors import InputError
+from search import InputError, SearchRequest, request_cluster
 
 KEY_VERSION = "1"  # bump when stored frontiers must not be reused any more
 
 
 def check(req: SearchRequest) -> tuple[SearchRequest, int]:
     """The request normalised (sizes in bytes), and its device count; InputError when invalid."""
-    from search.cluster import parse_size
+    from search import parse_size
 
     update: dict[str, Any] = {}
     cluster = request_cluster(req)  # the search's own checks of names, shape and profile
@@ -28,7 +27,7 @@ def check(req: SearchRequest) -> tuple[SearchRequest, int]:
     if req.memory_budget is not None:
         update["memory_budget"] = parse_size(req.memory_budget)
     if req.model is not None:
-        from search.zoo import get_model
+        from search.models.zoo import get_model
 
         spec = get_model(req.model)
         if req.seq_len is not None and spec.max_seq_len is not None and req.seq_len > spec.max_seq_len:
@@ -36,7 +35,7 @@ def check(req: SearchRequest) -> tuple[SearchRequest, int]:
         if req.seq_len is not None and spec.kind == "vision":
             raise InputError(f"model '{req.model}' is a vision model: it takes no seq_len")
     elif req.graph is not None:
-        from search.graph import parse_graph
+        from search.models.graph import parse_graph
 
         parse_graph(req.graph)
     else:
@@ -55,7 +54,7 @@ def label(req: SearchRequest) -> str:
 
 def canonical_key(req: SearchRequest) -> str:
     """sha256 of the request with every default filled in, keys sorted, plus the code's versions."""
-    from search.plan import PLAN_VERSION
+    from search import PLAN_VERSION
 
     doc = {"request": req.model_dump(mode="json"), "key": KEY_VERSION, "plan": PLAN_VERSION}
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -65,12 +64,12 @@ def canonical_key(req: SearchRequest) -> str:
 def resized(req: SearchRequest, devices: int, memory_per_device: int | None,
             devices_per_node: int | None) -> SearchRequest:
     """The same request for new resources; the global batch stays what the job trains with."""
-    from search.cluster import parse_size
+    from search import parse_size
 
     batch = req.global_batch
     if batch is None and req.graph is None:
         old = int(req.cluster.get("devices", req.devices)) if req.cluster is not None else req.devices
-        batch = max(8, old)  # what search.api.resolve defaulted it to
+        batch = max(8, old)  # what search.plans.api.resolve defaulted it to
     update: dict[str, Any] = {"global_batch": batch}
     if req.cluster is not None:
         cluster = dict(req.cluster, devices=devices)

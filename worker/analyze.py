@@ -30,19 +30,18 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-from search.boundaries import Boundaries, exit_allowed
-from search.costmodel import COLLECTIVE_NAMES, NONE, forward_collective
-from search.errors import InputError
-from search.graph import Op, OpGraph
-from search.mesh import (
+from search import InputError, Plan
+from search.models.graph import Op, OpGraph
+from search.models.zoo import TEST_MODELS, ZOO, ModelSpec
+from search.prices.boundaries import Boundaries, exit_allowed
+from search.prices.costmodel import COLLECTIVE_NAMES, NONE, forward_collective
+from search.prices.mesh import (
     input_grad_placement,
     input_placement,
     output_grad_placement,
     output_placement,
     param_placement,
 )
-from search.plan import Plan
-from search.zoo import TEST_MODELS, ZOO, ModelSpec
 from worker.spec import ExecSpec, ExpectedComm, MeshDim, PipelineExec, StyleSpec
 from worker.stages import split_of
 
@@ -92,7 +91,7 @@ def op_configs(plan: Plan, graph: OpGraph) -> dict[str, tuple[str | None, ...]]:
 
 
 def dtensor(code: str, dims: tuple[str, ...]) -> str:
-    """A placement code of search.mesh ('R', 'P', 'S:label') in DTensor's vocabulary for a tensor
+    """A placement code of search.prices.mesh ('R', 'P', 'S:label') in DTensor's vocabulary for a tensor
     with these dimension labels."""
     if code == "R":
         return "Replicate()"
@@ -323,7 +322,7 @@ class _TensorAxis:
                                 return w
                 return None
 
-            # where the plan priced the conversion (search/boundaries.py): the innermost module v
+            # where the plan priced the conversion (search/prices/boundaries.py): the innermost module v
             # enters that is not its own, shared by the readers entering it; a module below it that
             # reads its input's shape (attention) sees the converted tensor
             at = self.bounds.conversion_module(u, v) if u is not None else entry[0]
@@ -388,7 +387,7 @@ class _TensorAxis:
 
     def expected(self, unit) -> list[ExpectedComm]:
         """The collectives the cost model prices on this axis, each where the executor performs it:
-        one per tensor and direction (search/costmodel.py edge_costs, on its first reader's edge), plus the gradient
+        one per tensor and direction (search/prices/costmodel.py edge_costs, on its first reader's edge), plus the gradient
         synchronisation of parameters replicated over split activations (op_costs)."""
         out: list[ExpectedComm] = []
         for v in self.g.ops:
@@ -471,7 +470,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     if pipe.stages > 1 and ties:
         notes.append(f"tied parameters across pipeline stages ({'; '.join(' = '.join(g) for g in ties)}) are kept as a "
                      f"copy on the first and last stage whose gradients are all-reduced between the two (as "
-                     f"Megatron-LM does, and as the plan prices it: search/pipesearch.py _tied_copies)")
+                     f"Megatron-LM does, and as the plan prices it: search/algorithm/pipeline.py _tied_copies)")
     data = next((d for d in mesh if d.role == "data"), None)
     mode, reshard = "none", False
     if data is not None:
@@ -519,7 +518,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
 @lru_cache(maxsize=16)
 def _captured(model: str, batch: int, seq_len: int | None) -> OpGraph:
     """The model's graph, captured as the search captured it (deterministic; cached per process)."""
-    from search.capture import capture_model
+    from search.models.capture import capture_model
 
     return capture_model(model_spec(model), batch, seq_len)
 

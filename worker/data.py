@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from search.zoo import ModelSpec
+from search.models.zoo import ModelSpec
 
 
 def global_batch(spec: ModelSpec, step: int, batch: int, seq_len: int | None, seed: int) -> tuple[torch.Tensor, ...]:

@@ -20,12 +20,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from search.cluster import format_size
-from search.plan import Plan
+from search import Plan, format_size
 from worker import measure
 from worker.analyze import Unsupported, analyze, model_spec
 from worker.executor import PROGRESS
@@ -297,12 +296,12 @@ def run_plans(plans: list[Plan], settings: RunSettings, *, show_progress: bool =
         idx = [i for i, j in enumerate(jobs) if j.spec.num_devices == n]
         group = [jobs[i] for i in idx]
         bar = Progress(group, enabled=show_progress)
-        started = datetime.now(timezone.utc)
+        started = datetime.now(UTC)
         try:
             raws = run_jobs(group, progress=bar, timeout=timeout)
         finally:
             bar.close()
-        finished = datetime.now(timezone.utc)
+        finished = datetime.now(UTC)
         for i, job, raw in zip(idx, group, raws):
             reports[i] = make_report(job, raw, started, finished)
     return [r for r in reports if r is not None]
@@ -355,9 +354,9 @@ def run_plan(plan: Plan | dict, steps: int = 20, *, settings: RunSettings | None
         if progress is not None and "step" in msg:
             progress(msg["step"] + 1, msg["steps"])
 
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     try:
         raw = run_jobs([job], progress=on_line, timeout=timeout)[0]
     finally:
         bar.close()
-    return make_report(job, raw, started, datetime.now(timezone.utc))
+    return make_report(job, raw, started, datetime.now(UTC))

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from search import zoo
+from search.models import zoo
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def _vision_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float(), labels)
 
 
-# Each entry mirrors the forward of the zoo class it names (search/zoo.py); the faithfulness
+# Each entry mirrors the forward of the zoo class it names (search/models/zoo.py); the faithfulness
 # tests compare a pipelined run against that forward, so a drift between the two shows there.
 SPLITS: dict[type, Split] = {
     zoo.GPT: Split(("tok_emb", "pos_emb"), ("norm", "lm_head"), _gpt_pre, _lm_post, zoo._lm_loss),

@@ -25,7 +25,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from search.errors import InputError
+from search import InputError
 from service.crud.errors import Conflict, NotFound
 
 log = logging.getLogger("paretoplan.service")

@@ -7,13 +7,12 @@ from dataclasses import dataclass
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased, undefer
 
-from search.api import SearchRequest, SearchSummary
-from search.errors import InputError
+from search import InputError, SearchRequest, SearchSummary
 from service import validation
 from service.crud import events, searches
 from service.crud.errors import Conflict, NotFound
 from service.models import DONE, Job, Resize, Search, Strategy
-from service.schemas import Alternate, FrontierOut, JobCreate, JobDetail, JobOut, PointOut, BaselineOut
+from service.schemas import Alternate, BaselineOut, FrontierOut, JobCreate, JobDetail, JobOut, PointOut
 
 
 @dataclass

@@ -1,11 +1,11 @@
-"""Device profiles: DeviceProfile documents (search.profile) stored under a name."""
+"""Device profiles: DeviceProfile documents (search.prices.profile) stored under a name."""
 
 from __future__ import annotations
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, undefer
 
-from search.errors import InputError
+from search import InputError
 from service.crud.errors import NotFound
 from service.models import Profile
 from service.schemas import ProfileIn
@@ -13,7 +13,7 @@ from service.schemas import ProfileIn
 
 def check(body: ProfileIn):
     """The DeviceProfile parsed; InputError (422) when it is not a valid one."""
-    from search.profile import parse_profile
+    from search import parse_profile
 
     return parse_profile(body.profile, origin="profile")
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from search.api import SearchRequest
-from search.cluster import parse_size
-from search.errors import InputError
+from search import InputError, SearchRequest, parse_size
 from service import validation
 from service.crud import events, jobs, searches, strategies
 from service.crud.errors import NotFound

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, undefer
 
-from search.errors import InputError
+from search import InputError
 from service.crud import events, jobs, searches
 from service.crud.errors import Conflict, NotFound
 from service.models import DONE, QUEUED, Run, Strategy

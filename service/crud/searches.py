@@ -6,7 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, undefer
 
-from search.api import SearchRequest
+from search import SearchRequest
 from service.crud import events
 from service.crud.errors import NotFound
 from service.models import DONE, FAILED, QUEUED, Search, Strategy

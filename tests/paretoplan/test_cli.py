@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from paretoplan.cli import main
-from search.cluster import format_size
-from search.graph import Op, OpGraph, ParamRef, TensorRef
+from search.models.graph import Op, OpGraph, ParamRef, TensorRef
+from search.prices.cluster import format_size
 
 # A table row: mark (2 chars), index, "x.xx ms", "x.x MiB", two spaces, the plan summary.
 ROW = re.compile(r"^(?P<mark>[*! ]) +(?P<idx>\d+) +(?P<time>\d+\.\d{2,4}) ms +(?P<mem>\d+(?:\.\d)? [KMGTPE]?i?B)  (?P<plan>\S.*)$")

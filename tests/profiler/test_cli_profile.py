@@ -13,7 +13,7 @@ from tiny import TINY
 
 from paretoplan.cli import main
 from profiler.collectives import host_capacity
-from search.profile import load_profile
+from search.prices.profile import load_profile
 
 TINY_FLAGS = ["--model", TINY["model"], "--devices", str(TINY["devices"]), "--devices-per-node",
               str(TINY["devices_per_node"]), "--global-batch", str(TINY["global_batch"])]

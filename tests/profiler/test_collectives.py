@@ -6,7 +6,7 @@ import pytest
 
 from profiler.collectives import check_capacity, host_capacity, profile_collectives
 from search.errors import InputError
-from search.profile import COLLECTIVE_KINDS
+from search.prices.profile import COLLECTIVE_KINDS
 
 # far apart (x2048, x16), so that the order of the medians survives a busy shared CPU (load 7 on
 # 2 cores was seen while other suites ran)

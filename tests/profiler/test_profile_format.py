@@ -1,4 +1,4 @@
-"""The DeviceProfile format (search/profile.py): JSON round trip, one-line errors for bad input,
+"""The DeviceProfile format (search/prices/profile.py): JSON round trip, one-line errors for bad input,
 and op signatures derived by hand."""
 
 from __future__ import annotations
@@ -8,13 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from search.capture import capture_model
 from search.errors import InputError
-from search.graph import Op, ParamRef, TensorRef
-from search.mesh import Mesh, MeshAxis, op_configs
-from search.profile import (PROFILE_FORMAT, Calibration, CollectiveFit, DeviceProfile, LinearFit, OpEntry, Stat,
-                            load_profile, op_signature, parse_profile)
-from search.zoo import get_model
+from search.models.capture import capture_model
+from search.models.graph import Op, ParamRef, TensorRef
+from search.models.zoo import get_model
+from search.prices.mesh import Mesh, MeshAxis, op_configs
+from search.prices.profile import (
+    PROFILE_FORMAT,
+    Calibration,
+    CollectiveFit,
+    DeviceProfile,
+    LinearFit,
+    OpEntry,
+    Stat,
+    load_profile,
+    op_signature,
+    parse_profile,
+)
 
 
 def sample_profile() -> DeviceProfile:

@@ -9,12 +9,12 @@ import pytest
 from tiny import TINY
 
 from profiler.run import run_profile
-from search.api import SearchRequest, run_search
-from search.cluster import make_cluster
-from search.costmodel import CostModel
 from search.errors import InputError
-from search.profile import DeviceProfile, ProfileLookup, op_signature
-from search.mesh import Mesh, MeshAxis
+from search.plans.api import SearchRequest, run_search
+from search.prices.cluster import make_cluster
+from search.prices.costmodel import CostModel
+from search.prices.mesh import Mesh, MeshAxis
+from search.prices.profile import DeviceProfile, ProfileLookup, op_signature
 
 
 def _search(prof: DeviceProfile, **kw):
@@ -115,10 +115,10 @@ def test_unprofiled_shapes_fall_back_to_the_roofline_and_are_flagged(tiny_profil
 
 def test_an_empty_profile_prices_exactly_like_none() -> None:
     """Everything falls back: the same numbers to the bit, every table flagged estimated."""
-    from search.capture import capture_model
-    from search.costmodel import TrainingJob
-    from search.mesh import mesh_candidates
-    from search.zoo import get_model
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.costmodel import TrainingJob
+    from search.prices.mesh import mesh_candidates
 
     graph = capture_model(get_model("gpt2-tiny"), 8, None)
     cluster = make_cluster("cpu", 4, 4)
@@ -133,7 +133,7 @@ def test_an_empty_profile_prices_exactly_like_none() -> None:
                 assert a.estimated
             assert cm.buffers(mesh, zero=zero) == roof.buffers(mesh, zero=zero)
         prod, cons = graph.ops[2], graph.ops[3]
-        from search.mesh import op_configs
+        from search.prices.mesh import op_configs
 
         e1 = cm.edge_costs(prod, cons, mesh, op_configs(prod, mesh), op_configs(cons, mesh))
         e2 = roof.edge_costs(prod, cons, mesh, op_configs(prod, mesh), op_configs(cons, mesh))
@@ -144,7 +144,7 @@ def test_an_empty_profile_prices_exactly_like_none() -> None:
 def test_calibration_factors_scale_what_they_name(tiny_profile) -> None:
     """Compute factors scale an op kind's measured time; comm factors an axis's collectives;
     the memory overhead shifts every rank's constant buffers."""
-    from search.profile import Calibration
+    from search.prices.profile import Calibration
 
     prof, _ = tiny_profile
     cal = prof.model_copy(update={"calibration": Calibration(compute={"linear": 2.0}, comm={"dp": 3.0},
@@ -195,9 +195,9 @@ def test_the_enumeration_is_exactly_what_the_search_looks_up() -> None:
     baselines) asks the profile for is enumerated for timing, and nothing else: a 24-layer
     model with pipelines, shortened to 64 tokens (nothing is timed here)."""
     from profiler.ops import enumerate_signatures, pipeline_graphs
-    from search.api import resolve
-    from search.baselines import baselines
-    from search.ft import search
+    from search.algorithm.ft import search
+    from search.plans.api import resolve
+    from search.plans.baselines import baselines
 
     req = SearchRequest(model="gpt2-medium", device="cpu", devices=4, devices_per_node=4, global_batch=16, seq_len=64)
     graph, cluster, job, _ = resolve(req)
@@ -215,7 +215,7 @@ def test_the_enumeration_is_exactly_what_the_search_looks_up() -> None:
 def test_cpu_ops_run_slower_beside_the_hosts_other_ranks(tiny_profile) -> None:
     """The profiler times an op in one process; a job runs one process per device on the same
     cores. 4 ranks of 1 thread on 2 cores: each op takes twice its profiled time."""
-    from search.profile import HostInfo
+    from search.prices.profile import HostInfo
 
     prof, _ = tiny_profile
     host = prof.host.model_copy(update={"cpu_count": 2, "threads": 1, "accelerator": None})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from search.graph import BlockInfo, Op, OpGraph, ParamRef, TensorRef
+from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, TensorRef
 
 B, S, H = 8, 64, 512
 

@@ -7,31 +7,31 @@ import functools
 
 import pytest
 
-from search.baselines import as_result, baselines, column_label, row_label
-from search.capture import capture_model
-from search.cluster import make_cluster
-from search.costmodel import TrainingJob
-from search.ft import layer_index, recompute_var, search
-from search.mesh import mesh_candidates, op_configs
-from search.plan import build_plans
-from search.zoo import get_model
+from search.algorithm.ft import layer_index, recompute_var, search
+from search.models.capture import capture_model
+from search.models.zoo import get_model
+from search.plans.baselines import as_result, baselines, column_label, row_label
+from search.plans.plan import build_plans
+from search.prices.cluster import make_cluster
+from search.prices.costmodel import TrainingJob
+from search.prices.mesh import mesh_candidates, op_configs
 
 N = 8
 GIB = 2**30
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def setup():
     graph = capture_model(get_model("gpt2"), 8, 128)  # 12 layers, 12 heads
     return graph, make_cluster("h100-80gb", N), TrainingJob(global_batch=8, seq_len=128)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def planned():
     return {b.name: b for b in baselines(*setup(), pipelines=False)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def searched():
     return search(*setup())
 
@@ -138,7 +138,7 @@ def test_sequence_parallel_moves_the_same_tp_volume():
 
 
 def test_sequence_parallel_needs_no_more_memory():
-    """q, k and v read ln1's gathered output as one copy (search/boundaries.py), so splitting the
+    """q, k and v read ln1's gathered output as one copy (search/prices/boundaries.py), so splitting the
     norms and residuals over tp saves activation memory (it once cost more: a copy per reader)."""
     bs = planned()
     assert bs["megatron-tp4-sp-dp"].memory_bytes <= bs["megatron-tp4-dp"].memory_bytes
@@ -199,7 +199,7 @@ def test_plans_reproduce_the_baselines():
 def test_pipeline_planners_price_their_grid_choice_and_lose_to_the_frontier():
     """Megatron 3-D and PipeDream-2BW: pipeline plans with equal layers per stage, re-costed stage
     by stage to the same numbers, and never below-left of a frontier that searches pipelines."""
-    from search.pipesearch import evaluate_pipeline
+    from search.algorithm.pipeline import evaluate_pipeline
 
     graph, cluster, job = setup()
     bs = {b.name: b for b in baselines(graph, cluster, job, budget=8 * GIB, allow_async=True)}

@@ -1,4 +1,4 @@
-"""The rules that keep every offered configuration executable as priced (search/boundaries.py):
+"""The rules that keep every offered configuration executable as priced (search/prices/boundaries.py):
 one conversion per tensor shared by its readers, tied parameters placed alike, no conversion
 inside a module."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 from graphs import act, linear, norm, pointwise
 
-from search.boundaries import INFEASIBLE, Boundaries
-from search.cluster import make_cluster
-from search.costmodel import CostModel, TrainingJob
-from search.graph import Op, OpGraph, ParamRef
-from search.mesh import Mesh, MeshAxis, op_configs
+from search.models.graph import Op, OpGraph, ParamRef
+from search.prices.boundaries import INFEASIBLE, Boundaries
+from search.prices.cluster import make_cluster
+from search.prices.costmodel import CostModel, TrainingJob
+from search.prices.mesh import Mesh, MeshAxis, op_configs
 
 TP4 = Mesh(pp=1, axes=(MeshAxis("dp", 1, 4, "data"), MeshAxis("tp", 4, 1, "tensor")))
 
@@ -108,8 +108,8 @@ def test_a_module_of_its_own_converts_at_its_output():
 def test_no_frontier_point_breaks_a_rule():
     """The frontier of a graph with fan-out and modules holds finite points only, and each
     assignment satisfies every pair (re-costed, no INFEASIBLE term)."""
-    from search.exhaustive import evaluate, tables
-    from search.ft import search
+    from search.algorithm.exhaustive import evaluate, tables
+    from search.algorithm.ft import search
 
     g = fan_graph(modules=True)
     cl = make_cluster("h100-80gb", 4)
@@ -126,7 +126,7 @@ def test_leaving_a_module_only_reduces_or_shards_what_the_reader_takes_as_is():
     """A style's output hook (RowwiseParallel's output_layouts) may reduce a partial sum, or shard
     a tensor its reader takes without a view; gathering or re-splitting there would reach the
     enclosing module's code (attention's view(b, t, -1, head_dim)) in a shape it does not expect."""
-    from search.boundaries import exit_allowed
+    from search.prices.boundaries import exit_allowed
 
     assert exit_allowed("P", "R", same_shape=False)           # row-parallel output, all-reduced
     assert exit_allowed("P", "S:seq", same_shape=True)        # ... reduce-scattered (sequence parallel)

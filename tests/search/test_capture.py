@@ -1,4 +1,4 @@
-"""Tests for search.capture (torch.export on meta -> OpGraph) and the graph JSON format.
+"""Tests for search.models.capture (torch.export on meta -> OpGraph) and the graph JSON format.
 
 The captured graph is what the whole search prices, so these tests pin it to the real module:
 parameter counts, one IR op per Linear / attention / convolution that runs, FLOPs worked out
@@ -17,10 +17,10 @@ import pytest
 import torch
 from torch import nn
 
-from search.capture import capture_model
 from search.errors import InputError
-from search.graph import OpGraph, load_graph
-from search.zoo import get_model
+from search.models.capture import capture_model
+from search.models.graph import OpGraph, load_graph
+from search.models.zoo import get_model
 
 # (model, batch, seq) as the brief fixes them; vision models take no seq.
 CASES = [
@@ -39,18 +39,18 @@ def _param_case(name: str, batch: int, seq: int | None):
     return pytest.param(name, batch, seq, id=name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def captured(name: str, batch: int, seq: int | None) -> OpGraph:
     return capture_model(get_model(name), batch, seq)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def meta_module(name: str) -> nn.Module:
     with torch.device("meta"):
         return get_model(name).build()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def linear_calls(name: str, batch: int, seq: int | None) -> tuple[int, int]:
     """(number of nn.Linear forward calls, number of distinct nn.Linear modules that ran) in one
     meta forward pass of a fresh meta build, counted with forward hooks."""
@@ -305,8 +305,8 @@ def test_hf_llama_config_with_higher_order_ops(tmp_path):
     higher-order op with a subgraph; capture walks into it instead of failing."""
     from transformers import LlamaConfig
 
-    from search.ft import find_chain
-    from search.zoo import model_from_hf_config
+    from search.algorithm.ft import find_chain
+    from search.models.zoo import model_from_hf_config
 
     path = tmp_path / "config.json"
     LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,

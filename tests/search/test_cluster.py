@@ -1,4 +1,4 @@
-"""Tests for search.cluster: the device catalog, size parsing and cluster validation.
+"""Tests for search.prices.cluster: the device catalog, size parsing and cluster validation.
 
 The planner trusts these numbers blindly, so the tests pin down the user-facing contract:
 every bad input is an InputError (exit code 2, one-line message), never a crash.
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from search.cluster import (
+from search.errors import InputError
+from search.prices.cluster import (
     CATALOG,
     Cluster,
     DeviceSpec,
@@ -23,7 +24,6 @@ from search.cluster import (
     make_cluster,
     parse_size,
 )
-from search.errors import InputError
 
 GiB = 2**30
 

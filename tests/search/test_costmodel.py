@@ -1,4 +1,4 @@
-"""Hand-worked checks of search.costmodel: every expected number below is derived in comments
+"""Hand-worked checks of search.prices.costmodel: every expected number below is derived in comments
 from the formulas of DESIGN.md section 4 (alpha-beta collectives, roofline compute, Adam state),
 not read back from the implementation.
 
@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 
-from search.cluster import make_cluster
-from search.costmodel import ALL_REDUCE, CostModel, TrainingJob
-from search.graph import Op, OpGraph, ParamRef, TensorRef
-from search.mesh import Mesh, MeshAxis, op_configs
+from search.models.graph import Op, OpGraph, ParamRef, TensorRef
+from search.prices.cluster import make_cluster
+from search.prices.costmodel import ALL_REDUCE, CostModel, TrainingJob
+from search.prices.mesh import Mesh, MeshAxis, op_configs
 
 PEAK_BF16 = 989.4e12
 HBM = 3.35e12
@@ -275,10 +275,10 @@ def test_indivisible_label_is_not_offered() -> None:
 def _dp_linear_costs(zero: int, n: int = 8):
     """One linear W[64, 32] (2048 weights) with batch sharded on a dp axis of n: the weight is
     replicated, so its whole data-parallel group is the axis."""
-    from search.costmodel import CostModel, TrainingJob, ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
-    from search.cluster import make_cluster
-    from search.graph import OpGraph, Op, ParamRef, TensorRef
-    from search.mesh import Mesh, MeshAxis, op_configs
+    from search.models.graph import Op, OpGraph, ParamRef, TensorRef
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, CostModel, TrainingJob
+    from search.prices.mesh import Mesh, MeshAxis, op_configs
 
     x = TensorRef(source=None, shape=(16, 4, 32), dims=("batch", "seq", "k"))
     op = Op(name="fc", kind="linear", inputs=(x,), output=TensorRef(shape=(16, 4, 64), dims=("batch", "seq", "n")),

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from search.baselines import baselines
-from search.capture import capture_model
-from search.cluster import make_cluster
-from search.costmodel import TrainingJob
-from search.ft import search
-from search.zoo import get_model
+from search.algorithm.ft import search
+from search.models.capture import capture_model
+from search.models.zoo import get_model
+from search.plans.baselines import baselines
+from search.prices.cluster import make_cluster
+from search.prices.costmodel import TrainingJob
 
 CASES = [("gpt2-xl", 16, 32), ("llama-7b", 64, 256), ("bert-large", 8, 64)]
 
@@ -24,7 +24,7 @@ def test_no_baseline_below_left_of_the_frontier(model, devices, batch):
     bases = baselines(graph, cluster, job, pipelines=False)  # pipeline planners: test_baselines.py
     assert len(bases) >= 2  # data-parallel and fsdp apply everywhere
     for b in bases:
-        # every planner's plan is one the executor runs as priced (search/boundaries.py): a broken
+        # every planner's plan is one the executor runs as priced (search/prices/boundaries.py): a broken
         # rule would price it INFEASIBLE and make this test pass for the wrong reason
         assert b.time_s < 1e6 and b.memory_bytes < 1e15, b.name
         # at the baseline's memory the frontier is at least as fast ...

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from graphs import random_dag, stack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from search.cluster import make_cluster
-from search.costmodel import TrainingJob
-from search.costmodel import CostModel
-from search.exhaustive import evaluate, exhaustive_search, tables
-from search.ft import layer_index
-from search.frontier import RTOL
-from search.ft import search
-from search.mesh import Mesh, MeshAxis
-
-from graphs import random_dag, stack
+from search.algorithm.exhaustive import evaluate, exhaustive_search, tables
+from search.algorithm.frontier import RTOL
+from search.algorithm.ft import layer_index, search
+from search.prices.cluster import make_cluster
+from search.prices.costmodel import CostModel, TrainingJob
+from search.prices.mesh import Mesh, MeshAxis
 
 CLUSTER = make_cluster("h100-80gb", 4, devices_per_node=4)
 JOB = TrainingJob(global_batch=8, precision="bf16")
@@ -111,8 +108,8 @@ def test_stack_pruning_keeps_the_frontier_exact(layers):
 
 
 def test_stack_pruning_on_a_real_model():
-    from search.capture import capture_model
-    from search.zoo import get_model
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
 
     g = capture_model(get_model("gpt2"), 8, 64)
     on = search(g, CLUSTER, JOB)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from search.errors import InputError
-from search.pipeline import (
+from search.prices.schedule import (
     StageCosts,
     bubble_fraction,
     check_schedule,

@@ -7,12 +7,9 @@ import numpy as np
 import pytest
 from graphs import stack
 
-from search.capture import capture_model
-from search.cluster import make_cluster
-from search.costmodel import TrainingJob
-from search.exhaustive import exhaustive_pipeline
-from search.ft import search
-from search.pipesearch import (
+from search.algorithm.exhaustive import exhaustive_pipeline
+from search.algorithm.ft import search
+from search.algorithm.pipeline import (
     evaluate_pipeline,
     micro_batch_graph,
     partitions,
@@ -20,8 +17,11 @@ from search.pipesearch import (
     search_pipelines,
     stage_band,
 )
-from search.plan import build_plans
-from search.zoo import get_model
+from search.models.capture import capture_model
+from search.models.zoo import get_model
+from search.plans.plan import build_plans
+from search.prices.cluster import make_cluster
+from search.prices.costmodel import TrainingJob
 
 JOB = TrainingJob(global_batch=24, seq_len=None)
 
@@ -142,9 +142,9 @@ def test_a_tied_head_holds_its_own_copy_on_the_last_stage():
     """The lm head reads the input layer's weight (tied, as GPT's): on a pipeline the last stage
     keeps a copy with its gradients and optimizer state, and all-reduces its gradient with the
     first stage once per iteration (Megatron-LM's layout)."""
-    from search.costmodel import CostModel
-    from search.graph import ParamRef
-    from search.pipesearch import pipe_tables
+    from search.algorithm.pipeline import pipe_tables
+    from search.models.graph import ParamRef
+    from search.prices.costmodel import CostModel
 
     g = stack(4, batch=16)
     inp_w = g.op("inp").params[0]
@@ -168,6 +168,6 @@ def test_a_tied_head_holds_its_own_copy_on_the_last_stage():
 
 
 def search_mesh(cl):
-    from search.mesh import mesh_candidates
+    from search.prices.mesh import mesh_candidates
 
     return mesh_candidates(cl)[0]

@@ -6,15 +6,15 @@ import functools
 
 import pytest
 
-from search.capture import capture_model
-from search.cluster import make_cluster
-from search.costmodel import TrainingJob
-from search.ft import search
-from search.plan import Plan, build_plans, pick
-from search.zoo import get_model
+from search.algorithm.ft import search
+from search.models.capture import capture_model
+from search.models.zoo import get_model
+from search.plans.plan import Plan, build_plans, pick
+from search.prices.cluster import make_cluster
+from search.prices.costmodel import TrainingJob
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def result():
     graph = capture_model(get_model("gpt2"), 8, 128)  # 12 layers: the stack is solved once
     return search(graph, make_cluster("h100-80gb", 4, devices_per_node=4), TrainingJob(global_batch=8, seq_len=128))

@@ -1,4 +1,4 @@
-"""Tests for search.zoo: published parameter counts, real CPU runs, export on meta, HF configs."""
+"""Tests for search.models.zoo: published parameter counts, real CPU runs, export on meta, HF configs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from search.errors import InputError
-from search.zoo import (
+from search.models.zoo import (
     TEST_MODELS,
     ZOO,
     ModelSpec,

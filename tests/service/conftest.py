@@ -55,6 +55,6 @@ def http(live):
 @pytest.fixture(scope="session")
 def tiny_report() -> str:
     """A real FrontierReport (gpt2-tiny on 2 cpu devices), as JSON, for tests that play the worker."""
-    from search.api import SearchRequest, run_search
+    from search.plans.api import SearchRequest, run_search
 
     return run_search(SearchRequest(model="gpt2-tiny", device="cpu", devices=2)).report.model_dump_json()

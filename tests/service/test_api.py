@@ -267,7 +267,7 @@ def test_profiles_upload_list_and_price_a_job(client):
 
 def test_catalog_docs_and_placeholder(client):
     models = {m["name"]: m for m in client.get("/api/models").json()}
-    from search.zoo import ZOO
+    from search.models.zoo import ZOO
 
     assert models["gpt2-tiny"]["params"] == ZOO["gpt2-tiny"].param_count()
     assert "cpu" in {d["name"] for d in client.get("/api/devices").json()}

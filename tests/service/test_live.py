@@ -68,8 +68,8 @@ def test_hf_config_jobs_and_errors_only_the_search_can_find(live, http):
 
 
 def test_graph_upload(live, http):
-    from search.capture import capture_model
-    from search.zoo import get_model
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
 
     graph = capture_model(get_model("gpt2-tiny"), 4, None).to_json()
     r = http.post("/api/jobs/upload", files={"graph": ("g.json", graph, "application/json")},
@@ -100,8 +100,8 @@ def test_resize_answers_with_the_plan_it_would_move_to(live, http):
 
 
 def _cycle_graph() -> dict:
-    from search.capture import capture_model
-    from search.zoo import get_model
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
 
     g = json.loads(capture_model(get_model("gpt2-tiny"), 4, None).to_json())
     first = next(op for op in g["ops"] if op["inputs"])

@@ -9,8 +9,6 @@ import json
 import re
 import time
 
-import pytest
-
 from svchelp import count_rows, start_worker, wait_job
 from webhelp import start_service, stop_service
 

@@ -1,6 +1,6 @@
 """The plan families the faithfulness tests run, as Plans (4 processes each).
 
-Data-parallel, FSDP and Megatron plans are the search's own baselines (search/baselines.py) for
+Data-parallel, FSDP and Megatron plans are the search's own baselines (search/plans/baselines.py) for
 the 'cpu' catalog device; pipeline plans are those Plans with the mesh's pp axis and a
 PipelineSpec set by hand (the search does not emit pipeline plans yet).
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from search.api import SearchRequest, run_search
-from search.plan import AxisSpec, MeshSpec, PipelineSpec, Plan
+from search.plans.api import SearchRequest, run_search
+from search.plans.plan import AxisSpec, MeshSpec, PipelineSpec, Plan
 
 
 @cache

@@ -8,8 +8,8 @@ from functools import cache
 import pytest
 from families import baseline, pipelined
 
-from search.api import SearchRequest, run_search
-from search.plan import Plan
+from search.plans.api import SearchRequest, run_search
+from search.plans.plan import Plan
 from worker.analyze import Unsupported, analyze
 from worker.launch import check_capacity
 
@@ -23,7 +23,7 @@ def gpt2_frontier() -> list[Plan]:
 
 def test_search_offers_one_role_per_axis():
     """Every frontier plan splits the batch on dp for every op that carries one and never on tp
-    (search/mesh.py axis_choices): the mixes the executor cannot express are not in the space."""
+    (search/prices/mesh.py axis_choices): the mixes the executor cannot express are not in the space."""
     for plan in gpt2_frontier():
         roles = {a.name: a.role for a in plan.mesh.axes}
         assert roles == {"dp": "data", "tp": "tensor"}

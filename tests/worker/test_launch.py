@@ -4,6 +4,7 @@ behind; a finished run becomes a RunReport with the fields calibration reads."""
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -39,10 +40,10 @@ def test_a_crashing_rank_ends_the_run_with_its_error_and_no_orphans(tmp_path):
 
 def test_report_from_a_run(family_runs):
     """A RunReport (the JSON `paretoplan run --report` writes) from one of the shared runs."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     job, raw = family_runs["fsdp"]
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rep = make_report(job, raw, now, now)
     data = json.loads(rep.model_dump_json())
     for key in ("predicted", "measured", "errors", "plan", "losses", "started", "finished"):

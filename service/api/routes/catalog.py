@@ -15,7 +15,7 @@ router = APIRouter(prefix="/api", tags=["catalog"], route_class=StrictJSONRoute)
 
 @cache
 def _models() -> list[ModelOut]:
-    from search.zoo import ZOO
+    from search.models.zoo import ZOO
 
     return [ModelOut(name=n, family=s.family, kind=s.kind, params=s.param_count(), default_seq_len=s.default_seq_len,
                      description=s.description) for n, s in ZOO.items()]
@@ -28,6 +28,6 @@ def list_models() -> list[ModelOut]:
 
 @router.get("/devices", response_model=list[dict[str, Any]], summary="The device catalog")
 def list_devices() -> list[dict[str, Any]]:
-    from search.cluster import CATALOG
+    from search import CATALOG
 
     return [d.model_dump(mode="json") for d in CATALOG.values()]

@@ -8,19 +8,18 @@ import time
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Header, Query, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse
 from pydantic import ValidationError
-from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
-from search.errors import InputError
+from search import InputError
 from service.api import sse
 from service.api.deps import DB, Config, Id
 from service.api.errors import StrictJSONRoute, strict_loads
 from service.crud import jobs, profiles, resizes, runs
-from service.schemas import (Error, FrontierOut, JobCreate, JobDetail, JobList, LaunchIn, ResizeIn, ResizeOut, RunOut,
-                             SelectIn)
+from service.schemas import Error, FrontierOut, JobCreate, JobDetail, JobList, LaunchIn, ResizeIn, ResizeOut, RunOut, SelectIn
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"], route_class=StrictJSONRoute)
 JobId = Id("job")

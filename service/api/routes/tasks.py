@@ -21,8 +21,7 @@ from fastapi import APIRouter, Depends, Response
 from service import queue
 from service.api.deps import DB, Config, Id, worker_auth
 from service.api.errors import StrictJSONRoute
-from service.schemas import Ack, ClaimIn, Error, FailIn, HeartbeatIn, HeartbeatOut, RunResultIn, SearchResultIn, \
-    TaskOut
+from service.schemas import Ack, ClaimIn, Error, FailIn, HeartbeatIn, HeartbeatOut, RunResultIn, SearchResultIn, TaskOut
 
 router = APIRouter(prefix="/api/tasks", tags=["worker protocol"], route_class=StrictJSONRoute,
                    dependencies=[Depends(worker_auth)])

@@ -6,9 +6,8 @@ Create Date: 2026-11-22 04:19:35.007127
 """
 from collections.abc import Sequence
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision: str = '0001'
 down_revision: str | None = None

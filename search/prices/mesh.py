@@ -28,9 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
-from search.cluster import Cluster
 from search.errors import InputError
-from search.graph import Op, OpGraph, TensorRef
+from search.models.graph import Op, OpGraph, TensorRef
+from search.prices.cluster import Cluster
 
 REPLICATE = None  # a configuration's entry for "this axis replicates the op"
 DATA, TENSOR = "data", "tensor"

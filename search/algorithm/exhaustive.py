@@ -13,15 +13,22 @@ import time as _time
 
 import numpy as np
 
-from search.cluster import Cluster
-from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob, recomputed_mem
+from search.algorithm.frontier import Factor, Stats, pareto_mask
+from search.algorithm.ft import (
+    ZERO_STAGES,
+    FrontierPoint,
+    MeshSolution,
+    SearchResult,
+    find_chain,
+    layer_index,
+    layer_outputs,
+    recompute_var,
+)
 from search.errors import InputError
-from search.frontier import pareto_mask
-from search.ft import (ZERO_STAGES, FrontierPoint, MeshSolution, SearchResult, find_chain, layer_index,
-                       layer_outputs, recompute_var)
-from search.frontier import Factor, Stats
-from search.graph import OpGraph
-from search.mesh import Mesh, mesh_candidates, placeable_meshes
+from search.models.graph import OpGraph
+from search.prices.cluster import Cluster
+from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob, recomputed_mem
+from search.prices.mesh import Mesh, mesh_candidates, placeable_meshes
 
 MAX_ASSIGNMENTS = 5_000_000
 
@@ -34,7 +41,7 @@ def tables(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int = 0
     for op in graph.ops:
         for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
             edges[(src, op.name)] = cm.edge_costs(graph.op(src), op, mesh, ops[src].configs, ops[op.name].configs)
-    # constraints between ops, as edges (search/boundaries.py)
+    # constraints between ops, as edges (search/prices/boundaries.py)
     cm.add_pair_edges(edges, mesh, lambda name: ops[name].configs, cm.bounds.pairs)
     return ops, edges
 
@@ -135,7 +142,7 @@ def exhaustive_pipeline(graph: OpGraph, cluster: Cluster, job: TrainingJob, shap
     """The reference frontier (time, memory) of one pipeline shape: every assignment of every
     op's configuration (the stack's boundary layout tied, as in FT), every layer's recomputation
     and every split of the layers into stages inside the band, re-costed stage by stage."""
-    from search.pipesearch import evaluate_pipeline, micro_batch_graph, partitions, pipe_tables
+    from search.algorithm.pipeline import evaluate_pipeline, micro_batch_graph, partitions, pipe_tables
 
     m = shape.micro_batches
     g = micro_batch_graph(graph, m)

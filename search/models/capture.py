@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from search.errors import InputError
-from search.graph import BlockInfo, Op, OpGraph, ParamRef, TensorRef
+from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, TensorRef
 
 aten = torch.ops.aten
 
@@ -868,7 +868,7 @@ _INPUT_LABELS = {
 }
 
 
-def capture_model(spec: "ModelSpec", batch: int, seq_len: int | None = None) -> OpGraph:  # noqa: F821
+def capture_model(spec: ModelSpec, batch: int, seq_len: int | None = None) -> OpGraph:  # noqa: F821
     """Build a zoo (or HF-config) model on the meta device and capture its training graph for
     one iteration's global batch."""
     if batch < 1:

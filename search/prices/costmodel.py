@@ -15,7 +15,7 @@ configuration, with its gradient), so it shifts the whole frontier and keeps it 
 Collectives are priced alpha-beta: time = alpha + beta * bytes, with alpha and beta from the
 cluster's links.
 
-With a DeviceProfile (search/profile.py), an op's compute is its measured forward + backward at
+With a DeviceProfile (search/prices/profile.py), an op's compute is its measured forward + backward at
 its local signature and the optimizer step its measured fit, collectives take the profile's fit
 for their kind and group size, and calibration factors scale compute per op kind and collectives
 per axis and add a memory overhead per rank; whatever the profile lacks falls back to the
@@ -31,11 +31,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from search.cluster import Cluster
-from search.graph import Op, OpGraph, TensorRef
-from search.profile import DeviceProfile, ProfileLookup, as_lookup
-from search.boundaries import INFEASIBLE, Boundaries, Pair, exit_allowed
-from search.mesh import (
+from search.models.graph import Op, OpGraph, TensorRef
+from search.prices.boundaries import INFEASIBLE, Boundaries, Pair, exit_allowed
+from search.prices.cluster import Cluster
+from search.prices.mesh import (
     DATA,
     TENSOR,
     Config,
@@ -48,6 +47,7 @@ from search.mesh import (
     param_placement,
     shard_factor,
 )
+from search.prices.profile import DeviceProfile, ProfileLookup, as_lookup
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
@@ -332,7 +332,7 @@ class CostModel:
     def edge_costs(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config]) -> EdgeCosts:
         """All tensors from `prod` read by `cons` (an op may read one tensor several times).
 
-        A tensor with several readers is converted once for all of them (search/boundaries.py):
+        A tensor with several readers is converted once for all of them (search/prices/boundaries.py):
         its first reader's edge carries the collectives and the kept copy, the other readers' edges
         cost nothing and a pair constraint makes them read it alike. An edge with no module
         boundary to convert at is INFEASIBLE wherever the placement would change."""
@@ -361,7 +361,7 @@ class CostModel:
                     src, dst = [p[a] for p in out_pl], [p[a] for p in in_pl]
                     changed_here = _differ(src, dst) | _differ([p[a] for p in out_gpl], [p[a] for p in in_gpl])
                     if crossing == "exit":  # leaving the producer's module: the style's output hook
-                        # converts forward and its gradient back (search/boundaries.py)
+                        # converts forward and its gradient back (search/prices/boundaries.py)
                         same_shape = tuple(t.shape) == tuple(prod.output.shape)
                         changed_here &= ~_pairwise(src, dst, lambda s, d: exit_allowed(s, d, same_shape), dtype=bool)
                     blocked |= changed_here

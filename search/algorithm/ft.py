@@ -39,14 +39,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from search.cluster import Cluster
-from search.boundaries import INFEASIBLE, Pair
-from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob, add_edges, recomputed_mem
-from search.frontier import (RTOL, Factor, Stats, assignments, eliminate_var, join, leaf, pareto_mask,
-                             restrict_equal, select, union)
-from search.graph import Op, OpGraph
-from search.mesh import Mesh, mesh_candidates, op_configs, placeable_meshes
-
+from search.algorithm.frontier import (
+    RTOL,
+    Factor,
+    Stats,
+    assignments,
+    eliminate_var,
+    join,
+    leaf,
+    pareto_mask,
+    restrict_equal,
+    select,
+    union,
+)
+from search.models.graph import Op, OpGraph
+from search.prices.boundaries import INFEASIBLE, Pair
+from search.prices.cluster import Cluster
+from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob, add_edges, recomputed_mem
+from search.prices.mesh import Mesh, mesh_candidates, op_configs, placeable_meshes
 
 PREPASS_EPS = 0.02
 
@@ -301,7 +311,7 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     def edge(src: str, dst: str) -> EdgeCosts:
         """Costs of dst reading src's output, priced with the real producer (for the ops after
         the stack: the last layer's output op, whose configurations mirror the boundary's), plus
-        any pair constraint between the two (search/boundaries.py)."""
+        any pair constraint between the two (search/prices/boundaries.py)."""
         if (src, dst) not in edge_costs:
             prod, cons = graph.op(src), graph.op(dst)
             prod_cfgs = op_configs(prod, mesh, graph.batch_label)
@@ -640,8 +650,8 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
            progress: Callable[[float, str], None] | None = None) -> SearchResult:
     """The Pareto frontier of (iteration time, peak memory per device) over every mesh and ZeRO
     stage, with per-layer activation recomputation when `recompute`; priced from a measured
-    DeviceProfile when `profile` is given (search/profile.py). With `pipeline`, pipeline plans
-    join the frontier (search/pipesearch.py; PipeDream-2BW only with `allow_async`). `progress`
+    DeviceProfile when `profile` is given (search/prices/profile.py). With `pipeline`, pipeline plans
+    join the frontier (search/algorithm/pipeline.py; PipeDream-2BW only with `allow_async`). `progress`
     hears (fraction done, "<mesh>: N frontier points so far") after every mesh."""
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job, profile=profile)
@@ -671,7 +681,7 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh
         if progress:
             progress(len(solutions) / steps, f"{sol.describe()}: {_frontier_size(solutions)} frontier points so far")
     if pipeline:
-        from search.pipesearch import search_pipelines
+        from search.algorithm.pipeline import search_pipelines
 
         # the plans without a pipeline bound what a pipeline stage may cost and still matter
         known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))

@@ -31,8 +31,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from search.errors import InputError, read_json
-from search.graph import Op
-from search.mesh import Config, Mesh, input_placement, output_placement, param_placement
+from search.models.graph import Op
+from search.prices.mesh import Config, Mesh, input_placement, output_placement, param_placement
 
 PROFILE_FORMAT = "paretoplan.profile/1"
 COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
@@ -229,7 +229,7 @@ def parse_profile(data: Any, origin: str = "profile") -> DeviceProfile:
         msg = first.get("msg", "invalid")
         more = f" (and {e.error_count() - 1} more problems)" if e.error_count() > 1 else ""
         raise InputError(f"{origin}: invalid profile{' at ' + where if where else ''}: {msg}{more}") from None
-    from search.cluster import get_device
+    from search.prices.cluster import get_device
 
     prof.device = get_device(prof.device).name  # unknown: an InputError naming the known ones
     return prof

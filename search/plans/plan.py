@@ -16,11 +16,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from search.costmodel import EdgeCosts, OpCosts
-from search.exhaustive import evaluate
-from search.ft import FrontierPoint, MeshSolution, SearchResult, layer_index, recompute_var
-from search.graph import Op, OpGraph
-from search.mesh import Mesh, default_role, format_placement, op_configs, output_placement, param_placement
+from search.algorithm.exhaustive import evaluate
+from search.algorithm.ft import FrontierPoint, MeshSolution, SearchResult, layer_index, recompute_var
+from search.models.graph import Op, OpGraph
+from search.prices.costmodel import EdgeCosts, OpCosts
+from search.prices.mesh import Mesh, default_role, format_placement, op_configs, output_placement, param_placement
 
 PLAN_VERSION = 2  # 2: mesh axes carry a role; one role per axis
 
@@ -287,7 +287,7 @@ def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None)
 
 def _pipeline_costs(sol, assign: dict[str, np.ndarray], stages: list[tuple[int, ...] | None]) -> dict[str, np.ndarray]:
     """Re-cost pipeline points stage by stage (each point may split the layers differently)."""
-    from search.pipesearch import evaluate_pipeline
+    from search.algorithm.pipeline import evaluate_pipeline
 
     rows = [evaluate_pipeline(sol, {k: v[j:j + 1] for k, v in assign.items()}, split)  # type: ignore[arg-type]
             for j, split in enumerate(stages)]

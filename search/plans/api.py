@@ -99,7 +99,7 @@ class FrontierReport(SearchSummary):
 def request_cluster(req: SearchRequest):
     """The cluster a request names (a profile sets the device unless the request does), checked
     against the profile's device; cheap: the service runs it before storing a job."""
-    from search.cluster import cluster_from_dict, make_cluster
+    from search.prices.cluster import cluster_from_dict, make_cluster
 
     prof = request_profile(req)
     device = prof.device if prof is not None and "device" not in req.model_fields_set else req.device
@@ -109,7 +109,7 @@ def request_cluster(req: SearchRequest):
         raise InputError(f"the profile was measured on {prof.device!r}, but the cluster is of {cluster.device.name!r}; "
                          f"search {prof.device!r} devices with it (or profile {cluster.device.name!r})")
     if req.global_batch is not None:
-        from search.mesh import data_ways, mesh_candidates
+        from search.prices.mesh import data_ways, mesh_candidates
 
         ways = sorted({data_ways(m) for m in mesh_candidates(cluster)})
         if not any(req.global_batch % w == 0 for w in ways):
@@ -120,11 +120,11 @@ def request_cluster(req: SearchRequest):
 
 def resolve(req: SearchRequest, progress: Progress | None = None):
     """The graph, cluster, job and budget a request names (InputError on anything invalid)."""
-    from search.capture import capture_model
-    from search.cluster import parse_size
-    from search.costmodel import TrainingJob
-    from search.graph import parse_graph
-    from search.zoo import get_model, spec_from_hf_config
+    from search.models.capture import capture_model
+    from search.models.graph import parse_graph
+    from search.models.zoo import get_model, spec_from_hf_config
+    from search.prices.cluster import parse_size
+    from search.prices.costmodel import TrainingJob
 
     cluster = request_cluster(req)
     budget = parse_size(req.memory_budget) if req.memory_budget is not None else cluster.memory_per_device
@@ -149,9 +149,9 @@ def resolve(req: SearchRequest, progress: Progress | None = None):
 
 @dataclass
 class SearchOutcome:
-    result: Any            # search.ft.SearchResult
-    baselines: list        # search.baselines.Baseline, inside the searched space
-    plans: list            # search.plan.Plan per frontier point
+    result: Any            # search.algorithm.ft.SearchResult
+    baselines: list        # search.plans.baselines.Baseline, inside the searched space
+    plans: list            # search.plans.plan.Plan per frontier point
     best: Any              # the FrontierPoint picked at the budget, or None
     budget: float
     capture_seconds: float
@@ -160,8 +160,8 @@ class SearchOutcome:
 
 def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOutcome:
     """Search the frontier a request asks for."""
-    from search.plan import build_plans, pick
-    from search.profile import ProfileLookup
+    from search.plans.plan import build_plans, pick
+    from search.prices.profile import ProfileLookup
 
     t0 = time.perf_counter()
     graph, cluster, job, budget = resolve(req, progress)
@@ -170,12 +170,12 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
     if progress:
         progress("search", 0.1)
     if req.exhaustive:
-        from search.exhaustive import exhaustive_search
+        from search.algorithm.exhaustive import exhaustive_search
 
         result = exhaustive_search(graph, cluster, job, tie_blocks=req.reuse_blocks, zero_stages=tuple(req.zero_stages),
                                    recompute=req.recompute, profile=profile)
     else:
-        from search.ft import search
+        from search.algorithm.ft import search
 
         def searched(fraction: float, message: str) -> None:
             if progress:
@@ -214,7 +214,7 @@ def request_profile(req: SearchRequest):
     """The request's DeviceProfile, parsed (InputError when it is not a valid one)."""
     if req.profile is None:
         return None
-    from search.profile import parse_profile
+    from search.prices.profile import parse_profile
 
     return parse_profile(req.profile, origin="profile")
 
@@ -239,7 +239,7 @@ def mark_estimated(result, plans: list, profile=None) -> list:
 def baseline_points(result, budget: float, profile=None) -> list:
     """The baselines inside the space that was searched (a restricted search, e.g. zero 0, says
     nothing about FSDP)."""
-    from search.baselines import baselines
+    from search.plans.baselines import baselines
 
     stages = set(result.stats.get("zero_stages", [0, 1, 2, 3]))
     recompute = result.stats.get("recompute", True)
@@ -258,8 +258,8 @@ def baseline_points(result, budget: float, profile=None) -> list:
 def baselines_json(result, bases: list, profile=None) -> list[BaselineEntry]:
     if not bases:
         return []
-    from search.baselines import against_frontier, as_result
-    from search.plan import build_plans
+    from search.plans.baselines import against_frontier, as_result
+    from search.plans.plan import build_plans
 
     as_res = as_result(result.graph, result.cluster, result.job, bases)
     plans = mark_estimated(as_res, build_plans(as_res), profile)

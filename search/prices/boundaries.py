@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from search.graph import Op, OpGraph
+from search.models.graph import Op, OpGraph
 
 INFEASIBLE = 1e30  # seconds and bytes: beyond any real plan, still finite so sums stay ordered
 

@@ -44,14 +44,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from search.cluster import Cluster
-from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
-from search.exhaustive import evaluate, tables
-from search.frontier import Factor, Stats
-from search.ft import FrontierPoint, MeshSolution, SearchResult, layer_index, recompute_var
-from search.graph import Op, OpGraph
-from search.mesh import DATA, TENSOR, Config, Mesh, MeshAxis, op_configs
-from search.plan import pick
+from search.algorithm.exhaustive import evaluate, tables
+from search.algorithm.frontier import Factor, Stats
+from search.algorithm.ft import FrontierPoint, MeshSolution, SearchResult, layer_index, recompute_var
+from search.models.graph import Op, OpGraph
+from search.plans.plan import pick
+from search.prices.cluster import Cluster
+from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
+from search.prices.mesh import DATA, TENSOR, Config, Mesh, MeshAxis, op_configs
 
 SEQ_LABEL = "seq"          # the label sequence parallelism splits
 MEGATRON_ZERO = 0          # Megatron-LM's default DDP; its distributed optimizer (ZeRO-1) is opt-in
@@ -317,7 +317,7 @@ def _uniform_split(n_layers: int, p: int) -> tuple[int, ...]:
 def _pipeline_candidate(pr: _Pricer, tp: int, p: int, m: int, schedule: str, zero: int, recompute: bool,
                         tp_labels: dict[str, str | None], profile=None):
     """One pipeline plan on the grid, priced stage by stage; None if it cannot be built."""
-    from search.pipesearch import PipeShape, evaluate_pipeline, micro_batch_graph, pipe_tables
+    from search.algorithm.pipeline import PipeShape, evaluate_pipeline, micro_batch_graph, pipe_tables
 
     cache = pr.__dict__.setdefault("_micro", {})
     if m not in cache:
@@ -374,7 +374,7 @@ def _grid_pick(pr: _Pricer, name: str, describe, grid, budget: float, profile=No
 
 
 def _pipeline_grid(pr: _Pricer, tps: list[int], schedule: str, recompute: tuple[bool, ...]):
-    from search.pipesearch import MAX_STAGES, MICRO_BATCH_FACTORS
+    from search.algorithm.pipeline import MAX_STAGES, MICRO_BATCH_FACTORS
 
     n, B = pr.cluster.num_devices, pr.job.global_batch
     for tp in tps:

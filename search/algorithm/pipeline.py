@@ -3,7 +3,7 @@
 A pipeline plan puts the devices in a pp x dp x tp mesh: the block stack is cut into p stages of
 consecutive layers (the ops before the stack go with stage 0, those after it with the last
 stage), every stage runs on its own dp x tp sub-mesh with per-op configurations as in FT, and
-the global batch runs as m micro-batches under a schedule (search/pipeline.py).
+the global batch runs as m micro-batches under a schedule (search/prices/schedule.py).
 
 Why it stays a frontier search. Fix the pipeline shape (p, m, schedule), the sub-mesh and the
 ZeRO stage. Stage s then costs, per iteration,
@@ -44,15 +44,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from search.cluster import Cluster
-from search.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
-from search.frontier import RTOL, Factor, Stats, assignments, join, pareto_mask, select
-from search.ft import (Chain, _least_memory, _staircase, after_stack, find_chain, layer_index,
-                       mesh_costs, prepare_mesh)
-from search.graph import OpGraph
-from search.mesh import (Mesh, data_ways, mesh_candidates, op_configs, output_placement, param_placement, shard_factor,
-                         unplaceable_op)
-from search.pipeline import ScheduleName, in_flight, weight_copies
+from search.algorithm.frontier import RTOL, Factor, Stats, assignments, join, pareto_mask, select
+from search.algorithm.ft import Chain, _least_memory, _staircase, after_stack, find_chain, layer_index, mesh_costs, prepare_mesh
+from search.models.graph import OpGraph
+from search.prices.cluster import Cluster
+from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
+from search.prices.mesh import (
+    Mesh,
+    data_ways,
+    mesh_candidates,
+    op_configs,
+    output_placement,
+    param_placement,
+    shard_factor,
+    unplaceable_op,
+)
+from search.prices.schedule import ScheduleName, in_flight, weight_copies
 
 STAGE_BAND = 2
 MAX_STAGES = 16  # deeper pipelines leave a layer or two per stage; Megatron's largest runs use <= 16
@@ -558,7 +565,7 @@ def evaluate_pipeline(sol_like: PipeSolution, assignment: dict[str, np.ndarray],
                       layers_per_stage: tuple[int, ...]) -> dict[str, np.ndarray]:
     """Time, memory and the max-memory stage's parts for many assignments at once, straight from
     the unweighted tables: an independent check of the DP, and how plans are re-costed."""
-    from search.exhaustive import evaluate
+    from search.algorithm.exhaustive import evaluate
 
     shape, graph, chain = sol_like.shape, sol_like.graph, sol_like.chain
     p = shape.stages

@@ -1,0 +1,1 @@
+"""Models in: the OpGraph IR, capture from torch modules and HF configs, the model zoo."""
