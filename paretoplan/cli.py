@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from search import InputError, NoFeasiblePlan, read_json
+from search.errors import InputError, NoFeasiblePlan, invalid, read_json
 
 EXIT_INPUT = 2
 EXIT_NO_PLAN = 3
@@ -163,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _as_flag(path: str) -> str:
+    """A request field's path as the command-line flag that sets it: 'global_batch' -> ' --global-batch'."""
+    return f" --{path.replace('_', '-')}" if path else ""
+
+
 def _serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -173,8 +178,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as e:
-        first = e.errors()[0]
-        raise InputError(f"{'.'.join(str(x) for x in first.get('loc', ())) or 'settings'}: {first.get('msg')}") from None
+        raise invalid(e, "settings", lambda path: f" {path}" if path else "") from None
     if args.workers < 0:
         raise InputError(f"--workers must be 0 or more, got {args.workers}")
     return serve(settings, workers=0 if args.no_worker else args.workers, log_level=args.log_level)
@@ -341,9 +345,7 @@ def _run_plan_from_search(args: argparse.Namespace, device: str):
     try:
         req = SearchRequest(**fields)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ()))
-        raise InputError(f"--{where.replace('_', '-') or 'arguments'}: {first.get('msg', 'invalid')}") from None
+        raise invalid(e, "arguments", _as_flag) from None
     o = run_search(req)
     report = o.report.model_dump()
     return _pick(report, args.pick or "budget")
@@ -366,9 +368,7 @@ def _as_plan(data: object, origin: str):
     try:
         return Plan.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ()))
-        raise InputError(f"{origin}: not a Plan{' at ' + where if where else ''}: {first.get('msg', 'invalid')}") from None
+        raise invalid(e, f"{origin}: not a Plan") from None
 
 
 def _pick(report: dict, pick: str):
@@ -440,10 +440,7 @@ def _request(args: argparse.Namespace):
     try:
         return SearchRequest(**fields)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ()))
-        flag = f"--{where.replace('_', '-')}" if where else "arguments"
-        raise InputError(f"{flag}: {first.get('msg', 'invalid')}") from None
+        raise invalid(e, "arguments", _as_flag) from None
 
 
 def _zero_stages(text: str) -> tuple[int, ...]:

@@ -6,8 +6,11 @@ service (later) turns it into HTTP 422. Anything else escaping is a bug.
 
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 
 class InputError(ValueError):
@@ -34,3 +37,15 @@ def read_json(path: str | Path, what: str) -> Any:
         raise InputError(f"{what} {str(p)!r} is not valid JSON (not text)") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{what} {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
+
+
+def invalid(e: ValidationError, what: str, where: Callable[[str], str] | None = None) -> InputError:
+    """One line from a pydantic error: `what` (\"graph.json: invalid graph\"), the first problem's
+    field path (through `where`, e.g. to spell it as a CLI flag) and message, and how many more.
+
+    Every edge that validates a user's document with pydantic raises this, `from None`."""
+    first = e.errors()[0]
+    path = ".".join(str(x) for x in first.get("loc", ()))
+    place = where(path) if where is not None else (f" at {path}" if path else "")
+    more = f" (and {e.error_count() - 1} more problems)" if e.error_count() > 1 else ""
+    return InputError(f"{what}{place}: {first.get('msg', 'invalid')}{more}")

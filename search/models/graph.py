@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from search.errors import InputError, read_json
+from search.errors import InputError, invalid, read_json
 
 GRAPH_FORMAT = "paretoplan.graph/1"
 
@@ -250,8 +250,4 @@ def parse_graph(data: object, origin: str = "graph") -> OpGraph:
     try:
         return OpGraph.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ()))
-        msg = first.get("msg", "invalid")
-        more = f" (and {e.error_count() - 1} more problems)" if e.error_count() > 1 else ""
-        raise InputError(f"{origin}: invalid graph{' at ' + where if where else ''}: {msg}{more}") from None
+        raise invalid(e, f"{origin}: invalid graph") from None

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from search.errors import InputError, read_json
+from search.errors import InputError, invalid, read_json
 from search.models.graph import Op
 from search.prices.mesh import Config, Mesh, input_placement, output_placement, param_placement
 
@@ -224,11 +224,7 @@ def parse_profile(data: Any, origin: str = "profile") -> DeviceProfile:
     try:
         prof = DeviceProfile.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ()))
-        msg = first.get("msg", "invalid")
-        more = f" (and {e.error_count() - 1} more problems)" if e.error_count() > 1 else ""
-        raise InputError(f"{origin}: invalid profile{' at ' + where if where else ''}: {msg}{more}") from None
+        raise invalid(e, f"{origin}: invalid profile") from None
     from search.prices.cluster import get_device
 
     prof.device = get_device(prof.device).name  # unknown: an InputError naming the known ones
