@@ -1,14 +1,15 @@
 """Calibration: fit correction factors to measured runs and write a calibrated profile.
 
 A RunReport (`search.RunReport`, what `paretoplan run --report` writes and a worker posts) holds
-the Plan that ran, its prediction and what was measured. Each plan is re-costed with the profile, and its predicted iteration time split
-into the parts the factors scale - compute per op kind (and the optimizer step), communication
-per mesh axis - by pricing it with one factor at 1 and the others at 0 (the cost model is linear
-in them). The factors then solve a least-squares problem on the relative time error of every
-run, pulled gently towards the profile's current factors so that a part no run exercises, or a
-single run, cannot swing them far; they stay within [1/50, 50]. The memory overhead per rank is
-the median of measured minus predicted peak memory (the framework and allocator the model does
-not see). The errors before and after are in-sample: the runs fitted are the runs scored.
+the Plan that ran, its prediction and what was measured. Each plan is re-costed with the profile,
+and its predicted iteration time split into the parts the factors scale - compute per op kind (and
+the optimizer step), communication per mesh axis - by pricing it with one factor at 1 and the
+others at 0 (the cost model is linear in them). The factors then solve a least-squares problem on
+the relative time error of every run, pulled gently towards the profile's current factors so that
+a part no run exercises, or a single run, cannot swing them far; they stay within [1/50, 50]. The
+memory overhead per rank is the median of measured minus predicted peak memory (the framework and
+allocator the model does not see). The errors before and after are in-sample: the runs fitted are
+the runs scored.
 """
 
 from __future__ import annotations
@@ -232,13 +233,13 @@ def fit_factors(parts: list[PlanParts], measured: list[float], prior_compute: di
     for j, v in fixed.items():
         theta[j] = v
     compute, comm = dict(prior_compute), dict(prior_comm)
-    for (t, n), v in zip(names, theta):
+    for (t, n), v in zip(names, theta, strict=True):
         (compute if t == "c" else comm)[n] = float(v)
     return compute, comm
 
 
 def _median_rel(pred: list[float], meas: list[float]) -> float:
-    return float(statistics.median(abs(p - m) / m for p, m in zip(pred, meas))) if meas else 0.0
+    return float(statistics.median(abs(p - m) / m for p, m in zip(pred, meas, strict=True))) if meas else 0.0
 
 
 def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProfile, names: list[str] | None = None
@@ -270,7 +271,7 @@ def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProf
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
         raise InputError(f"no run report could be used for calibration ({why})")
     compute, comm = fit_factors(parts, t_meas, c0, a0)
-    overhead = float(statistics.median(m - p.memory for m, p in zip(m_meas, parts)))
+    overhead = float(statistics.median(m - p.memory for m, p in zip(m_meas, parts, strict=True)))
     before_t = _median_rel([p.time(c0, a0) for p in parts], t_meas)
     after_t = _median_rel([p.time(compute, comm) for p in parts], t_meas)
     before_m = _median_rel([p.memory + o0 for p in parts], m_meas)
