@@ -185,7 +185,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from service.agent import main as worker_main
+    from worker.agent import main as worker_main
 
     return worker_main(args.api, name=args.name, kinds=args.kinds, poll_seconds=args.poll, max_tasks=args.max_tasks,
                        exit_with_parent=args.exit_with_parent)

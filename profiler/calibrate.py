@@ -1,27 +1,30 @@
 """Calibration: fit correction factors to measured runs and write a calibrated profile.
 
-A RunReport (worker/, issue 7) holds the Plan that ran, its prediction and what was measured:
-``{"plan": {...}, "predicted": {"time_s", "memory_bytes"}, "measured": {"time_s", "memory_bytes",
-"per_rank"}}``. Each plan is re-costed with the profile, and its predicted iteration time split
-into the parts the factors scale - compute per op kind (and the optimizer step), communication
-per mesh axis - by pricing it with one factor at 1 and the others at 0 (the cost model is linear
-in them). The factors then solve a least-squares problem on the relative time error of every
-run, pulled gently towards the profile's current factors so that a part no run exercises, or a
-single run, cannot swing them far; they stay within [1/50, 50]. The memory overhead per rank is
-the median of measured minus predicted peak memory (the framework and allocator the model does
-not see). The errors before and after are in-sample: the runs fitted are the runs scored.
+A RunReport (`search.RunReport`, what `paretoplan run --report` writes and a worker posts) holds
+the Plan that ran, its prediction and what was measured. Each plan is re-costed with the profile,
+and its predicted iteration time split into the parts the factors scale - compute per op kind (and
+the optimizer step), communication per mesh axis - by pricing it with one factor at 1 and the
+others at 0 (the cost model is linear in them). The factors then solve a least-squares problem on
+the relative time error of every run, pulled gently towards the profile's current factors so that
+a part no run exercises, or a single run, cannot swing them far; they stay within [1/50, 50]. The
+memory overhead per rank is the median of measured minus predicted peak memory (the framework and
+allocator the model does not see). The errors before and after are in-sample: the runs fitted are
+the runs scored.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
-from search import InputError, read_json
+from search import InputError, RunReport, read_json
+from search.errors import invalid
 from search.prices.profile import Calibration, DeviceProfile, ProfileLookup
 
 FACTOR_MIN, FACTOR_MAX = 0.02, 50.0
@@ -29,25 +32,24 @@ PRIOR_WEIGHT = 0.01  # a factor 1.0 away from its prior costs what a 1% error on
 
 
 # ---- reading reports ---------------------------------------------------------------------------
-def load_report(path: str | Path) -> dict[str, Any]:
-    """A RunReport as a plain dict with the keys calibration reads (InputError when it is not)."""
+def load_report(path: str | Path) -> RunReport:
+    """The RunReport in a file (InputError when it is not one calibration can use)."""
     return check_report(read_json(path, "run report"), str(path))
 
 
-def check_report(data: Any, origin: str = "run report") -> dict[str, Any]:
-    if hasattr(data, "model_dump"):
-        data = data.model_dump()
-    if not isinstance(data, dict):
-        raise InputError(f"{origin}: a run report is a JSON object")
-    for key in ("plan", "predicted", "measured"):
-        if not isinstance(data.get(key), dict):
-            raise InputError(f"{origin}: no {key!r} object (is it a RunReport from `paretoplan run --report`?)")
-    for part in ("predicted", "measured"):
+def check_report(data: RunReport | Any, origin: str = "run report") -> RunReport:
+    """`data` as a RunReport (validated by the model the service validates with), with the
+    positive times and memory calibration divides by; InputError otherwise."""
+    try:
+        report = RunReport.model_validate(data)
+    except ValidationError as e:
+        raise invalid(e, f"{origin}: not a RunReport (is it from `paretoplan run --report`?)") from None
+    for part, figures in (("predicted", report.predicted), ("measured", report.measured)):
         for key in ("time_s", "memory_bytes"):
-            v = data[part].get(key)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+            v = getattr(figures, key)
+            if v is None or not v > 0:
                 raise InputError(f"{origin}: {part}.{key} must be a positive number, got {v!r}")
-    return data
+    return report
 
 
 # ---- re-costing a plan -------------------------------------------------------------------------
@@ -231,18 +233,18 @@ def fit_factors(parts: list[PlanParts], measured: list[float], prior_compute: di
     for j, v in fixed.items():
         theta[j] = v
     compute, comm = dict(prior_compute), dict(prior_comm)
-    for (t, n), v in zip(names, theta):
+    for (t, n), v in zip(names, theta, strict=True):
         (compute if t == "c" else comm)[n] = float(v)
     return compute, comm
 
 
 def _median_rel(pred: list[float], meas: list[float]) -> float:
-    return float(statistics.median(abs(p - m) / m for p, m in zip(pred, meas))) if meas else 0.0
+    return float(statistics.median(abs(p - m) / m for p, m in zip(pred, meas, strict=True))) if meas else 0.0
 
 
-def calibrate(reports: list[dict[str, Any]], profile: DeviceProfile, names: list[str] | None = None
+def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProfile, names: list[str] | None = None
               ) -> CalibrationResult:
-    """A calibrated copy of `profile` from measured runs (each a RunReport dict)."""
+    """A calibrated copy of `profile` from measured runs (RunReports, or their JSON objects)."""
     names = names or [f"report {i + 1}" for i in range(len(reports))]
     cal0 = profile.calibration
     c0 = dict(cal0.compute) if cal0 else {}
@@ -250,26 +252,26 @@ def calibrate(reports: list[dict[str, Any]], profile: DeviceProfile, names: list
     o0 = float(cal0.memory_overhead_bytes) if cal0 else 0.0
     recoster = Recoster(profile)
     parts: list[PlanParts] = []
-    reps: list[dict[str, Any]] = []
+    t_meas: list[float] = []
+    m_meas: list[float] = []
     skipped: dict[str, str] = {}
-    for name, r in zip(names, reports):
-        r = check_report(r, name)
-        if r["plan"].get("device") != profile.device:
-            skipped[name] = f"ran on {r['plan'].get('device')!r}, the profile is of {profile.device!r}"
+    for name, data in zip(names, reports, strict=True):
+        r = check_report(data, name)
+        if r.plan["device"] != profile.device:
+            skipped[name] = f"ran on {r.plan['device']!r}, the profile is of {profile.device!r}"
             continue
         try:
-            parts.append(recoster.parts(r["plan"]))
+            parts.append(recoster.parts(r.plan))
         except InputError as e:
             skipped[name] = str(e)
             continue
-        reps.append(r)
+        t_meas.append(r.measured.time_s)
+        m_meas.append(float(r.measured.memory_bytes or 0))  # check_report: positive
     if not parts:
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
         raise InputError(f"no run report could be used for calibration ({why})")
-    t_meas = [float(r["measured"]["time_s"]) for r in reps]
-    m_meas = [float(r["measured"]["memory_bytes"]) for r in reps]
     compute, comm = fit_factors(parts, t_meas, c0, a0)
-    overhead = float(statistics.median(m - p.memory for m, p in zip(m_meas, parts)))
+    overhead = float(statistics.median(m - p.memory for m, p in zip(m_meas, parts, strict=True)))
     before_t = _median_rel([p.time(c0, a0) for p in parts], t_meas)
     after_t = _median_rel([p.time(compute, comm) for p in parts], t_meas)
     before_m = _median_rel([p.memory + o0 for p in parts], m_meas)

@@ -16,16 +16,20 @@ numpy and pydantic only.
 """
 
 from search.errors import InputError, NoFeasiblePlan, read_json
-from search.plans.api import (
+from search.plans.api import SearchRequest, request_cluster, resolve, run_search
+from search.plans.plan import PLAN_VERSION, Plan, build_plans, pick
+from search.plans.reports import (
+    BaselineEntry,
+    Errors,
     FrontierEntry,
     FrontierReport,
-    SearchRequest,
+    Measured,
+    Predicted,
+    RankMeasure,
+    RunReport,
     SearchSummary,
-    request_cluster,
-    resolve,
-    run_search,
+    rel_error,
 )
-from search.plans.plan import PLAN_VERSION, Plan, build_plans, pick
 from search.prices.cluster import CATALOG, Cluster, DeviceSpec, format_size, get_device, make_cluster, parse_size
 from search.prices.costmodel import TrainingJob
 from search.prices.profile import DeviceProfile, ProfileLookup, load_profile, parse_profile
@@ -33,15 +37,21 @@ from search.prices.profile import DeviceProfile, ProfileLookup, load_profile, pa
 __all__ = [
     "CATALOG",
     "PLAN_VERSION",
+    "BaselineEntry",
     "Cluster",
     "DeviceProfile",
     "DeviceSpec",
+    "Errors",
     "FrontierEntry",
     "FrontierReport",
     "InputError",
+    "Measured",
     "NoFeasiblePlan",
     "Plan",
+    "Predicted",
     "ProfileLookup",
+    "RankMeasure",
+    "RunReport",
     "SearchRequest",
     "SearchSummary",
     "TrainingJob",
@@ -54,6 +64,7 @@ __all__ = [
     "parse_size",
     "pick",
     "read_json",
+    "rel_error",
     "request_cluster",
     "resolve",
     "run_search",

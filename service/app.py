@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse
 from service.api import errors
 from service.api.routes import catalog, jobs, profiles, runs, strategies, tasks
 from service.db import Database
+from service.models import Clock, utcnow
 from service.settings import Settings
 
 PLACEHOLDER = """<!doctype html><html><head><meta charset="utf-8"><title>paretoplan</title></head>
@@ -36,7 +37,8 @@ def _web_hook():
     return None
 
 
-def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:
+def create_app(settings: Settings | None = None, *, migrate: bool = True, clock: Clock = utcnow) -> FastAPI:
+    """The app on `settings`' database; `clock` is where the queue reads the time (leases, heartbeats)."""
     settings = settings or Settings()
     db = Database(settings.database_url)
     if migrate:
@@ -53,6 +55,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
                               "`{\"detail\": message}`.")
     app.state.settings = settings
     app.state.db = db
+    app.state.clock = clock
     errors.install(app)
     app.add_middleware(errors.BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        max_inflated_bytes=settings.max_inflated_bytes)

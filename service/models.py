@@ -3,16 +3,20 @@
 `searches` and `runs` are the queue (no second broker): each row carries its status, the lease
 of the worker that claimed it (owner, token, expiry) and its attempts. A search is keyed by the
 hash of its canonical request, so identical jobs share one search and its stored frontier;
-`strategies` holds one row per Pareto point (and per baseline) with its Plan JSON.
+`strategies` holds one row per Pareto point (and per baseline) with its Plan JSON. A search's
+`summary` is the `SearchSummary` of its FrontierReport and a run's `report` its `RunReport`: JSON
+columns holding the typed reports, validated on the way in and read back validated.
 
 Times are naive UTC (`utcnow()`), the same on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -27,7 +31,11 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, deferred, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from search import RunReport, SearchSummary
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -42,8 +50,31 @@ QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
 STATUSES = (QUEUED, RUNNING, DONE, FAILED)
 
 
+Clock = Callable[[], datetime]  # what the queue reads the time from (tests inject one they can advance)
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ModelJSON(TypeDecorator[M]):
+    """A pydantic model in a JSON column: stored as its JSON object, read back validated."""
+
+    impl = JSON
+    cache_ok = True
+
+    def __init__(self, model: type[M]) -> None:
+        super().__init__()
+        self.model = model
+
+    def process_bind_param(self, value: M | None, dialect: Dialect) -> Any:
+        return None if value is None else value.model_dump(mode="json")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> M | None:
+        return None if value is None else self.model.model_validate(value)
 
 
 class Base(DeclarativeBase):
@@ -91,7 +122,7 @@ class Search(LeaseMixin, Base):
     label: Mapped[str] = mapped_column(String(200))
     devices: Mapped[int] = mapped_column(Integer)
     request: Mapped[Any] = deferred(mapped_column(JSON, nullable=False))
-    summary: Mapped[Any | None] = deferred(mapped_column(JSON))  # FrontierReport less frontier and baselines
+    summary: Mapped[SearchSummary | None] = deferred(mapped_column(ModelJSON(SearchSummary)))  # the frontier's header
     frontier_size: Mapped[int | None] = mapped_column(Integer)
     picked_index: Mapped[int | None] = mapped_column(Integer)
     least_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
@@ -142,8 +173,8 @@ class Run(LeaseMixin, Base):
     strategy_id: Mapped[int] = mapped_column(ForeignKey("strategies.id"))
     steps: Mapped[int] = mapped_column(Integer)
     step: Mapped[int | None] = mapped_column(Integer)
-    checkpoint: Mapped[str | None] = mapped_column(Text)
-    report: Mapped[Any | None] = deferred(mapped_column(JSON))
+    checkpoint: Mapped[str | None] = mapped_column(Text)  # unused until runs write checkpoints (resize)
+    report: Mapped[RunReport | None] = deferred(mapped_column(ModelJSON(RunReport)))
 
     __table_args__ = (Index("ix_runs_status_id", "status", "id"),)
 

@@ -14,26 +14,33 @@ atomic anyway (and the write transaction is BEGIN IMMEDIATE, see service.db).
 
 Every later call of the claimer names the token of its claim; a heartbeat, progress or result
 with a token that is no longer the task's (the lease expired and someone else claimed it) is
-refused with `LeaseLost`, so a task finishes exactly once.
+refused with `LeaseLost`, so a task finishes exactly once. A result must also be a valid report
+of the task: a RunReport posted for a run must be of that run's plan and steps (`InputError`, 422,
+and nothing is stored, otherwise).
+
+Every time here (lease expiry, heartbeat, start and finish) is read from `clock`, the real UTC
+clock unless the app was made with another (tests advance one instead of sleeping past a lease).
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
-from sqlalchemy import and_, func, insert, literal, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, insert, literal, null, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
-from search import FrontierReport
+from search import FrontierReport, InputError, Plan, RunReport, SearchSummary
 from service.crud import events
 from service.crud.errors import Conflict
 from service.db import Database
-from service.models import DONE, FAILED, QUEUED, RUNNING, Run, Search, Strategy, utcnow
+from service.models import DONE, FAILED, QUEUED, RUNNING, Clock, Run, Search, Strategy, utcnow
 
-TABLES = {"search": Search, "run": Run}
+Kind = Literal["search", "run"]
+Table = type[Search] | type[Run]
+TABLES: dict[Kind, Table] = {"search": Search, "run": Run}
 
 
 class LeaseLost(Conflict):
@@ -42,42 +49,42 @@ class LeaseLost(Conflict):
 
 @dataclass
 class Claim:
-    kind: str
+    kind: Kind
     id: int
     token: str
     attempt: int
     lease_seconds: float
-    lease_expires_at: Any
-    payload: dict
+    lease_expires_at: datetime
+    payload: dict[str, Any]
 
 
-def _claimable(T, now):
+def _claimable(T: Table, now: datetime) -> ColumnElement[bool]:
     return or_(T.status == QUEUED, and_(T.status == RUNNING, T.lease_expires_at < now))
 
 
-def _event_ids(kind: str, row_id: int, job_id: int | None = None) -> dict:
+def _event_ids(kind: Kind, row_id: int, job_id: int | None = None) -> dict[str, int | None]:
     return {"search_id": row_id} if kind == "search" else {"run_id": row_id, "job_id": job_id}
 
 
-def fail_exhausted(s: Session, kind: str, now, max_attempts: int) -> None:
+def fail_exhausted(s: Session, kind: Kind, now: datetime, max_attempts: int) -> None:
     """Tasks whose lease expired after their last allowed attempt fail instead of running again."""
     T = TABLES[kind]
-    cols = [T.id, T.lease_owner] + ([T.job_id] if kind == "run" else [])
     stmt = (update(T).where(T.status == RUNNING, T.lease_expires_at < now, T.attempts >= max_attempts)
             .values(status=FAILED, error_kind="lease", finished_at=now, stage=FAILED,
                     error=literal(f"gave up after {max_attempts} attempts: every worker that claimed it stopped "
                                   "heartbeating (the last was ") + func.coalesce(T.lease_owner, "?") + literal(")"))
-            .returning(*cols))
-    for row in s.execute(stmt).all():
-        events.add(s, "status", stage=FAILED, message=f"lease of {row[1]} expired on its last attempt; failed",
-                   **_event_ids(kind, row[0], row[2] if kind == "run" else None))
+            .returning(T.id, T.lease_owner, Run.job_id if kind == "run" else null()))
+    for row_id, owner, job_id in s.execute(stmt).all():
+        events.add(s, "status", stage=FAILED, message=f"lease of {owner} expired on its last attempt; failed",
+                   **_event_ids(kind, row_id, job_id))
 
 
-def claim(db: Database, worker: str, kinds: list[str], lease_seconds: float, max_attempts: int) -> Claim | None:
+def claim(db: Database, worker: str, kinds: list[Kind], lease_seconds: float, max_attempts: int, *,
+          clock: Clock = utcnow) -> Claim | None:
     for kind in kinds:
         T = TABLES[kind]
         with db.write_session() as s:
-            now = utcnow()
+            now = clock()
             fail_exhausted(s, kind, now, max_attempts)
             inner = aliased(T)
             pick = (select(inner.id).where(_claimable(inner, now)).order_by(inner.id).limit(1)
@@ -94,6 +101,7 @@ def claim(db: Database, worker: str, kinds: list[str], lease_seconds: float, max
                 continue
             task_id, attempt = row
             again = f", attempt {attempt}: the previous lease expired" if attempt > 1 else ""
+            payload: dict[str, Any]
             if kind == "search":
                 request = s.scalar(select(Search.request).where(Search.id == task_id))
                 payload = {"request": request}
@@ -101,47 +109,44 @@ def claim(db: Database, worker: str, kinds: list[str], lease_seconds: float, max
             else:
                 run = s.scalars(select(Run).where(Run.id == task_id)).one()
                 plan = s.scalar(select(Strategy.plan).where(Strategy.id == run.strategy_id))
-                payload = {"plan": plan, "steps": run.steps, "job_id": run.job_id, "strategy_id": run.strategy_id,
-                           "checkpoint": run.checkpoint}
+                payload = {"plan": plan, "steps": run.steps, "job_id": run.job_id, "strategy_id": run.strategy_id}
                 events.add(s, "status", run_id=task_id, job_id=run.job_id, stage=RUNNING,
                            message=f"claimed by {worker}{again}")
             return Claim(kind, task_id, token, attempt, lease_seconds, expires, payload)
     return None
 
 
-def _owned(T, task_id: int, token: str):
+def _owned(T: Table, task_id: int, token: str) -> ColumnElement[bool]:
     return and_(T.id == task_id, T.lease_token == token, T.status == RUNNING)
 
 
-def heartbeat(db: Database, kind: str, task_id: int, token: str, lease_seconds: float, *, stage: str | None = None,
+def heartbeat(db: Database, kind: Kind, task_id: int, token: str, lease_seconds: float, *, stage: str | None = None,
               fraction: float | None = None, message: str | None = None, step: int | None = None,
-              checkpoint: str | None = None):
+              clock: Clock = utcnow) -> datetime:
     """Renew the lease (and record progress); LeaseLost when the claim is not the task's any more."""
     T = TABLES[kind]
     with db.write_session() as s:
-        now = utcnow()
+        now = clock()
         expires = now + timedelta(seconds=lease_seconds)
         values: dict[str, Any] = {"lease_expires_at": expires, "heartbeat_at": now}
         if stage is not None:
             values["stage"] = stage
         if fraction is not None:
             values["progress"] = fraction
-        if kind == "run":
-            if step is not None:
-                values["step"] = step
-            if checkpoint is not None:
-                values["checkpoint"] = checkpoint
-        cols = [T.id] + ([T.job_id] if kind == "run" else [])
-        row = s.execute(update(T).where(_owned(T, task_id, token)).values(**values).returning(*cols)).first()
+        if kind == "run" and step is not None:
+            values["step"] = step
+        stmt = (update(T).where(_owned(T, task_id, token)).values(**values)
+                .returning(T.id, Run.job_id if kind == "run" else null()))
+        row = s.execute(stmt).first()
         if row is None:
             raise LeaseLost(_lost(s, T, kind, task_id))
         if stage is not None or fraction is not None or message:
             events.add(s, "progress", stage=stage, fraction=fraction, message=message,
-                       **_event_ids(kind, task_id, row[1] if kind == "run" else None))
+                       **_event_ids(kind, task_id, row[1]))
         return expires
 
 
-def _lost(s: Session, T, kind: str, task_id: int) -> str:
+def _lost(s: Session, T: Table, kind: Kind, task_id: int) -> str:
     row = s.execute(select(T.status, T.lease_owner).where(T.id == task_id)).first()
     if row is None:
         return f"no {kind} {task_id}"
@@ -150,11 +155,11 @@ def _lost(s: Session, T, kind: str, task_id: int) -> str:
     return f"{kind} {task_id} was claimed again (by {row[1]}) after this claim's lease expired"
 
 
-def complete_search(db: Database, task_id: int, token: str, report: FrontierReport) -> None:
+def complete_search(db: Database, task_id: int, token: str, report: FrontierReport, *, clock: Clock = utcnow) -> None:
     with db.write_session() as s:
-        now = utcnow()
+        now = clock()
         least = min((p.memory_bytes for p in report.frontier), default=None)
-        summary = report.model_dump(mode="json", exclude={"frontier", "baselines"})
+        summary = SearchSummary.model_validate(report.model_dump(include=set(SearchSummary.model_fields)))
         done = s.execute(update(Search).where(_owned(Search, task_id, token))
                          .values(status=DONE, stage=DONE, progress=1.0, finished_at=now, summary=summary,
                                  frontier_size=len(report.frontier), picked_index=report.picked,
@@ -176,9 +181,23 @@ def complete_search(db: Database, task_id: int, token: str, report: FrontierRepo
                    message=f"done: {len(report.frontier)} Pareto-optimal plans in {report.search_seconds:.2f} s; {fit}")
 
 
-def complete_run(db: Database, task_id: int, token: str, report: dict) -> None:
+def check_answers(report: RunReport, run_id: int, steps: int, plan: dict[str, Any]) -> None:
+    """InputError unless the report is of run `run_id`: its plan (`plan`, as stored) and its steps."""
+    if report.steps != steps:
+        raise InputError(f"report: {report.steps} steps, but run {run_id} was launched for {steps}")
+    if report.plan != Plan.model_validate(plan).model_dump(mode="json"):  # both normalised the same way
+        raise InputError(f"report: its plan ({report.plan_summary!r}) is not the plan of run {run_id}")
+
+
+def complete_run(db: Database, task_id: int, token: str, report: RunReport, *, clock: Clock = utcnow) -> None:
     with db.write_session() as s:
-        now = utcnow()
+        now = clock()
+        owned = s.execute(select(Run.steps, Strategy.plan).join(Strategy, Strategy.id == Run.strategy_id)
+                          .where(_owned(Run, task_id, token))).first()
+        if owned is None:
+            raise LeaseLost(_lost(s, Run, "run", task_id))
+        steps, plan = owned
+        check_answers(report, task_id, steps, plan)
         done = s.execute(update(Run).where(_owned(Run, task_id, token))
                          .values(status=DONE, stage=DONE, progress=1.0, finished_at=now, report=report,
                                  error=None, error_kind=None)
@@ -188,26 +207,26 @@ def complete_run(db: Database, task_id: int, token: str, report: dict) -> None:
         events.add(s, "status", run_id=task_id, job_id=done[1], stage=DONE, fraction=1.0, message="run finished")
 
 
-def fail(db: Database, kind: str, task_id: int, token: str, error: str, *, input_error: bool, retry: bool,
-         max_attempts: int) -> str:
+def fail(db: Database, kind: Kind, task_id: int, token: str, error: str, *, input_error: bool, retry: bool,
+         max_attempts: int, clock: Clock = utcnow) -> str:
     """Fail the task, or put it back in the queue when asked and attempts remain; the new status."""
     T = TABLES[kind]
     with db.write_session() as s:
-        now = utcnow()
-        row = s.execute(select(T.attempts).where(_owned(T, task_id, token))).first()
-        if row is None:
+        now = clock()
+        attempts = s.scalar(select(T.attempts).where(_owned(T, task_id, token)))
+        if attempts is None:
             raise LeaseLost(_lost(s, T, kind, task_id))
-        again = retry and not input_error and row[0] < max_attempts
-        values = (dict(status=QUEUED, stage=QUEUED, lease_owner=None, lease_token=None, lease_expires_at=None,
-                       error=error) if again else
-                  dict(status=FAILED, stage=FAILED, finished_at=now, error=error,
-                       error_kind="input" if input_error else "internal"))
-        cols = [T.id] + ([T.job_id] if kind == "run" else [])
-        r = s.execute(update(T).where(_owned(T, task_id, token)).values(**values).returning(*cols)).first()
+        again = retry and not input_error and attempts < max_attempts
+        status = QUEUED if again else FAILED
+        values: dict[str, Any] = (
+            dict(status=QUEUED, stage=QUEUED, lease_owner=None, lease_token=None, lease_expires_at=None, error=error)
+            if again else
+            dict(status=FAILED, stage=FAILED, finished_at=now, error=error, error_kind="input" if input_error else "internal"))
+        stmt = (update(T).where(_owned(T, task_id, token)).values(**values)
+                .returning(T.id, Run.job_id if kind == "run" else null()))
+        r = s.execute(stmt).first()
         if r is None:
             raise LeaseLost(_lost(s, T, kind, task_id))
-        status = values["status"]
         events.add(s, "status", stage=status, message=("failed, queued again: " if again else "failed: ") + error,
-                   **_event_ids(kind, task_id, r[1] if kind == "run" else None))
+                   **_event_ids(kind, task_id, r[1]))
         return status
-

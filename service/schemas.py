@@ -7,13 +7,12 @@ counts to search ahead so that a resize has its answer ready.
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
-from search import FrontierReport, SearchRequest, SearchSummary
+from search import FrontierReport, RunReport, SearchRequest, SearchSummary
 
 
 def _utc(dt: datetime | None) -> str | None:
@@ -160,7 +159,7 @@ class RunOut(BaseModel):
     checkpoint: str | None = None
     predicted: Metrics
     measured: Metrics | None = None
-    report: dict[str, Any] | None = Field(default=None, description="the worker's RunReport")
+    report: RunReport | None = Field(default=None, description="the worker's RunReport")
     created_at: Timestamp
     started_at: Timestamp | None = None
     finished_at: Timestamp | None = None
@@ -255,7 +254,6 @@ class TaskOut(BaseModel):
     steps: int | None = None
     job_id: int | None = None
     strategy_id: int | None = None
-    checkpoint: str | None = Field(default=None, description="run: where the last attempt left its checkpoint")
 
 
 class HeartbeatIn(BaseModel):
@@ -265,39 +263,26 @@ class HeartbeatIn(BaseModel):
     fraction: float | None = Field(default=None, ge=0.0, le=1.0)
     message: str | None = Field(default=None, max_length=4000)
     step: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    checkpoint: str | None = Field(default=None, max_length=4000)
 
 
 class HeartbeatOut(BaseModel):
     lease_expires_at: Timestamp
 
 
-MAX_BYTES = 2**63 - 1  # a BIGINT
-
-
 class SearchResultIn(BaseModel):
+    """A search's result: a FrontierReport (its own validators check it can be stored)."""
+
     model_config = ConfigDict(extra="forbid")
     token: str = Field(min_length=1, max_length=64)
     report: FrontierReport
 
-    @model_validator(mode="after")
-    def _storable(self) -> SearchResultIn:
-        r = self.report
-        if r.picked is not None and not 0 <= r.picked < len(r.frontier):
-            raise ValueError(f"report.picked {r.picked} is not an index of its {len(r.frontier)} frontier points")
-        for what, items in (("frontier", r.frontier), ("baselines", r.baselines)):
-            for i, p in enumerate(items):
-                if not 0 <= p.memory_bytes <= MAX_BYTES:
-                    raise ValueError(f"report.{what}.{i}.memory_bytes {p.memory_bytes} is out of range")
-                if not (math.isfinite(p.time_s) and p.time_s >= 0):
-                    raise ValueError(f"report.{what}.{i}.time_s must be a finite time, got {p.time_s}")
-        return self
-
 
 class RunResultIn(BaseModel):
+    """A run's result: a RunReport, which must also answer the run it is posted to (service.queue)."""
+
     model_config = ConfigDict(extra="forbid")
     token: str = Field(min_length=1, max_length=64)
-    report: dict[str, Any] = Field(description="worker.report.RunReport as JSON")
+    report: RunReport
 
 
 class FailIn(BaseModel):

@@ -38,9 +38,8 @@ def check(req: SearchRequest) -> tuple[SearchRequest, int]:
         from search.models.graph import parse_graph
 
         parse_graph(req.graph)
-    else:
-        if not isinstance(req.hf_config.get("model_type"), str):
-            raise InputError("hf_config has no 'model_type' string")
+    elif req.hf_config is not None and not isinstance(req.hf_config.get("model_type"), str):
+        raise InputError("hf_config has no 'model_type' string")
     return req.model_copy(update=update), cluster.num_devices
 
 
@@ -49,7 +48,7 @@ def label(req: SearchRequest) -> str:
         return req.model
     if req.graph is not None:
         return str(req.graph.get("name") or "graph")[:200]
-    return (req.name or str(req.hf_config.get("model_type")))[:200]
+    return (req.name or str((req.hf_config or {}).get("model_type")))[:200]
 
 
 def canonical_key(req: SearchRequest) -> str:

@@ -24,11 +24,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from search import Plan, format_size
+from search import Errors, Measured, Plan, Predicted, RankMeasure, RunReport, format_size, rel_error
 from worker import measure
 from worker.analyze import Unsupported, analyze, model_spec
 from worker.executor import PROGRESS
-from worker.report import Errors, Measured, Predicted, RankMeasure, RunReport, rel_error
 from worker.spec import ExecSpec, Job, RunSettings
 
 PROCESS_OVERHEAD = 600 * 2**20  # a rank's Python + torch + gloo before any model (measured ~450 MiB RSS)
@@ -302,7 +301,7 @@ def run_plans(plans: list[Plan], settings: RunSettings, *, show_progress: bool =
         finally:
             bar.close()
         finished = datetime.now(UTC)
-        for i, job, raw in zip(idx, group, raws):
+        for i, job, raw in zip(idx, group, raws, strict=True):
             reports[i] = make_report(job, raw, started, finished)
     return [r for r in reports if r is not None]
 

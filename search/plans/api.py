@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from search.errors import InputError
+from search.plans.reports import BaselineEntry, FrontierEntry, FrontierReport
 
 Progress = Callable[..., None]  # (stage, fraction done in [0, 1], message=None)
 
@@ -56,44 +57,6 @@ class SearchRequest(BaseModel):
             raise ValueError(f"zero_stages must be among 0-3, got {self.zero_stages}")
         self.zero_stages = sorted(set(self.zero_stages))
         return self
-
-
-class FrontierEntry(BaseModel):
-    time_s: float
-    memory_bytes: int
-    plan: dict[str, Any]
-
-
-class BaselineEntry(BaseModel):
-    name: str
-    description: str
-    time_s: float
-    memory_bytes: int
-    against_frontier: dict[str, Any]
-    plan: dict[str, Any]
-
-
-class SearchSummary(BaseModel):
-    """What was searched and how: the header of a frontier, wherever it is served."""
-
-    model: str
-    params: int
-    cluster: str
-    device: str
-    num_devices: int
-    memory_per_device: int
-    job: dict[str, Any]
-    memory_budget_bytes: int
-    search_seconds: float
-    capture_seconds: float
-    eps: float
-    stats: dict[str, Any]
-
-
-class FrontierReport(SearchSummary):
-    picked: int | None = Field(description="index of the fastest plan that fits the budget")
-    frontier: list[FrontierEntry]
-    baselines: list[BaselineEntry] = Field(default_factory=list)
 
 
 def request_cluster(req: SearchRequest):

@@ -1,4 +1,5 @@
-"""Dependencies of the routes: the database and the settings the app was made with."""
+"""Dependencies of the routes: the database, the settings and the clock the app was made with, and
+the path ids."""
 
 from __future__ import annotations
 
@@ -7,17 +8,25 @@ from typing import Annotated
 from fastapi import Depends, Header, HTTPException, Path, Request
 
 from service.db import Database
+from service.models import Clock
 from service.settings import Settings
 
 MAX_ID = 2**31 - 1
 
 
 def get_db(request: Request) -> Database:
-    return request.app.state.db
+    db: Database = request.app.state.db
+    return db
 
 
 def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_clock(request: Request) -> Clock:
+    clock: Clock = request.app.state.clock
+    return clock
 
 
 def worker_auth(request: Request, x_worker_token: Annotated[str | None, Header()] = None) -> None:
@@ -29,7 +38,12 @@ def worker_auth(request: Request, x_worker_token: Annotated[str | None, Header()
 
 DB = Annotated[Database, Depends(get_db)]
 Config = Annotated[Settings, Depends(get_settings)]
+AppClock = Annotated[Clock, Depends(get_clock)]
 
-
-def Id(what: str):  # noqa: N802 - reads like a type
-    return Annotated[int, Path(ge=1, le=MAX_ID, description=f"{what} id")]
+# ids in paths: positive and within an INTEGER column (422 otherwise, not a database error)
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
+RunId = Annotated[int, Path(ge=1, le=MAX_ID, description="run id")]
+StrategyId = Annotated[int, Path(ge=1, le=MAX_ID, description="strategy id")]
+ProfileId = Annotated[int, Path(ge=1, le=MAX_ID, description="profile id")]
+ResizeId = Annotated[int, Path(ge=1, le=MAX_ID, description="resize id")]
+TaskId = Annotated[int, Path(ge=1, le=MAX_ID, description="task id")]

@@ -186,7 +186,7 @@ class BodyLimitMiddleware:
                 started = True
             await send(message)
 
-        inner_receive = limited
+        inner_receive: Receive = limited
         if encoding == b"gzip":
             inner_receive = self._inflating(limited)
         try:

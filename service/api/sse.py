@@ -14,27 +14,32 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.sse import ServerSentEvent
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service.crud import events
 from service.db import Database
-from service.models import DONE, FAILED
+from service.models import DONE, FAILED, Event
 from service.schemas import EventOut
 from service.settings import Settings
 
 
-def event_out(e) -> EventOut:
+def _none(_s: Session) -> list[int]:
+    return []
+
+
+def event_out(e: Event) -> EventOut:
     return EventOut(id=e.id, kind=e.kind, stage=e.stage, fraction=e.fraction, message=e.message,
                     search_id=e.search_id, job_id=e.job_id, run_id=e.run_id, created_at=e.created_at)
 
 
 async def stream(request: Request, db: Database, settings: Settings, *, after: int,
-                 status: Callable[[object], str], search_ids: Callable[[object], list[int]] = lambda s: [],
+                 status: Callable[[Session], str], search_ids: Callable[[Session], list[int]] = _none,
                  job_id: int | None = None, run_id: int | None = None) -> AsyncIterator[ServerSentEvent]:
     deadline = time.monotonic() + settings.sse_max_seconds
     limit = 500
 
-    def poll():
+    def poll() -> tuple[str, list[EventOut]]:
         with db.session() as s:
             st = status(s)
             evs = events.since(s, after, search_ids=search_ids(s), job_id=job_id, run_id=run_id, limit=limit)

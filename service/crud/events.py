@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import or_, select
+from collections.abc import Sequence
+
+from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.orm import Session
 
 from service.models import Event
@@ -15,10 +17,10 @@ def add(s: Session, kind: str, *, search_id: int | None = None, job_id: int | No
                 message=message))
 
 
-def since(s: Session, after: int, *, search_ids: list[int] = (), job_id: int | None = None,
+def since(s: Session, after: int, *, search_ids: Sequence[int] = (), job_id: int | None = None,
           run_id: int | None = None, limit: int = 500) -> list[Event]:
     """Events after id `after` that concern any of the given searches, the job or the run."""
-    conds = []
+    conds: list[ColumnElement[bool]] = []
     if search_ids:
         conds.append(Event.search_id.in_(list(search_ids)))
     if job_id is not None:

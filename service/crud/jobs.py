@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased, undefer
 
-from search import InputError, SearchRequest, SearchSummary
+from search import InputError, SearchRequest
 from service import validation
 from service.crud import events, searches
-from service.crud.errors import Conflict, NotFound
+from service.crud.errors import Conflict, NotFound, get_or_404
 from service.models import DONE, Job, Resize, Search, Strategy
 from service.schemas import Alternate, BaselineOut, FrontierOut, JobCreate, JobDetail, JobOut, PointOut
 
@@ -64,13 +64,7 @@ def create(s: Session, p: Prepared) -> Job:
 
 
 def get(s: Session, job_id: int, *, with_request: bool = False) -> Job:
-    q = select(Job).where(Job.id == job_id)
-    if with_request:
-        q = q.options(undefer(Job.request))
-    job = s.scalars(q).first()
-    if job is None:
-        raise NotFound(f"no job {job_id}")
-    return job
+    return get_or_404(s, Job, job_id, "job", options=[undefer(Job.request)] if with_request else [])
 
 
 def _rows(s: Session, where, limit: int | None = None, offset: int = 0):
@@ -122,7 +116,7 @@ def listing(s: Session, status: str | None, limit: int, offset: int) -> tuple[in
     count = select(func.count()).select_from(Job).join(Search, Search.id == Job.search_id)
     if where is not None:
         count = count.where(where)
-    total = s.scalar(count)
+    total = s.execute(count).scalar_one()
     rows = _rows(s, where, limit, offset)
     alt = _alt_status(s, [r[0] for r in rows])
     return total, [_out(j, se, pid, dev, alt) for j, se, pid, dev in rows]
@@ -147,7 +141,9 @@ def frontier(s: Session, job_id: int, devices: int | None = None) -> FrontierOut
 
 def search_frontier(s: Session, search: Search, job_id: int) -> FrontierOut:
     summ = search.summary
-    budget = summ["memory_budget_bytes"]
+    if summ is None:  # complete_search stores it with the frontier
+        raise RuntimeError(f"search {search.id} is {search.status} but has no summary")
+    budget = summ.memory_budget_bytes
     points, bases, picked_id = [], [], None
     for st in searches.strategies(s, search.id):
         if st.kind == "frontier":
@@ -162,7 +158,7 @@ def search_frontier(s: Session, search: Search, job_id: int) -> FrontierOut:
     return FrontierOut(job_id=job_id, search_id=search.id, status=search.status, feasible=search.picked_index is not None,
                        picked_index=search.picked_index, picked_strategy_id=picked_id,
                        least_memory_bytes=search.least_memory_bytes, points=points, baselines=bases,
-                       **{k: summ[k] for k in SearchSummary.model_fields})
+                       **summ.model_dump())
 
 
 def search_ids(s: Session, job: Job) -> set[int]:
@@ -174,9 +170,7 @@ def search_ids(s: Session, job: Job) -> set[int]:
 
 def select_strategy(s: Session, job_id: int, strategy_id: int) -> None:
     job = get(s, job_id)
-    st = s.get(Strategy, strategy_id)
-    if st is None:
-        raise NotFound(f"no strategy {strategy_id}")
+    st = get_or_404(s, Strategy, strategy_id, "strategy")
     if st.search_id not in search_ids(s, job):
         raise InputError(f"strategy {strategy_id} is not on a frontier of job {job_id}")
     job.selected_strategy_id = strategy_id

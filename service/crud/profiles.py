@@ -6,7 +6,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, undefer
 
 from search import InputError
-from service.crud.errors import NotFound
+from service.crud.errors import NotFound, get_or_404
 from service.models import Profile
 from service.schemas import ProfileIn
 
@@ -27,17 +27,11 @@ def create(s: Session, body: ProfileIn, prof) -> Profile:
 
 
 def get(s: Session, profile_id: int, *, with_document: bool = False) -> Profile:
-    q = select(Profile).where(Profile.id == profile_id)
-    if with_document:
-        q = q.options(undefer(Profile.document))
-    p = s.scalars(q).first()
-    if p is None:
-        raise NotFound(f"no profile {profile_id}")
-    return p
+    return get_or_404(s, Profile, profile_id, "profile", options=[undefer(Profile.document)] if with_document else [])
 
 
 def listing(s: Session, limit: int, offset: int) -> tuple[int, list[Profile]]:
-    total = s.scalar(select(func.count()).select_from(Profile))
+    total = s.execute(select(func.count()).select_from(Profile)).scalar_one()
     return total, list(s.scalars(select(Profile).order_by(Profile.id.desc()).limit(limit).offset(offset)))
 
 

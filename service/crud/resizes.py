@@ -7,7 +7,7 @@ from sqlalchemy.orm import Session
 from search import InputError, SearchRequest, parse_size
 from service import validation
 from service.crud import events, jobs, searches, strategies
-from service.crud.errors import NotFound
+from service.crud.errors import NotFound, get_or_404
 from service.models import DONE, FAILED, Resize
 from service.schemas import ResizeIn, ResizeOut
 
@@ -35,8 +35,8 @@ def create(s: Session, job_id: int, req: SearchRequest, devices: int, memory: in
 
 
 def get(s: Session, job_id: int, resize_id: int) -> Resize:
-    r = s.get(Resize, resize_id)
-    if r is None or r.job_id != job_id:
+    r = get_or_404(s, Resize, resize_id, "resize")
+    if r.job_id != job_id:  # another job's: not found under this one
         raise NotFound(f"job {job_id} has no resize {resize_id}")
     return r
 

@@ -1,15 +1,13 @@
-"""Runs: a strategy launched on workers, and what they measured."""
+"""Runs: a strategy launched on workers, and what they measured (the RunReport a worker posted)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, undefer
 
-from search import InputError
+from search import InputError, RunReport
 from service.crud import events, jobs, searches
-from service.crud.errors import Conflict, NotFound
+from service.crud.errors import Conflict, get_or_404
 from service.models import DONE, QUEUED, Run, Strategy
 from service.schemas import Metrics, RunOut
 
@@ -26,9 +24,7 @@ def launch(s: Session, job_id: int, strategy_id: int | None, steps: int) -> Run:
             if picked is None:
                 raise Conflict(f"no plan of job {job_id} fits its memory budget; launch one by strategy_id")
             strategy_id = picked.id
-    st = s.get(Strategy, strategy_id)
-    if st is None:
-        raise NotFound(f"no strategy {strategy_id}")
+    st = get_or_404(s, Strategy, strategy_id, "strategy")
     if st.search_id not in jobs.search_ids(s, job):
         raise InputError(f"strategy {strategy_id} is not on a frontier of job {job_id}")
     run = Run(job_id=job_id, strategy_id=strategy_id, steps=steps, status=QUEUED, progress=0.0, attempts=0,
@@ -41,34 +37,17 @@ def launch(s: Session, job_id: int, strategy_id: int | None, steps: int) -> Run:
 
 
 def get(s: Session, run_id: int) -> Run:
-    run = s.scalars(select(Run).where(Run.id == run_id).options(undefer(Run.report))).first()
-    if run is None:
-        raise NotFound(f"no run {run_id}")
-    return run
+    return get_or_404(s, Run, run_id, "run", options=[undefer(Run.report)])
 
 
-def _first(d: Any, *paths: str) -> Any:
-    """The first of several dotted paths present in a nested dict (RunReport's layout may grow)."""
-    for path in paths:
-        cur = d
-        for part in path.split("."):
-            cur = cur.get(part) if isinstance(cur, dict) else None
-        if cur is not None:
-            return cur
-    return None
-
-
-def measured(report: dict | None) -> Metrics | None:
-    if not report:
+def measured(report: RunReport | None) -> Metrics | None:
+    if report is None:
         return None
-    t = _first(report, "measured.time_s", "measured_time_s", "measured.step_time_s", "step_time_s")
-    m = _first(report, "measured.memory_bytes", "measured_memory_bytes", "measured.peak_memory_bytes",
-               "peak_memory_bytes")
-    return Metrics(time_s=t, memory_bytes=int(m) if m is not None else None)
+    return Metrics(time_s=report.measured.time_s, memory_bytes=report.measured.memory_bytes)
 
 
 def out(s: Session, run: Run) -> RunOut:
-    st = s.get(Strategy, run.strategy_id)
+    st = s.get_one(Strategy, run.strategy_id)  # a run's strategy exists (a foreign key)
     return RunOut(id=run.id, job_id=run.job_id, strategy_id=run.strategy_id, status=run.status, steps=run.steps,
                   step=run.step, stage=run.stage, progress=run.progress, attempts=run.attempts,
                   worker=run.lease_owner, error=run.error, checkpoint=run.checkpoint,

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session, undefer
 
 from search import SearchRequest
 from service.crud import events
-from service.crud.errors import NotFound
+from service.crud.errors import get_or_404
 from service.models import DONE, FAILED, QUEUED, Search, Strategy
 from service.validation import canonical_key, label
 
@@ -17,13 +17,7 @@ NEW, STORED, SHARED, REQUEUED = "new", "stored", "shared", "requeued"
 
 
 def get(s: Session, search_id: int, *, with_summary: bool = False) -> Search:
-    q = select(Search).where(Search.id == search_id)
-    if with_summary:
-        q = q.options(undefer(Search.summary))
-    found = s.scalars(q).first()
-    if found is None:
-        raise NotFound(f"no search {search_id}")
-    return found
+    return get_or_404(s, Search, search_id, "search", options=[undefer(Search.summary)] if with_summary else [])
 
 
 def get_or_create(s: Session, req: SearchRequest, devices: int) -> tuple[Search, str]:

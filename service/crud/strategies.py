@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, undefer
 
-from service.crud.errors import NotFound
+from service.crud.errors import get_or_404
 from service.models import Strategy
 from service.schemas import StrategyOut
 
 
 def get(s: Session, strategy_id: int, *, with_plan: bool = True) -> Strategy:
-    q = select(Strategy).where(Strategy.id == strategy_id)
-    if with_plan:
-        q = q.options(undefer(Strategy.plan))
-    found = s.scalars(q).first()
-    if found is None:
-        raise NotFound(f"no strategy {strategy_id}")
-    return found
+    return get_or_404(s, Strategy, strategy_id, "strategy", options=[undefer(Strategy.plan)] if with_plan else [])
 
 
 def out(st: Strategy) -> StrategyOut:

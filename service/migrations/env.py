@@ -6,6 +6,7 @@ autogenerate must write migrations that do so.
 
 from alembic import context
 from sqlalchemy import create_engine, pool
+from sqlalchemy.engine import Connection
 
 from service.models import Base
 
@@ -23,14 +24,17 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is None:
-        engine = create_engine(config.get_main_option("sqlalchemy.url"), poolclass=pool.NullPool)
+        url = config.get_main_option("sqlalchemy.url")
+        if url is None:
+            raise RuntimeError("no database to migrate: give alembic a connection or sqlalchemy.url")
+        engine = create_engine(url, poolclass=pool.NullPool)
         with engine.connect() as connection:
             _run(connection)
     else:
         _run(connection)
 
 
-def _run(connection) -> None:
+def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
     with context.begin_transaction():
         context.run_migrations()

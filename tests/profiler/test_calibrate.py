@@ -1,16 +1,17 @@
 """Calibration (profiler/calibrate.py): re-costing a Plan from its JSON reproduces the search's
 prediction, and factors fitted to runs remove the error a known distortion put there.
 
-The worker that measures real runs is another issue; until its RunReports exist, the runs here
-are the search's own plans with "measured" figures made by a known distortion of the cost
-model's parts (compute slower per op kind, collectives per axis, a fixed memory overhead), which
-is what calibration has to undo.
+The runs here are RunReports of the search's own plans with "measured" figures made by a known
+distortion of the cost model's parts (compute slower per op kind, collectives per axis, a fixed
+memory overhead), which is what calibration has to undo.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from tiny import TINY
 
 from paretoplan.cli import main
 from profiler.calibrate import FACTOR_MAX, FACTOR_MIN, PlanParts, Recoster, calibrate, check_report, fit_factors, plan_parts
+from search import Errors, Measured, Predicted, RunReport, rel_error
 from search.errors import InputError
 from search.plans.api import SearchRequest, run_search
 from search.prices.profile import load_profile
@@ -39,14 +41,23 @@ def recoster(tiny_profile):
     return Recoster(tiny_profile[0])
 
 
+def run_report(plan: dict[str, Any], time_s: float, memory_bytes: int) -> dict[str, Any]:
+    """The RunReport (as JSON) of a one-step run of `plan` that measured these figures."""
+    pred = Predicted(time_s=plan["predicted"]["time_s"], memory_bytes=plan["predicted"]["memory_bytes"])
+    now = datetime.now(UTC)
+    return RunReport(
+        model=plan["model"], plan_summary=plan["summary"], num_devices=plan["num_devices"], device="cpu", backend="gloo",
+        steps=1, seed=0, losses=[1.0], predicted=pred,
+        measured=Measured(time_s=time_s, time_spread=0.0, memory_bytes=memory_bytes, memory_method="profiler"),
+        errors=Errors(time=rel_error(time_s, pred.time_s), memory=rel_error(memory_bytes, pred.memory_bytes)),
+        plan=plan, started=now, finished=now).model_dump(mode="json")
+
+
 def reports(recoster, plans) -> list[dict]:
     out = []
     for plan in plans:
         parts = recoster.parts(plan)
-        out.append({"plan": plan, "predicted": {"time_s": plan["predicted"]["time_s"],
-                                                 "memory_bytes": plan["predicted"]["memory_bytes"]},
-                    "measured": {"time_s": parts.time(SLOWER, COMM), "memory_bytes": parts.memory + OVERHEAD,
-                                 "per_rank": []}})
+        out.append(run_report(plan, parts.time(SLOWER, COMM), round(parts.memory) + OVERHEAD))
     return out
 
 
@@ -105,8 +116,9 @@ def test_unusable_reports_are_skipped_or_refused(plans, recoster) -> None:
     with pytest.raises(InputError, match="no run report could be used"):
         calibrate([other], prof, names=["c"])
     with pytest.raises(InputError, match="measured.time_s must be a positive number"):
-        check_report({"plan": {}, "predicted": {"time_s": 1, "memory_bytes": 1},
-                      "measured": {"time_s": 0, "memory_bytes": 1}}, "r.json")
+        check_report(run_report(ps[0], 0.0, 1), "r.json")
+    with pytest.raises(InputError, match="r.json: not a RunReport .* at measured: Field required"):
+        check_report({k: v for k, v in rs[0].items() if k != "measured"}, "r.json")
 
 
 def test_cli_calibrate(plans, recoster, tmp_path: Path, capsys) -> None:

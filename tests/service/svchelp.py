@@ -11,7 +11,9 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +21,8 @@ from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
+from search import Errors, Measured, Predicted, RankMeasure, RunReport, rel_error
+from service.models import utcnow
 from service.settings import normalise_database_url
 
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -91,6 +95,36 @@ def query(db_url: str, sql: str, **params) -> list[tuple]:
             return [tuple(r) for r in c.execute(text(sql), params).all()]
     finally:
         engine.dispose()
+
+
+class Clock:
+    """The queue's clock in tests that play with leases: it starts at the real time and moves only
+    when a test advances it (past a lease, instead of sleeping through it)."""
+
+    def __init__(self) -> None:
+        self.now = utcnow()
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def run_report(plan: dict[str, Any], steps: int, *, time_s: float = 0.012, memory_bytes: int = 123456) -> dict[str, Any]:
+    """The RunReport (as JSON) a worker would post for `steps` steps of `plan` on one CPU process
+    per device, measuring `time_s` per step and `memory_bytes` at peak."""
+    pred = Predicted(time_s=plan["predicted"]["time_s"], memory_bytes=plan["predicted"]["memory_bytes"])
+    n = plan["num_devices"]
+    now = datetime.now(UTC)
+    measured = Measured(time_s=time_s, time_spread=0.0, memory_bytes=memory_bytes, memory_method="profiler",
+                        timed_steps=list(range(1, steps)), step_times_s=[time_s] * steps,
+                        per_rank=[RankMeasure(rank=r, time_s=time_s, memory_bytes=memory_bytes) for r in range(n)])
+    return RunReport(
+        model=plan["model"], plan_summary=plan["summary"], num_devices=n, device=f"cpu ({n} processes)",
+        backend="gloo", steps=steps, seed=0, losses=[2.0 - 0.1 * i for i in range(steps)], predicted=pred,
+        measured=measured, errors=Errors(time=rel_error(time_s, pred.time_s), memory=rel_error(memory_bytes, pred.memory_bytes)),
+        plan=plan, started=now, finished=now).model_dump(mode="json")
 
 
 # ---- processes -------------------------------------------------------------------------------

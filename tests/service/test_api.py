@@ -3,14 +3,14 @@ through the REST protocol where a test needs a task to move."""
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
-import time
 from contextlib import contextmanager
 
 import pytest
 from fastapi.testclient import TestClient
-from svchelp import count_rows, query
+from svchelp import Clock, count_rows, query, run_report
 
 from service.app import create_app
 from service.settings import Settings
@@ -20,10 +20,13 @@ TINY = {"model": "gpt2-tiny", "device": "cpu", "devices": 2}
 
 @contextmanager
 def app_client(databases, backend, **settings):
+    """The app on a fresh database; `c.clock` is the queue's clock, which only the test moves."""
     url = databases.fresh(backend)
-    app = create_app(Settings(database_url=url, **settings))
+    clock = Clock()
+    app = create_app(Settings(database_url=url, **settings), clock=clock)
     with TestClient(app) as c:
         c.db_url = url
+        c.clock = clock
         yield c
 
 
@@ -46,7 +49,7 @@ def claim(c, worker: str, kinds=("search",)):
 
 
 def post_result(c, task: dict, report_json: str):
-    body = '{"token": %s, "report": %s}' % (json.dumps(task["token"]), report_json)
+    body = f'{{"token": {json.dumps(task["token"])}, "report": {report_json}}}'
     return c.post(f"/api/tasks/search/{task['id']}/result", content=gzip.compress(body.encode()),
                   headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
 
@@ -66,8 +69,7 @@ def test_smallest_body_gives_201_and_a_queued_job(client):
 
 
 def test_claim_lease_heartbeat_expiry_and_exactly_once(databases, backend, tiny_report):
-    # a lease long enough that a loaded machine answers the next calls within it
-    with app_client(databases, backend, lease_seconds=3.0) as c:
+    with app_client(databases, backend, lease_seconds=30.0) as c:
         job = submit(c)
         t1 = claim(c, "w1")
         assert t1["kind"] == "search" and t1["attempt"] == 1 and t1["request"]["model"] == "gpt2-tiny"
@@ -76,7 +78,9 @@ def test_claim_lease_heartbeat_expiry_and_exactly_once(databases, backend, tiny_
                                                                     "fraction": 0.5})
         assert r.status_code == 200, r.text
         assert c.get(f"/api/jobs/{job['id']}").json()["stage"] == "search"
-        time.sleep(3.3)  # w1 goes silent past its lease
+        c.clock.advance(29)  # the heartbeat renewed the lease: still w1's
+        assert claim(c, "w2") is None
+        c.clock.advance(2)  # w1 goes silent past its lease
         t2 = claim(c, "w2")
         assert t2 is not None and t2["id"] == t1["id"] and t2["attempt"] == 2 and t2["token"] != t1["token"]
         # w1's claim is over: every call of it is refused
@@ -97,12 +101,12 @@ def test_claim_lease_heartbeat_expiry_and_exactly_once(databases, backend, tiny_
 
 
 def test_a_task_whose_leases_keep_expiring_fails_with_a_message(databases, backend):
-    with app_client(databases, backend, lease_seconds=0.3, max_attempts=2) as c:
+    with app_client(databases, backend, lease_seconds=30.0, max_attempts=2) as c:
         job = submit(c)
         assert claim(c, "w1")["attempt"] == 1
-        time.sleep(0.5)
+        c.clock.advance(31)
         assert claim(c, "w2")["attempt"] == 2
-        time.sleep(0.5)
+        c.clock.advance(31)
         assert claim(c, "w3") is None
         j = c.get(f"/api/jobs/{job['id']}").json()
         assert j["status"] == "failed" and "gave up after 2 attempts" in j["error"] and "w2" in j["error"]
@@ -145,7 +149,7 @@ def test_select_launch_and_run_protocol(databases, backend, tiny_report):
         assert fr["feasible"] and fr["picked_strategy_id"] == fr["points"][fr["picked_index"]]["id"]
         times = [p["time_s"] for p in fr["points"]]
         mems = [p["memory_bytes"] for p in fr["points"]]
-        assert times == sorted(times) and all(a >= b for a, b in zip(mems, mems[1:]))
+        assert times == sorted(times) and all(a >= b for a, b in zip(mems, mems[1:], strict=False))
         assert fr["baselines"] and all(b["name"] for b in fr["baselines"])
         last = fr["points"][-1]
         st = c.get(f"/api/strategies/{last['id']}").json()
@@ -166,17 +170,61 @@ def test_select_launch_and_run_protocol(databases, backend, tiny_report):
         assert task["kind"] == "run" and task["id"] == run["id"] and task["steps"] == 7
         assert task["plan"] == st["plan"]
         r = c.post(f"/api/tasks/run/{task['id']}/heartbeat", json={"token": task["token"], "step": 3,
-                                                                  "fraction": 3 / 7, "checkpoint": "/ckpt/3"})
+                                                                  "fraction": 3 / 7})
         assert r.status_code == 200
         mid = c.get(f"/api/runs/{run['id']}").json()
-        assert mid["status"] == "running" and mid["step"] == 3 and mid["checkpoint"] == "/ckpt/3"
-        report = {"measured": {"time_s": 0.012, "memory_bytes": 123456}, "losses": [2.0, 1.9], "plan": st["plan"]}
+        assert mid["status"] == "running" and mid["step"] == 3 and mid["checkpoint"] is None
+        report = run_report(st["plan"], 7)
         r = c.post(f"/api/tasks/run/{task['id']}/result", json={"token": task["token"], "report": report})
         assert r.status_code == 200, r.text
         done = c.get(f"/api/runs/{run['id']}").json()
         assert done["status"] == "done" and done["measured"] == {"time_s": 0.012, "memory_bytes": 123456}
-        assert done["predicted"]["time_s"] == last["time_s"] and done["report"]["losses"] == [2.0, 1.9]
+        assert done["predicted"]["time_s"] == last["time_s"] and done["report"] == report
         assert [x["id"] for x in c.get(f"/api/jobs/{job['id']}/runs").json()] == [run["id"]]
+
+
+def test_a_forged_or_malformed_report_is_refused_and_nothing_is_stored(databases, backend, tiny_report):
+    with app_client(databases, backend) as c:
+        job = submit(c)
+        t = claim(c, "w1")
+        frontier = json.loads(tiny_report)
+        for what, forge, words in [
+            ("negative time", lambda r: r["frontier"][0].update(time_s=-1.0), "frontier.0.time_s"),
+            ("not a plan", lambda r: r["baselines"][0]["plan"].pop("mesh"), "not a valid Plan at mesh"),
+            ("picked beyond", lambda r: r.update(picked=len(r["frontier"])), "is not an index"),
+        ]:
+            forged = copy.deepcopy(frontier)
+            forge(forged)
+            r = post_result(c, t, json.dumps(forged))
+            assert r.status_code == 422 and words in r.json()["detail"], (what, r.text[:300])
+        assert count_rows(c.db_url)["strategies"] == 0
+        assert c.get(f"/api/jobs/{job['id']}").json()["status"] == "running"
+        assert post_result(c, t, tiny_report).status_code == 200
+
+        fr = c.get(f"/api/jobs/{job['id']}/frontier").json()
+        plans = [c.get(f"/api/strategies/{p['id']}").json()["plan"] for p in fr["points"][:2]]
+        run = c.post(f"/api/jobs/{job['id']}/launch", json={"strategy_id": fr["points"][0]["id"], "steps": 4}).json()
+        task = claim(c, "gpu-node", kinds=("run",))
+        good = run_report(plans[0], 4)
+        before = count_rows(c.db_url)
+        for what, report, words in [
+            ("another strategy's plan", run_report(plans[1], 4), "is not the plan of run"),
+            ("other steps", run_report(plans[0], 5), "5 steps, but run"),
+            ("a negative time", {**good, "measured": {**good["measured"], "time_s": -0.5}}, "measured.time_s"),
+            ("another summary", {**good, "plan_summary": "dp64"}, "plan_summary 'dp64' is not its plan's"),
+            ("made-up errors", {**good, "errors": {"time": 0.0, "memory": 0.0}}, "errors.time"),
+            ("one loss short", {**good, "losses": good["losses"][:-1]}, "3 losses for 4 steps"),
+            ("no measurements", {k: v for k, v in good.items() if k != "measured"}, "measured: field required"),
+            ("not an object", [good], "report"),
+        ]:
+            r = c.post(f"/api/tasks/run/{task['id']}/result", json={"token": task["token"], "report": report})
+            assert r.status_code == 422 and words in r.json()["detail"], (what, r.text[:300])
+        assert count_rows(c.db_url) == before
+        got = c.get(f"/api/runs/{run['id']}").json()
+        assert got["status"] == "running" and got["report"] is None and got["measured"] is None
+        r = c.post(f"/api/tasks/run/{task['id']}/result", json={"token": task["token"], "report": good})
+        assert r.status_code == 200, r.text
+        assert c.get(f"/api/runs/{run['id']}").json()["report"] == good
 
 
 def test_identical_request_is_answered_from_the_stored_frontier(databases, backend, tiny_report):

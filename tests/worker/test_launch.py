@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from families import baseline
 
+from search import RunReport
 from worker.analyze import analyze
 from worker.launch import RunFailed, format_table, make_report, run_jobs
-from worker.report import RunReport
 from worker.spec import Job, RunSettings
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Header, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
@@ -16,14 +16,13 @@ from starlette.concurrency import run_in_threadpool
 
 from search import InputError
 from service.api import sse
-from service.api.deps import DB, Config, Id
+from service.api.deps import DB, Config, JobId, ResizeId
 from service.api.errors import StrictJSONRoute, strict_loads
 from service.crud import jobs, profiles, resizes, runs
 from service.schemas import Error, FrontierOut, JobCreate, JobDetail, JobList, LaunchIn, ResizeIn, ResizeOut, RunOut, SelectIn
 
 router = APIRouter(prefix="/api/jobs", tags=["jobs"], route_class=StrictJSONRoute)
-JobId = Id("job")
-ERRORS = {404: {"model": Error}, 409: {"model": Error}, 422: {"model": Error}}
+ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": Error}, 409: {"model": Error}, 422: {"model": Error}}
 
 
 def _submit(db, body: JobCreate) -> JobDetail:
@@ -177,6 +176,6 @@ async def resize(job_id: JobId, body: ResizeIn, db: DB, settings: Config,
 
 @router.get("/{job_id}/resizes/{resize_id}", response_model=ResizeOut, responses={**ERRORS, 202: {"model": ResizeOut}},
             summary="A resize's answer")
-async def get_resize(job_id: JobId, resize_id: Id("resize"), db: DB, settings: Config,
+async def get_resize(job_id: JobId, resize_id: ResizeId, db: DB, settings: Config,
                      wait: Annotated[float, Query(ge=0, le=3600)] = 0.0):
     return await _resize_answer(db, resize_id, job_id, min(wait, settings.resize_wait_max_seconds))

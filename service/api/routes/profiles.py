@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from service.api.deps import DB, Id
+from service.api.deps import DB, ProfileId
 from service.api.errors import StrictJSONRoute
 from service.crud import profiles
 from service.schemas import Error, ProfileDetail, ProfileIn, ProfileOut
@@ -37,7 +37,7 @@ def create_profile(body: ProfileIn, db: DB) -> ProfileOut:
 
 @router.get("/{profile_id}", response_model=ProfileDetail, responses={404: {"model": Error}},
             summary="A profile with its document")
-def get_profile(profile_id: Id("profile"), db: DB) -> ProfileDetail:
+def get_profile(profile_id: ProfileId, db: DB) -> ProfileDetail:
     with db.session() as s:
         p = profiles.get(s, profile_id, with_document=True)
         return _out(p, ProfileDetail, profile=p.document)

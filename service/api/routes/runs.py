@@ -8,13 +8,12 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.sse import EventSourceResponse
 
 from service.api import sse
-from service.api.deps import DB, Config, Id
+from service.api.deps import DB, Config, RunId
 from service.api.errors import StrictJSONRoute
 from service.crud import runs
 from service.schemas import Error, RunOut
 
 router = APIRouter(prefix="/api/runs", tags=["runs"], route_class=StrictJSONRoute)
-RunId = Id("run")
 
 
 @router.get("/{run_id}", response_model=RunOut, responses={404: {"model": Error}},

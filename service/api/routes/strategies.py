@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.deps import DB, Id
+from service.api.deps import DB, StrategyId
 from service.api.errors import StrictJSONRoute
 from service.crud import strategies
 from service.schemas import Error, StrategyOut
@@ -14,6 +14,6 @@ router = APIRouter(prefix="/api/strategies", tags=["strategies"], route_class=St
 
 @router.get("/{strategy_id}", response_model=StrategyOut, responses={404: {"model": Error}},
             summary="A strategy with its full Plan")
-def get_strategy(strategy_id: Id("strategy"), db: DB) -> StrategyOut:
+def get_strategy(strategy_id: StrategyId, db: DB) -> StrategyOut:
     with db.session() as s:
         return strategies.out(strategies.get(s, strategy_id))

@@ -1,0 +1,178 @@
+"""The typed reports every side exchanges: `FrontierReport` (what a search returns) and `RunReport`
+(what a launched plan did, next to what its Plan predicted).
+
+The search builds FrontierReports, the worker builds RunReports, the service validates both when a
+worker posts them (a report that does not validate is refused, never stored) and the profiler's
+calibration reads RunReports. So the field names are a contract: a RunReport's `predicted` and
+`measured` with `time_s` and `memory_bytes`, `measured.per_rank`, `errors` as relative errors
+((measured - predicted) / predicted).
+
+Every figure is a finite, non-negative number (no NaN, no infinity: neither is JSON, and no column
+holds them), and a report must agree with itself: a RunReport's plan, summary, device count and
+prediction are those of the Plan it carries, it has one loss per step, and its errors are the ones
+its figures give. What a report must agree with outside itself (the plan and steps of the run it
+answers) is the service's to check.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from search.errors import invalid
+from search.plans.plan import Plan
+
+REPORT_VERSION = 1
+MAX_BYTES = 2**63 - 1  # what a BIGINT column holds
+
+Seconds = Annotated[float, Field(ge=0.0)]
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+
+
+def _a_plan(data: dict[str, Any]) -> dict[str, Any]:
+    """A valid Plan, as its JSON object (reports keep plans as the documents they store and
+    serve), normalised: defaults filled in, each value of its field's type."""
+    try:
+        return Plan.model_validate(data).model_dump(mode="json")
+    except ValidationError as e:
+        raise invalid(e, "not a valid Plan") from None  # an InputError is a ValueError: pydantic reports it
+
+
+PlanJSON = Annotated[dict[str, Any], AfterValidator(_a_plan)]
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+# ---- the frontier a search returns ---------------------------------------------------------------
+class FrontierEntry(_Report):
+    time_s: Seconds
+    memory_bytes: Bytes
+    plan: PlanJSON
+
+
+class BaselineEntry(_Report):
+    name: str
+    description: str
+    time_s: Seconds
+    memory_bytes: Bytes
+    against_frontier: dict[str, Any]
+    plan: PlanJSON
+
+
+class SearchSummary(_Report):
+    """What was searched and how: the header of a frontier, wherever it is served."""
+
+    model: str
+    params: int
+    cluster: str
+    device: str
+    num_devices: int
+    memory_per_device: int
+    job: dict[str, Any]
+    memory_budget_bytes: int
+    search_seconds: float
+    capture_seconds: float
+    eps: float
+    stats: dict[str, Any]
+
+
+class FrontierReport(SearchSummary):
+    picked: int | None = Field(ge=0, description="index of the fastest plan that fits the budget")
+    frontier: list[FrontierEntry]
+    baselines: list[BaselineEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _picked_is_a_point(self) -> FrontierReport:
+        if self.picked is not None and self.picked >= len(self.frontier):
+            raise ValueError(f"picked {self.picked} is not an index of its {len(self.frontier)} frontier points")
+        return self
+
+
+# ---- what a launched plan did --------------------------------------------------------------------
+class Predicted(_Report):
+    time_s: Seconds
+    memory_bytes: Bytes
+
+
+class RankMeasure(_Report):
+    rank: int = Field(ge=0)
+    coord: dict[str, int] = Field(default_factory=dict, description="this rank's coordinate on the runtime mesh")
+    time_s: Seconds = Field(description="median step time of this rank over the timed steps")
+    memory_bytes: Bytes | None = Field(description="peak memory of this rank during the memory step")
+
+
+class Measured(_Report):
+    time_s: Seconds = Field(description="median over timed steps of the slowest rank's step time")
+    time_spread: float = Field(ge=0.0, description="interquartile range / median of those step times")
+    memory_bytes: Bytes | None = Field(description="peak memory, max over ranks")
+    memory_method: str = Field(description="profiler (CPU allocator events), cuda_max_allocated, or memtracker")
+    timed_steps: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    step_times_s: list[Seconds] = Field(default_factory=list, description="per step, the slowest rank's time")
+    per_rank: list[RankMeasure] = Field(default_factory=list)
+
+
+class Errors(_Report):
+    time: float | None = Field(description="(measured - predicted) / predicted")
+    memory: float | None
+
+
+class RunReport(_Report):
+    version: int = REPORT_VERSION
+    model: str
+    plan_summary: str
+    num_devices: int = Field(gt=0)
+    device: str = Field(description="what ran it, e.g. 'cpu (4 processes)' or the CUDA device name")
+    backend: str
+    mesh: dict[str, int] = Field(default_factory=dict, description="runtime mesh dimensions (pp/dp/tp/rep)")
+    steps: int = Field(gt=0)
+    seed: int
+    losses: list[float] = Field(description="per step: the mean loss of the data shards (the single-process loss)")
+    predicted: Predicted
+    measured: Measured
+    errors: Errors
+    notes: list[str] = Field(default_factory=list, description="where execution knowingly differs from the plan")
+    comm: dict[str, Any] = Field(default_factory=dict, description="CommDebugMode per-module counts of step 0, if recorded")
+    plan: PlanJSON
+    started: datetime
+    finished: datetime
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunReport:
+        """What the worker copies from the Plan, and what follows from its own figures, must agree."""
+        plan, pred = self.plan, self.plan["predicted"]
+        for field, mine, planned in (("model", self.model, plan["model"]),
+                                     ("plan_summary", self.plan_summary, plan["summary"]),
+                                     ("num_devices", self.num_devices, plan["num_devices"]),
+                                     ("predicted.time_s", self.predicted.time_s, pred["time_s"]),
+                                     ("predicted.memory_bytes", self.predicted.memory_bytes, pred["memory_bytes"])):
+            if mine != planned:
+                raise ValueError(f"{field} {mine!r} is not its plan's ({planned!r})")
+        if len(self.losses) != self.steps:
+            raise ValueError(f"{len(self.losses)} losses for {self.steps} steps")
+        m = self.measured
+        if m.step_times_s and len(m.step_times_s) != self.steps:
+            raise ValueError(f"measured.step_times_s has {len(m.step_times_s)} times for {self.steps} steps")
+        if any(s >= self.steps for s in m.timed_steps):
+            raise ValueError(f"measured.timed_steps {m.timed_steps} name steps beyond its {self.steps}")
+        ranks = [r.rank for r in m.per_rank]
+        if len(set(ranks)) != len(ranks) or any(r >= self.num_devices for r in ranks):
+            raise ValueError(f"measured.per_rank names ranks {ranks}: not distinct ranks of {self.num_devices} devices")
+        for field, got, want in (("time", self.errors.time, rel_error(m.time_s, self.predicted.time_s)),
+                                 ("memory", self.errors.memory, rel_error(m.memory_bytes, self.predicted.memory_bytes))):
+            if (got is None) != (want is None) or (got is not None and want is not None
+                                                   and not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12)):
+                raise ValueError(f"errors.{field} {got!r} is not what measured and predicted give ({want!r})")
+        if self.finished < self.started:
+            raise ValueError("finished before it started")
+        return self
+
+
+def rel_error(measured: float | None, predicted: float) -> float | None:
+    if measured is None or not predicted:
+        return None
+    return (measured - predicted) / predicted

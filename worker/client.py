@@ -1,0 +1,115 @@
+"""The worker's REST client of the service: the worker protocol (claim, heartbeat, result, fail).
+
+It imports nothing of the service (only httpx, pydantic and the report types of `search`), so a
+worker node needs no database driver: the service is all it talks to.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+from search import FrontierReport, RunReport
+
+Kind = Literal["search", "run"]
+
+
+class ServiceError(RuntimeError):
+    """The service answered with an error: `status` and its `detail`."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"{status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class LeaseLost(ServiceError):
+    """409 from the worker protocol: this claim is over (another worker has the task)."""
+
+
+class Task(BaseModel):
+    """A claimed task, as the service hands it out (POST /api/tasks/claim)."""
+
+    model_config = ConfigDict(extra="ignore")
+    kind: Kind
+    id: int
+    token: str
+    attempt: int
+    lease_seconds: float
+    request: dict[str, Any] | None = None  # search: the SearchRequest
+    plan: dict[str, Any] | None = None     # run: the Plan to execute
+    steps: int | None = None               # run: training steps
+
+
+def _raise_for(r: httpx.Response) -> None:
+    if r.status_code < 400:
+        return
+    try:
+        detail = r.json().get("detail", r.text)
+    except (ValueError, AttributeError):
+        detail = r.text
+    raise (LeaseLost if r.status_code == 409 else ServiceError)(r.status_code, str(detail))
+
+
+class ServiceClient:
+    def __init__(self, api: str, *, worker_token: str | None = None, timeout: float = 60.0) -> None:
+        headers = {"X-Worker-Token": worker_token} if worker_token else {}
+        self.api = api.rstrip("/")
+        self.http = httpx.Client(base_url=self.api, timeout=timeout, headers=headers)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _post(self, path: str, body: Any = None) -> httpx.Response:
+        r = self.http.post(path, json=body)
+        _raise_for(r)
+        return r
+
+    def claim(self, worker: str, kinds: list[Kind]) -> Task | None:
+        r = self._post("/api/tasks/claim", {"worker": worker, "kinds": kinds})
+        return None if r.status_code == 204 else Task.model_validate(r.json())
+
+    def heartbeat(self, kind: Kind, task_id: int, token: str, **progress: Any) -> None:
+        """Renew the lease; progress (stage, fraction, message, step) rides along."""
+        self._post(f"/api/tasks/{kind}/{task_id}/heartbeat",
+                   {"token": token, **{k: v for k, v in progress.items() if v is not None}})
+
+    def search_result(self, task_id: int, token: str, report: FrontierReport) -> None:
+        self._post_report(f"/api/tasks/search/{task_id}/result", token, report)
+
+    def run_result(self, task_id: int, token: str, report: RunReport) -> None:
+        self._post_report(f"/api/tasks/run/{task_id}/result", token, report)
+
+    def fail(self, kind: Kind, task_id: int, token: str, error: str, *, input_error: bool = False,
+             retry: bool = False) -> None:
+        self._post(f"/api/tasks/{kind}/{task_id}/fail",
+                   {"token": token, "error": error[:20000] or "failed", "input_error": input_error, "retry": retry})
+
+    def _post_report(self, path: str, token: str, report: FrontierReport | RunReport, attempts: int = 5) -> None:
+        """Sent gzip-compressed (plans compress ~20x), and retried while the service is unreachable
+        (a restart, say): results are precious."""
+        text = '{"token":' + json.dumps(token) + ',"report":' + report.model_dump_json() + "}"
+        body = gzip.compress(text.encode(), compresslevel=5)
+        for i in range(attempts):
+            try:
+                r = self.http.post(path, content=body,
+                                   headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+            except httpx.TransportError:
+                if i == attempts - 1:
+                    raise
+                time.sleep(min(2**i, 10))
+                continue
+            _raise_for(r)
+            return
