@@ -7,16 +7,10 @@ import numpy as np
 import pytest
 from graphs import stack
 
+from search.algorithm.evaluate import evaluate_pipeline, micro_batch_graph
 from search.algorithm.exhaustive import exhaustive_pipeline
-from search.algorithm.ft import search
-from search.algorithm.pipeline import (
-    evaluate_pipeline,
-    micro_batch_graph,
-    partitions,
-    pipeline_shapes,
-    search_pipelines,
-    stage_band,
-)
+from search.algorithm.ft import SearchOptions, search
+from search.algorithm.pipeline import partitions, pipeline_shapes, search_pipelines, stage_band
 from search.models.capture import capture_model
 from search.models.zoo import get_model
 from search.plans.plan import build_plans
@@ -108,7 +102,7 @@ def test_pipeline_plans_in_the_frontier():
     cl = make_cluster("h100-80gb", 8)
     job = TrainingJob(global_batch=32, seq_len=None)
     flat = search(g, cl, job)
-    piped = search(g, cl, job, pipeline=True, allow_async=True)
+    piped = search(g, cl, job, SearchOptions(pipeline=True, allow_async=True))
     assert piped.stats["pipeline_shapes"] > 0
     # the joint frontier is never worse: every flat point is matched
     pt = np.array([p.time_s for p in piped.points])
@@ -142,7 +136,7 @@ def test_a_tied_head_holds_its_own_copy_on_the_last_stage():
     """The lm head reads the input layer's weight (tied, as GPT's): on a pipeline the last stage
     keeps a copy with its gradients and optimizer state, and all-reduces its gradient with the
     first stage once per iteration (Megatron-LM's layout)."""
-    from search.algorithm.pipeline import pipe_tables
+    from search.algorithm.evaluate import pipe_tables
     from search.models.graph import ParamRef
     from search.prices.costmodel import CostModel
 
