@@ -188,7 +188,7 @@ def test_plans_reproduce_the_baselines():
     plans = build_plans(as_result(graph, cluster, job, bs))
     layers = layer_index(graph)
     assert layers
-    for b, plan in zip(bs, plans):
+    for b, plan in zip(bs, plans, strict=True):
         assert plan.predicted.time_s == pytest.approx(b.time_s, rel=1e-9)
         assert abs(plan.predicted.memory_bytes - b.memory_bytes) <= 2
         assert plan.zero_stage == b.zero

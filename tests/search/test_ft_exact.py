@@ -25,7 +25,7 @@ MESH_4 = [Mesh(pp=1, axes=(MeshAxis("dp", 4, 1, "data"), MeshAxis("tp", 1, 1, "t
 
 def same_frontier(a: list, b: list) -> None:
     assert len(a) == len(b), (len(a), len(b))
-    for p, q in zip(a, b):
+    for p, q in zip(a, b, strict=True):
         assert p.time_s == pytest.approx(q.time_s, rel=1e-7)
         assert p.memory_bytes == pytest.approx(q.memory_bytes, rel=1e-7)
 

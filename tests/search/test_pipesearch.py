@@ -84,7 +84,7 @@ def test_gpipe_never_beats_1f1b():
         gp = search_pipelines(g, cl, job, (0,), shapes=[sh])[0]
         sh1 = type(sh)(sh.mesh, sh.zero, sh.micro_batches, "1f1b")
         fb = search_pipelines(g, cl, job, (0,), shapes=[sh1])[0]
-        for t, m in zip(gp.root.t, gp.root.m):
+        for t, m in zip(gp.root.t, gp.root.m, strict=True):
             assert np.any((fb.root.t <= t * (1 + 1e-9)) & (fb.root.m <= m * (1 + 1e-9)))
 
 
@@ -114,11 +114,11 @@ def test_pipeline_plans_in_the_frontier():
     # the leanest plan of all is a pipeline
     assert min(piped.points, key=lambda p: p.memory_bytes).stages is not None
     plans = build_plans(piped, pipe_points)
-    for p, plan in zip(pipe_points, plans):
+    for p, plan in zip(pipe_points, plans, strict=True):
         spec = plan.pipeline
         assert spec.stages == plan.mesh.pp == len(spec.stage_layers) > 1
         assert spec.stage_layers[0][0] == 0 and spec.stage_layers[-1][1] == 8
-        assert all(a[1] == b[0] for a, b in zip(spec.stage_layers, spec.stage_layers[1:]))
+        assert all(a[1] == b[0] for a, b in zip(spec.stage_layers, spec.stage_layers[1:], strict=False))
         assert plan.predicted.time_s == pytest.approx(p.time_s, rel=1e-9)
         assert plan.predicted.memory_bytes == pytest.approx(p.memory_bytes, abs=1)
         assert max(spec.stage_memory_bytes) == pytest.approx(plan.predicted.memory_bytes, abs=1)
