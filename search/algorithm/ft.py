@@ -80,12 +80,11 @@ class SearchOptions:
     allow_async: bool = False                # ... PipeDream-2BW's among them (1-stale weights)
 
 
-def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOptions | None = None,
+def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOptions = SearchOptions(),
            progress: Progress | None = None) -> SearchResult:
     """The Pareto frontier of (iteration time, peak memory per device) over every mesh and ZeRO
     stage (and pipeline shape), as `options` say. `progress` hears (fraction done, "<mesh>: N
     frontier points so far") after every mesh."""
-    options = options if options is not None else SearchOptions()
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job, profile=options.profile)
     problems = _mesh_problems(graph, cm, options)
