@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from search.algorithm.ft import search
+from search.algorithm.ft import SearchOptions, search
 from search.models.capture import capture_model
 from search.models.zoo import get_model
 from search.plans.baselines import against_frontier, baselines
@@ -39,7 +39,7 @@ def main() -> None:
         cluster = make_cluster("h100-80gb", devices)
         job = TrainingJob(global_batch=batch)
         t0 = time.perf_counter()
-        result = search(graph, cluster, job, pipeline=piped, allow_async=piped)
+        result = search(graph, cluster, job, SearchOptions(pipeline=piped, allow_async=piped))
         seconds = time.perf_counter() - t0
         best = pick(result.points, cluster.memory_per_device)
         for b in baselines(graph, cluster, job, pipelines=piped, allow_async=piped):

@@ -34,7 +34,7 @@ CASES = [
 def run_case(model: str, devices: int, batch: int, eps: float, space: str) -> dict:
     import time
 
-    from search.algorithm.ft import search
+    from search.algorithm.ft import SearchOptions, search
     from search.models.capture import capture_model
     from search.models.zoo import get_model
     from search.prices.cluster import make_cluster
@@ -44,8 +44,8 @@ def run_case(model: str, devices: int, batch: int, eps: float, space: str) -> di
     graph = capture_model(get_model(model), batch)
     capture_s = time.perf_counter() - t0
     full = space == "full"
-    result = search(graph, make_cluster("h100-80gb", devices), TrainingJob(global_batch=batch), eps=eps,
-                    zero_stages=(0, 1, 2, 3) if full else (0,), recompute=full)
+    options = SearchOptions(eps=eps, zero_stages=(0, 1, 2, 3) if full else (0,), recompute=full)
+    result = search(graph, make_cluster("h100-80gb", devices), TrainingJob(global_batch=batch), options)
     return {
         "model": model, "devices": devices, "batch": batch, "eps": eps, "space": space, "ops": len(graph.ops),
         "configs_per_op": result.stats["max_configs_per_op"], "frontier": len(result.points),

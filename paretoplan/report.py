@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from search import Plan, format_size
-from search.algorithm.ft import FrontierPoint, SearchResult
+from search.algorithm.results import FrontierPoint, SearchResult
 
 GIB = 2**30
 

@@ -102,7 +102,7 @@ class Recoster:
 
     def _price(self, key, resolved, mesh, zero: int, setting: tuple[str, str], kinds, axes):
         """Cost tables with every factor at 0 but the one `setting` names (("", "") : none)."""
-        from search.algorithm.exhaustive import tables
+        from search.algorithm.evaluate import tables
         from search.prices.costmodel import CostModel
 
         tkey = (key, mesh, zero, setting)
@@ -117,8 +117,8 @@ class Recoster:
         return self._tables[tkey]
 
     def parts(self, plan: dict[str, Any]) -> PlanParts:
-        from search.algorithm.exhaustive import evaluate
-        from search.algorithm.ft import layer_index, recompute_var
+        from search.algorithm.chain import layer_index, recompute_var
+        from search.algorithm.evaluate import evaluate
         from search.prices.mesh import Mesh, MeshAxis, default_role, op_configs
 
         mesh_d = plan.get("mesh") or {}

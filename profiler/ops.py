@@ -86,8 +86,9 @@ def pipeline_graphs(graph: OpGraph, cluster: Cluster, job, zero_stages: tuple[in
                     allow_async: bool = False) -> list[tuple[OpGraph, Mesh]]:
     """(micro-batch graph, stage sub-mesh) pairs the pipeline search prices ops on - the same
     shapes search.algorithm.pipeline.search_pipelines walks (none when the graph cannot be pipelined)."""
-    from search.algorithm.ft import find_chain
-    from search.algorithm.pipeline import micro_batch_graph, pipeline_shapes, unsupported
+    from search.algorithm.chain import find_chain
+    from search.algorithm.evaluate import micro_batch_graph, unsupported
+    from search.algorithm.pipeline import pipeline_shapes
 
     chain = find_chain(graph)
     if chain is None or unsupported(graph, chain) is not None:

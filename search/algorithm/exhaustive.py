@@ -1,9 +1,11 @@
 """The exact reference: enumerate every assignment of configurations, price each with the same
-cost tables, keep the Pareto set. Exponential, so only for small graphs; FT must equal it.
+cost tables (evaluate.py), keep the Pareto set. Exponential, so only for small graphs; FT must
+equal it.
 
 The strategy space is the same as FT's, including its one tie: with block reuse on, the output
 op of every layer of a recognised block stack takes the same configuration (ft.py, step 4).
-`evaluate` is also how a single Plan is re-costed, independently of FT's bookkeeping.
+It imports the algorithm's pieces and none of them imports it: the tests compare the two, and
+`paretoplan search --exhaustive` (search/plans/api.py) runs it on request.
 """
 
 from __future__ import annotations
@@ -13,79 +15,27 @@ import time as _time
 
 import numpy as np
 
+from search.algorithm.chain import find_chain, layer_index, recompute_var
+from search.algorithm.evaluate import PipeShape, evaluate, evaluate_pipeline, micro_batch_graph, pipe_tables, tables
 from search.algorithm.frontier import Factor, Stats, pareto_mask
-from search.algorithm.ft import (
-    ZERO_STAGES,
-    FrontierPoint,
-    MeshSolution,
-    SearchResult,
-    find_chain,
-    layer_index,
-    layer_outputs,
-    recompute_var,
-)
+from search.algorithm.ft import ZERO_STAGES
+from search.algorithm.pipeline import partitions
+from search.algorithm.results import FrontierPoint, MeshSolution, SearchResult, Solution
 from search.errors import InputError
 from search.models.graph import OpGraph
 from search.prices.cluster import Cluster
-from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob, recomputed_mem
+from search.prices.costmodel import CostModel, TrainingJob
 from search.prices.mesh import Mesh, mesh_candidates, placeable_meshes
+from search.prices.profile import DeviceProfile, ProfileLookup
 
 MAX_ASSIGNMENTS = 5_000_000
-
-
-def tables(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int = 0
-           ) -> tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts]]:
-    outputs = layer_outputs(graph)
-    ops = {op.name: cm.op_costs(op, mesh, zero, checkpoint=op.name in outputs) for op in graph.ops}
-    edges: dict[tuple[str, str], EdgeCosts] = {}
-    for op in graph.ops:
-        for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
-            edges[(src, op.name)] = cm.edge_costs(graph.op(src), op, mesh, ops[src].configs, ops[op.name].configs)
-    # constraints between ops, as edges (search/prices/boundaries.py)
-    cm.add_pair_edges(edges, mesh, lambda name: ops[name].configs, cm.bounds.pairs)
-    return ops, edges
-
-
-def evaluate(op_costs: dict[str, OpCosts], edge_costs: dict[tuple[str, str], EdgeCosts], buffers: float,
-             assignment: dict[str, np.ndarray | int], layer_of: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Time, memory and their parts for one or many assignments (arrays of config indices).
-    With `layer_of`, the assignment also holds each layer's recomputation choice."""
-    layer_of = layer_of or {}
-    any_v = next(iter(assignment.values()))
-    n = np.size(any_v)
-    t = np.zeros(n)
-    parts = np.zeros((n, 4))
-    edge_mem = np.zeros(n)
-    n_axes = next(iter(op_costs.values())).comm.shape[1]
-    comm = np.zeros((n, n_axes))
-
-    def recomputed(name: str) -> np.ndarray:
-        var = recompute_var(layer_of[name]) if name in layer_of else None
-        if var is None or var not in assignment:  # a search without recomputation
-            return np.zeros(n, dtype=bool)
-        return np.asarray(assignment[var]).reshape(-1).astype(bool)
-
-    for name, oc in op_costs.items():
-        c = np.asarray(assignment[name]).reshape(-1)
-        rc = recomputed(name)
-        t += np.where(rc, oc.time_rc[c], oc.time[c])
-        parts += np.where(rc[:, None], oc.parts_rc[c], oc.parts[c])
-        comm += oc.comm[c]
-    for (src, dst), ec in edge_costs.items():
-        cu = np.asarray(assignment[src]).reshape(-1)
-        cv = np.asarray(assignment[dst]).reshape(-1)
-        t += ec.time[cu, cv]
-        edge_mem += np.where(recomputed(dst), recomputed_mem(ec.mem[cu, cv]), ec.mem[cu, cv])
-        comm += ec.comm[cu, cv]
-    parts[:, 3] += edge_mem
-    return {"time": t, "memory": parts.sum(axis=1) + buffers, "parts": parts, "buffers": np.full(n, buffers),
-            "comm": comm}
 
 
 def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes: list[Mesh] | None = None,
                       tie_blocks: bool = True, limit: int = MAX_ASSIGNMENTS,
                       zero_stages: tuple[int, ...] = ZERO_STAGES, recompute: bool = True,
-                      profile=None) -> SearchResult:
+                      profile: DeviceProfile | ProfileLookup | None = None) -> SearchResult:
+    """Every assignment of every mesh and ZeRO stage, priced and Pareto-reduced."""
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job, profile=profile)
     meshes = placeable_meshes(graph, meshes if meshes is not None else mesh_candidates(cluster))
@@ -94,7 +44,7 @@ def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes
     layer_of = layer_index(graph) if recompute else {}
     rc_vars = sorted({recompute_var(i) for i in layer_of.values()})
     all_t, all_m, all_mesh, all_assign = [], [], [], []
-    solutions: list[MeshSolution] = []
+    solutions: list[Solution] = []
     for mesh in meshes:
         for zero in zero_stages:
             ops, edges = tables(graph, cm, mesh, zero)
@@ -118,7 +68,7 @@ def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes
             root = Factor(scope=(), keys=np.zeros((len(keep), 0), dtype=np.int32), t=res["time"][keep],
                           m=res["memory"][keep])
             solutions.append(MeshSolution(mesh=mesh, root=root, chain=chain, op_costs=ops, edge_costs=edges,
-                                          buffers=buffers, stats=Stats(), zero=zero))
+                                          buffers=buffers, stats=Stats(), zero=zero, assigns=all_assign[-1]))
     t = np.concatenate(all_t)
     m = np.concatenate(all_m)
     which = np.concatenate(all_mesh)
@@ -137,13 +87,11 @@ def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes
                                "recompute": bool(rc_vars)})
 
 
-def exhaustive_pipeline(graph: OpGraph, cluster: Cluster, job: TrainingJob, shape, recompute: bool = True,
+def exhaustive_pipeline(graph: OpGraph, cluster: Cluster, job: TrainingJob, shape: PipeShape, recompute: bool = True,
                         limit: int = MAX_ASSIGNMENTS) -> tuple[np.ndarray, np.ndarray]:
     """The reference frontier (time, memory) of one pipeline shape: every assignment of every
     op's configuration (the stack's boundary layout tied, as in FT), every layer's recomputation
     and every split of the layers into stages inside the band, re-costed stage by stage."""
-    from search.algorithm.pipeline import evaluate_pipeline, micro_batch_graph, partitions, pipe_tables
-
     m = shape.micro_batches
     g = micro_batch_graph(graph, m)
     cm = CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}))

@@ -128,6 +128,19 @@ def pareto_mask(group: np.ndarray, t: np.ndarray, m: np.ndarray, eps: float = 0.
     return cand[keep]
 
 
+def staircase(t: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points sorted by time with the running minimum of memory: `least_memory` looks it up."""
+    order = np.argsort(t)
+    return t[order], np.minimum.accumulate(m[order])
+
+
+def least_memory(stair: tuple[np.ndarray, np.ndarray], within: np.ndarray) -> np.ndarray:
+    """Per query, the least memory of the staircase's points whose time is <= `within` (inf if none)."""
+    st, sm = stair
+    i = np.searchsorted(st, within, side="right") - 1
+    return np.where(i >= 0, sm[np.clip(i, 0, None)] if len(sm) else np.inf, np.inf)
+
+
 CHUNK_PAIRS = 2_000_000  # pairs materialised at once: bounds memory on long block stacks
 
 
@@ -184,7 +197,7 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
             if start >= len(a):
                 break
             part = reduce(*pairs(np.arange(start, stop)))
-            acc = part if acc is None else reduce(*(np.concatenate([x, y]) for x, y in zip(acc, part)))
+            acc = part if acc is None else reduce(*(np.concatenate([x, y]) for x, y in zip(acc, part, strict=True)))
             start = stop
         assert acc is not None
         t, m, keys, ia, ib = acc
@@ -264,6 +277,6 @@ def assignments(root: Factor, idx: np.ndarray, layer_maps: list[dict[str, str]] 
             stack.append((left, f.parent_idx[0][ix], pos, offset, mapping))
             stack.append((right, f.parent_idx[1][ix], pos, offset + left.layers, mapping))
             continue
-        for p, pix in zip(f.parents, f.parent_idx):
+        for p, pix in zip(f.parents, f.parent_idx, strict=True):
             stack.append((p, pix[ix], pos, offset, mapping))
     return out

@@ -138,16 +138,16 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
         result = exhaustive_search(graph, cluster, job, tie_blocks=req.reuse_blocks, zero_stages=tuple(req.zero_stages),
                                    recompute=req.recompute, profile=profile)
     else:
-        from search.algorithm.ft import search
+        from search.algorithm.ft import SearchOptions, search
 
         def searched(fraction: float, message: str) -> None:
             if progress:
                 progress("search", 0.1 + 0.7 * fraction, message=message)
 
-        result = search(graph, cluster, job, eps=req.eps, reuse_blocks=req.reuse_blocks,
-                        zero_stages=tuple(req.zero_stages), recompute=req.recompute, profile=profile,
-                        pipeline=req.pipeline or req.allow_async_pipeline, allow_async=req.allow_async_pipeline,
-                        progress=searched)
+        options = SearchOptions(eps=req.eps, reuse_blocks=req.reuse_blocks, zero_stages=tuple(req.zero_stages),
+                                recompute=req.recompute, profile=profile,
+                                pipeline=req.pipeline or req.allow_async_pipeline, allow_async=req.allow_async_pipeline)
+        result = search(graph, cluster, job, options, progress=searched)
     if progress:
         progress("plans", 0.8)
     best = pick(result.points, budget)
@@ -165,7 +165,7 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
         capture_seconds=capture_s, eps=result.eps, stats=result.stats,
         picked=result.points.index(best) if best is not None else None,
         frontier=[FrontierEntry(time_s=p.time_s, memory_bytes=int(round(p.memory_bytes)), plan=plan.model_dump())
-                  for p, plan in zip(result.points, plans)],
+                  for p, plan in zip(result.points, plans, strict=True)],
         baselines=baselines_json(result, bases, profile),
     )
     if progress:
@@ -186,13 +186,11 @@ def mark_estimated(result, plans: list, profile=None) -> list:
     """Each plan's `predicted.estimated`: False only when every cost table of its mesh (every
     op in every configuration, every edge) was priced from measured costs - and, for a
     pipeline, the profile has a send/recv fit for the stage-to-stage transfers."""
-    for plan, p in zip(plans, result.points):
+    if profile is None:
+        return plans
+    for plan, p in zip(plans, result.points, strict=True):
         sol = result.solutions[p.mesh_index]
-        ops = getattr(sol, "op_costs", None)
-        edges = getattr(sol, "edge_costs", None)
-        if profile is None or ops is None or edges is None:
-            continue
-        est = any(oc.estimated for oc in ops.values()) or any(ec.estimated for ec in edges.values())
+        est = any(oc.estimated for oc in sol.op_costs.values()) or any(ec.estimated for ec in sol.edge_costs.values())
         if plan.mesh.pp > 1:
             est = est or profile.profile.collective("send_recv", 2) is None
         plan.predicted.estimated = est
@@ -228,4 +226,4 @@ def baselines_json(result, bases: list, profile=None) -> list[BaselineEntry]:
     plans = mark_estimated(as_res, build_plans(as_res), profile)
     return [BaselineEntry(name=b.name, description=b.description, time_s=b.time_s,
                           memory_bytes=int(round(b.memory_bytes)), against_frontier=against_frontier(result.points, b),
-                          plan=plan.model_dump()) for b, plan in zip(bases, plans)]
+                          plan=plan.model_dump()) for b, plan in zip(bases, plans, strict=True)]

@@ -2,8 +2,8 @@
 
 Every baseline is an assignment in FT's own strategy space - a mesh, a ZeRO stage, one
 configuration per op (an index into ``mesh.op_configs(op, mesh)``) and a recomputation choice
-per layer of the block stack - priced by the same cost model (``exhaustive.tables`` +
-``exhaustive.evaluate``), so the frontier can be compared with it point by point. Since the
+per layer of the block stack - priced by the same cost model (``evaluate.tables`` +
+``evaluate.evaluate``), so the frontier can be compared with it point by point. Since the
 search covers that space, no baseline may lie strictly below-left of the frontier.
 
 Planners (each skipped when it cannot apply, e.g. the global batch does not divide dp):
@@ -14,9 +14,10 @@ Planners (each skipped when it cannot apply, e.g. the global batch does not divi
   adds full activation checkpointing (torchtitan's usual setting).
 - ``megatron-tp{t}-dp``: t = the largest divisor of gcd(N, devices per node) (a tensor-parallel
   group inside a node) that the model allows - every op of the block stack takes its Megatron
-  split, as Megatron-LM requires heads and hidden sizes to divide tp - and dp = N/t. Batch on dp; on tp the Megatron-LM pattern inside the block
-  stack: q/k/v, fc1, gate/up are column-parallel, attention splits heads, o/fc2/down are
-  row-parallel, the pointwise ops between a column and a row linear split the column's label;
+  split, as Megatron-LM requires heads and hidden sizes to divide tp - and dp = N/t. Batch on dp;
+  on tp the Megatron-LM pattern inside the block stack: q/k/v, fc1, gate/up are column-parallel,
+  attention splits heads, o/fc2/down are row-parallel, the pointwise ops between a column and a
+  row linear split the column's label;
   norms, residual adds, embeddings, the lm head and the loss replicate on tp. ZeRO 0: plain
   Megatron-LM DDP (``--use-distributed-optimizer``, i.e. ZeRO-1, is an opt-in flag there, and
   with dp=1 it changes nothing). ``+recompute`` recomputes every layer (``--recompute-granularity
@@ -40,18 +41,23 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from search.algorithm.exhaustive import evaluate, tables
+from search.algorithm.chain import layer_index, recompute_var
+from search.algorithm.evaluate import PipeShape, evaluate, evaluate_pipeline, micro_batch_graph, pipe_tables, tables
 from search.algorithm.frontier import Factor, Stats
-from search.algorithm.ft import FrontierPoint, MeshSolution, SearchResult, layer_index, recompute_var
+from search.algorithm.pipeline import MAX_STAGES, MICRO_BATCH_FACTORS
+from search.algorithm.results import FrontierPoint, MeshSolution, PipeSolution, SearchResult, Solution
 from search.models.graph import Op, OpGraph
 from search.plans.plan import pick
 from search.prices.cluster import Cluster
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
 from search.prices.mesh import DATA, TENSOR, Config, Mesh, MeshAxis, op_configs
+from search.prices.profile import DeviceProfile, ProfileLookup
+from search.prices.schedule import ScheduleName
 
 SEQ_LABEL = "seq"          # the label sequence parallelism splits
 MEGATRON_ZERO = 0          # Megatron-LM's default DDP; its distributed optimizer (ZeRO-1) is opt-in
@@ -69,7 +75,7 @@ class Baseline:
     # mesh_index = this baseline's position in the list `baselines` returns, so that
     # [b.solution for b in bs][b.point.mesh_index] is b.solution (see `as_result`)
     point: FrontierPoint
-    solution: MeshSolution
+    solution: Solution
     breakdown: dict[str, float] = field(default_factory=dict)   # params, grads, optimizer, activations, buffers
     comm_bytes: dict[str, float] = field(default_factory=dict)  # bytes sent per device per iteration, per axis
     fallbacks: list[str] = field(default_factory=list)          # ops that could not take the planned config
@@ -85,7 +91,8 @@ class Baseline:
     def configs(self, graph: OpGraph) -> dict[str, Config]:
         """op name -> its configuration (one label or None per mesh axis)."""
         mesh = self.solution.mesh
-        return {op.name: op_configs(op, mesh, graph.batch_label)[int(self.point.configs[op.name][self.point.row])] for op in graph.ops}
+        row = self.point.row
+        return {op.name: op_configs(op, mesh, graph.batch_label)[int(self.point.configs[op.name][row])] for op in graph.ops}
 
     def recomputed_layers(self) -> list[int]:
         return sorted(int(k.split("@")[1]) for k, v in self.point.configs.items()
@@ -188,20 +195,30 @@ def megatron_tp_labels(graph: OpGraph, sequence_parallel: bool = False) -> dict[
 class _Pricer:
     """Cost tables per (mesh, zero), built once per `baselines` call."""
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, job: TrainingJob, profile=None) -> None:
-        self.graph, self.cluster, self.job = graph, cluster, job
+    def __init__(self, graph: OpGraph, cluster: Cluster, job: TrainingJob,
+                 profile: DeviceProfile | ProfileLookup | None = None) -> None:
+        self.graph, self.cluster, self.job, self.profile = graph, cluster, job, profile
         self.cm = CostModel(graph, cluster, job, profile=profile)
         self.layer_of = layer_index(graph)
         self.n_layers = len(graph.blocks[0].layers) if graph.blocks else 0
         self._tables: dict[tuple[Mesh, int], tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts], float]] = {}
         self._cfgs: dict[Mesh, dict[str, list[Config]]] = {}
+        self._micro: dict[int, tuple[OpGraph, CostModel]] = {}
 
-    def tables(self, mesh: Mesh, zero: int):
+    def tables(self, mesh: Mesh, zero: int) -> tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts], float]:
         key = (mesh, zero)
         if key not in self._tables:
             ops, edges = tables(self.graph, self.cm, mesh, zero)
             self._tables[key] = (ops, edges, self.cm.buffers(mesh, zero=zero))
         return self._tables[key]
+
+    def micro_batch(self, m: int) -> tuple[OpGraph, CostModel]:
+        """The graph of one of m micro-batches and its cost model."""
+        if m not in self._micro:
+            g = micro_batch_graph(self.graph, m)
+            job = self.job.model_copy(update={"global_batch": self.job.global_batch // m})
+            self._micro[m] = (g, CostModel(g, self.cluster, job, profile=self.profile))
+        return self._micro[m]
 
     def assign(self, mesh: Mesh, dp: dict[str, str | None], tp: dict[str, str | None]
                ) -> tuple[dict[str, int], list[str]]:
@@ -225,7 +242,7 @@ class _Pricer:
         t, m = float(res["time"][0]), float(res["memory"][0])
         root = Factor(scope=(), keys=np.zeros((1, 0), dtype=np.int32), t=np.array([t]), m=np.array([m]))
         sol = MeshSolution(mesh=mesh, root=root, chain=None, op_costs=ops, edge_costs=edges, buffers=buffers,
-                           stats=Stats(), zero=zero)
+                           stats=Stats(), zero=zero, assigns=configs)
         parts = res["parts"][0]
         breakdown = {"params": float(parts[0]), "grads": float(parts[1]), "optimizer": float(parts[2]),
                      "activations": float(parts[3]), "buffers": float(buffers)}
@@ -314,20 +331,38 @@ def _uniform_split(n_layers: int, p: int) -> tuple[int, ...]:
     return tuple(n_layers // p + (1 if s < n_layers % p else 0) for s in range(p))
 
 
-def _pipeline_candidate(pr: _Pricer, tp: int, p: int, m: int, schedule: str, zero: int, recompute: bool,
-                        tp_labels: dict[str, str | None], profile=None):
-    """One pipeline plan on the grid, priced stage by stage; None if it cannot be built."""
-    from search.algorithm.pipeline import PipeShape, evaluate_pipeline, micro_batch_graph, pipe_tables
+@dataclass(frozen=True)
+class _GridPoint:
+    """One pipeline configuration a planner's grid tries."""
 
-    cache = pr.__dict__.setdefault("_micro", {})
-    if m not in cache:
-        g = micro_batch_graph(pr.graph, m)
-        cache[m] = (g, CostModel(g, pr.cluster, pr.job.model_copy(update={"global_batch": pr.job.global_batch // m}),
-                                 profile=profile))
-    g, cm = cache[m]
+    tp: int
+    p: int
+    m: int
+    schedule: ScheduleName
+    zero: int
+    recompute: bool
+    tp_labels: dict[str, str | None]
+
+
+@dataclass
+class _Candidate:
+    """A grid point priced: one plan, as a PipeSolution with one point."""
+
+    time_s: float
+    memory_bytes: float
+    solution: PipeSolution
+    configs: dict[str, np.ndarray]
+    split: tuple[int, ...]
+    breakdown: dict[str, float]
+    fallbacks: list[str]
+
+
+def _pipeline_candidate(pr: _Pricer, gp: _GridPoint) -> _Candidate | None:
+    """One pipeline plan on the grid, priced stage by stage; None if it cannot be built."""
+    g, cm = pr.micro_batch(gp.m)
     n = pr.cluster.num_devices
-    sub = Mesh(pp=1, axes=(MeshAxis(DP, n // (tp * p), tp, DATA), MeshAxis(TP, tp, 1, TENSOR)))
-    shape = PipeShape(Mesh(pp=p, axes=sub.axes), zero, m, schedule)  # type: ignore[arg-type]
+    sub = Mesh(pp=1, axes=(MeshAxis(DP, n // (gp.tp * gp.p), gp.tp, DATA), MeshAxis(TP, gp.tp, 1, TENSOR)))
+    shape = PipeShape(Mesh(pp=gp.p, axes=sub.axes), gp.zero, gp.m, gp.schedule)
     tabs = pipe_tables(g, cm, shape)
     if tabs is None:
         return None
@@ -335,47 +370,46 @@ def _pipeline_candidate(pr: _Pricer, tp: int, p: int, m: int, schedule: str, zer
     configs: dict[str, np.ndarray] = {}
     fallbacks = []
     for op in g.ops:
-        idx, fell = _choose(op, sub, {DP: g.batch_label, TP: tp_labels.get(op.name)}, cfg_cache, g.batch_label)
+        idx, fell = _choose(op, sub, {DP: g.batch_label, TP: gp.tp_labels.get(op.name)}, cfg_cache, g.batch_label)
         configs[op.name] = np.array([idx])
         if fell:
             fallbacks.append(op.name)
     for layer in tabs.chain.layers[1:]:  # the stack's layout is tied, as in the searched space
         configs[layer[-1]] = configs[tabs.chain.boundary]
     for i in range(len(tabs.chain.layers)):
-        configs[recompute_var(i)] = np.array([int(recompute)])
-    split = _uniform_split(len(tabs.chain.layers), p)
+        configs[recompute_var(i)] = np.array([int(gp.recompute)])
+    split = _uniform_split(len(tabs.chain.layers), gp.p)
     res = evaluate_pipeline(tabs, configs, split)
     t, mem = float(res["time"][0]), float(res["memory"][0])
-    tabs.root = Factor(scope=(), keys=np.zeros((1, 0), dtype=np.int32), t=np.array([t]), m=np.array([mem]))
-    tabs.partitions, tabs.assigns = [split], configs
+    root = Factor(scope=(), keys=np.zeros((1, 0), dtype=np.int32), t=np.array([t]), m=np.array([mem]))
     parts = res["parts"][0]
     breakdown = {"params": float(parts[0]), "grads": float(parts[1]), "optimizer": float(parts[2]),
                  "activations": float(parts[3]), "buffers": float(tabs.buffers)}
-    return (t, mem, tabs, configs, split, breakdown, fallbacks)
+    return _Candidate(t, mem, PipeSolution.of(tabs, root, [split], configs), configs, split, breakdown, fallbacks)
 
 
-def _grid_pick(pr: _Pricer, name: str, describe, grid, budget: float, profile=None) -> list[Baseline]:
+def _grid_pick(pr: _Pricer, name: str, describe: Callable[[_GridPoint, tuple[int, ...]], str],
+               grid: list[_GridPoint], budget: float) -> list[Baseline]:
     """Price every grid point, keep the fastest that fits the budget (else the leanest)."""
     priced = []
-    for args in grid:
-        got = _pipeline_candidate(pr, *args, profile=profile)
+    for gp in grid:
+        got = _pipeline_candidate(pr, gp)
         if got is not None:
-            priced.append((args, got))
+            priced.append((gp, got))
     if not priced:
         return []
-    fitting = [x for x in priced if x[1][1] <= budget]
-    args, (t, mem, tabs, configs, split, breakdown, fallbacks) = (
-        min(fitting, key=lambda x: (x[1][0], x[1][1])) if fitting else min(priced, key=lambda x: x[1][1]))
-    desc = describe(*args, split) + ("" if fitting else f"; nothing on its grid fits {budget / 2**30:.1f} GiB: the leanest")
-    return [Baseline(name=name, description=desc, time_s=t, memory_bytes=mem,
-                     point=FrontierPoint(time_s=t, memory_bytes=mem, mesh_index=-1, configs=configs, row=0,
-                                         stages=split),
-                     solution=tabs, breakdown=breakdown, fallbacks=fallbacks)]  # type: ignore[arg-type]
+    fitting = [x for x in priced if x[1].memory_bytes <= budget]
+    gp, c = (min(fitting, key=lambda x: (x[1].time_s, x[1].memory_bytes)) if fitting
+             else min(priced, key=lambda x: x[1].memory_bytes))
+    desc = describe(gp, c.split) + ("" if fitting else f"; nothing on its grid fits {budget / 2**30:.1f} GiB: the leanest")
+    return [Baseline(name=name, description=desc, time_s=c.time_s, memory_bytes=c.memory_bytes,
+                     point=FrontierPoint(time_s=c.time_s, memory_bytes=c.memory_bytes, mesh_index=-1, configs=c.configs,
+                                         row=0, stages=c.split),
+                     solution=c.solution, breakdown=c.breakdown, fallbacks=c.fallbacks)]
 
 
-def _pipeline_grid(pr: _Pricer, tps: list[int], schedule: str, recompute: tuple[bool, ...]):
-    from search.algorithm.pipeline import MAX_STAGES, MICRO_BATCH_FACTORS
-
+def _pipeline_grid(pr: _Pricer, tps: list[int], recompute: tuple[bool, ...]) -> Iterator[tuple[int, int, int, bool]]:
+    """(tp, pp, micro-batches, recompute) wherever the devices and the global batch divide."""
     n, B = pr.cluster.num_devices, pr.job.global_batch
     for tp in tps:
         for p in range(2, min(n // tp, pr.n_layers, MAX_STAGES) + 1):
@@ -390,7 +424,7 @@ def _pipeline_grid(pr: _Pricer, tps: list[int], schedule: str, recompute: tuple[
                     yield tp, p, m, rc
 
 
-def megatron_3d(pr: _Pricer, budget: float, profile=None) -> list[Baseline]:
+def megatron_3d(pr: _Pricer, budget: float) -> list[Baseline]:
     """Megatron-LM 3-D parallelism (TP x PP x DP, 1F1B, equal layers per stage), tuned the way
     practitioners do: a grid over tp (inside a node), pp and the micro-batch count, with and
     without full recomputation, keeping the fastest configuration that fits the budget."""
@@ -401,31 +435,31 @@ def megatron_3d(pr: _Pricer, budget: float, profile=None) -> list[Baseline]:
     block = {name for layer in _block_ops(pr.graph) for name in layer}
     tps = [1] + [t for t in range(2, g + 1) if g % t == 0
                  and not block.intersection(pr.assign(_mesh(pr.cluster, t), _batch_on_dp(pr.graph), labels)[1])]
-    grid = [(tp, p, m, "1f1b", MEGATRON_ZERO, rc, labels) for tp, p, m, rc in _pipeline_grid(pr, tps, "1f1b", (False, True))]
+    grid = [_GridPoint(tp, p, m, "1f1b", MEGATRON_ZERO, rc, labels) for tp, p, m, rc in _pipeline_grid(pr, tps, (False, True))]
 
-    def describe(tp, p, m, schedule, zero, rc, labels, split):
-        dp = pr.cluster.num_devices // (tp * p)
-        return (f"Megatron-LM 3-D: tp {tp} x pp {p} x dp {dp}, 1F1B with {m} micro-batches, layers "
-                f"{'/'.join(map(str, split))}, ZeRO {zero}{', every layer recomputed' if rc else ''} "
+    def describe(gp: _GridPoint, split: tuple[int, ...]) -> str:
+        dp = pr.cluster.num_devices // (gp.tp * gp.p)
+        return (f"Megatron-LM 3-D: tp {gp.tp} x pp {gp.p} x dp {dp}, 1F1B with {gp.m} micro-batches, layers "
+                f"{'/'.join(map(str, split))}, ZeRO {gp.zero}{', every layer recomputed' if gp.recompute else ''} "
                 "(fastest fitting point of a tp/pp/micro-batch grid)")
 
-    return _grid_pick(pr, "megatron-3d", describe, grid, budget, profile)
+    return _grid_pick(pr, "megatron-3d", describe, grid, budget)
 
 
-def pipedream_2bw(pr: _Pricer, budget: float, profile=None) -> list[Baseline]:
+def pipedream_2bw(pr: _Pricer, budget: float) -> list[Baseline]:
     """PipeDream-2BW's planner: equi-replicated stages (every stage data-parallel over the same
     number of devices, no tensor parallelism), double-buffered weights, the depth and micro-batch
     count chosen for throughput within memory, with or without recomputation."""
     if not pr.graph.blocks or pr.n_layers < 2:
         return []
-    grid = [(1, p, m, "2bw", 0, rc, {}) for _, p, m, rc in _pipeline_grid(pr, [1], "2bw", (False, True))]
+    grid = [_GridPoint(1, p, m, "2bw", 0, rc, {}) for _, p, m, rc in _pipeline_grid(pr, [1], (False, True))]
 
-    def describe(tp, p, m, schedule, zero, rc, labels, split):
-        dp = pr.cluster.num_devices // p
-        return (f"PipeDream-2BW: {p} stages each replicated {dp} ways, {m} micro-batches per update, 1-stale "
-                f"weights, layers {'/'.join(map(str, split))}{', every layer recomputed' if rc else ''}")
+    def describe(gp: _GridPoint, split: tuple[int, ...]) -> str:
+        dp = pr.cluster.num_devices // gp.p
+        return (f"PipeDream-2BW: {gp.p} stages each replicated {dp} ways, {gp.m} micro-batches per update, 1-stale "
+                f"weights, layers {'/'.join(map(str, split))}{', every layer recomputed' if gp.recompute else ''}")
 
-    return _grid_pick(pr, "pipedream-2bw", describe, grid, budget, profile)
+    return _grid_pick(pr, "pipedream-2bw", describe, grid, budget)
 
 
 def min_time_at_budget(result: SearchResult, budget: float, points: list[FrontierPoint] | None = None
@@ -446,7 +480,8 @@ def min_time_at_budget(result: SearchResult, budget: float, points: list[Frontie
 
 def baselines(graph: OpGraph, cluster: Cluster, job: TrainingJob, budget: float | None = None,
               frontier: list[FrontierPoint] | SearchResult | None = None,
-              result: SearchResult | None = None, profile=None, pipelines: bool = True,
+              result: SearchResult | None = None, profile: DeviceProfile | ProfileLookup | None = None,
+              pipelines: bool = True,
               allow_async: bool = False) -> list[Baseline]:
     """Every baseline that applies, each priced by the search's own cost model (with the
     search's DeviceProfile, `profile`, when it had one).
@@ -462,7 +497,7 @@ def baselines(graph: OpGraph, cluster: Cluster, job: TrainingJob, budget: float 
     out = data_parallel(pr) + megatron(pr)
     fit = budget if budget is not None else float(cluster.memory_per_device)
     if pipelines:
-        out += megatron_3d(pr, fit, profile) + (pipedream_2bw(pr, fit, profile) if allow_async else [])
+        out += megatron_3d(pr, fit) + (pipedream_2bw(pr, fit) if allow_async else [])
     if budget is not None and result is not None:
         b = min_time_at_budget(result, budget, frontier)
         if b is not None:

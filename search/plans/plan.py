@@ -16,11 +16,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from search.algorithm.exhaustive import evaluate
-from search.algorithm.ft import FrontierPoint, MeshSolution, SearchResult, layer_index, recompute_var
+from search.algorithm.chain import recompute_var
+from search.algorithm.evaluate import PipeShape
+from search.algorithm.results import FrontierPoint, SearchResult, Solution, Split
 from search.models.graph import Op, OpGraph
-from search.prices.costmodel import EdgeCosts, OpCosts
-from search.prices.mesh import Mesh, default_role, format_placement, op_configs, output_placement, param_placement
+from search.prices.mesh import Config, Mesh, default_role, format_placement, op_configs, output_placement, param_placement
 
 PLAN_VERSION = 2  # 2: mesh axes carry a role; one role per axis
 
@@ -125,41 +125,6 @@ class Plan(BaseModel):
 
 
 # ---- from a search result ----------------------------------------------------------------------
-def _cost_names(sol: MeshSolution) -> tuple[dict[str, str], dict[tuple[str, str], tuple[str, str]]]:
-    """Ops of layers solved through the template are priced with the template's tables."""
-    op_map: dict[str, str] = {}
-    edge_map: dict[tuple[str, str], tuple[str, str]] = {}
-    chain = sol.chain
-    if chain:
-        for i in range(2, len(chain.layers)):
-            prev_out = chain.layers[i - 1][-1]
-            for a, b in zip(chain.template, chain.layers[i]):
-                op_map[b] = a
-            for b in chain.layers[i]:
-                edge_map[(prev_out, b)] = (chain.boundary, op_map[b])
-    return op_map, edge_map
-
-
-def recost(graph: OpGraph, sol: MeshSolution, assignment: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Time, memory and breakdown of many assignments at once, from the mesh's cost tables."""
-    op_map, edge_map = _cost_names(sol)
-    ops: dict[str, OpCosts] = {}
-    edges: dict[tuple[str, str], EdgeCosts] = {}
-    remap: dict[str, np.ndarray] = {v: a for v, a in assignment.items() if v.startswith("recompute@")}
-    layer_of = layer_index(graph) if remap else {}
-    for op in graph.ops:
-        ops[op.name] = sol.op_costs[op_map.get(op.name, op.name)]
-        remap[op.name] = assignment[op.name]
-        for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
-            k = edge_map.get((src, op.name))
-            if k is None:
-                k = (op_map.get(src, src), op_map.get(op.name, op.name))
-                if k not in sol.edge_costs:
-                    k = (src, op.name)
-            edges[(src, op.name)] = sol.edge_costs[k]
-    return evaluate(ops, edges, sol.buffers, remap, layer_of)
-
-
 def _op_plan(op: Op, mesh: Mesh, cfg: tuple[str | None, ...]) -> OpPlan:
     return OpPlan(
         op=op.name, kind=op.kind, module=op.module,
@@ -221,88 +186,110 @@ def summarize(graph: OpGraph, mesh: Mesh, configs: dict[str, tuple[str | None, .
 def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None) -> list[Plan]:
     """Plans for the given frontier points (all by default)."""
     points = result.points if points is None else points
-    graph, cluster, job = result.graph, result.cluster, result.job
     by_mesh: dict[int, list[int]] = {}
     for i, p in enumerate(points):
         by_mesh.setdefault(p.mesh_index, []).append(i)
     out: dict[int, Plan] = {}
     for mi, idxs in by_mesh.items():
-        sol = result.solutions[mi]
-        mesh = sol.mesh
-        rows = np.array([points[i].row for i in idxs])
-        assign = {name: np.asarray(v)[rows] for name, v in points[idxs[0]].configs.items()}
-        piped = getattr(sol, "partitions", None) is not None
-        costs = _pipeline_costs(sol, assign, [points[i].stages for i in idxs]) if piped else recost(graph, sol, assign)
-        # configuration indices are positional, so each op reads its own labels from its own list
-        # (a layer priced through the template carries the template's index, not its labels);
-        # a pipeline's ops were configured on its micro-batch graph
-        cfg_list = {op.name: op_configs(op, mesh, graph.batch_label) for op in (sol.graph if piped else graph).ops}
-        block_names = {n for b in graph.blocks for layer in b.layers for n in layer}
-        op_plans: dict[tuple[str, int], OpPlan] = {}  # the same op in the same configuration, shared
-        weighted = weighted_ops(graph)
-
-        def op_plan(name: str, k: int) -> OpPlan:
-            if (name, k) not in op_plans:
-                op_plans[(name, k)] = _op_plan(graph.op(name), mesh, cfg_list[name][k])
-            return op_plans[(name, k)]
-
-        for j, i in enumerate(idxs):
-            configs = {op.name: cfg_list[op.name][int(assign[op.name][j])] for op, _ in weighted}
-            blocks = []
-            for b in graph.blocks:
-                variants: dict[tuple, int] = {}
-                vlist: list[list[OpPlan]] = []
-                layer_variant = []
-                for layer in b.layers:
-                    key = tuple(int(assign[n][j]) for n in layer)
-                    if key not in variants:
-                        variants[key] = len(vlist)
-                        vlist.append([op_plan(n0, k) for n0, k in zip(b.layers[0], key)])
-                    layer_variant.append(variants[key])
-                blocks.append(BlockPlan(prefix=b.prefix, variants=vlist, layer_variant=layer_variant))
-            parts = costs["parts"][j]
-            breakdown = MemoryBreakdown(params=int(parts[0]), grads=int(parts[1]), optimizer=int(parts[2]),
-                                        activations=int(parts[3]), buffers=int(costs["buffers"][j]))
-            comm = {ax.name: float(costs["comm"][j][a]) for a, ax in enumerate(mesh.axes)}
-            pipe = PipelineSpec()
-            if piped:
-                comm["pp"] = float(costs["pp_bytes"][j])
-                pipe = _pipeline_spec(sol, points[i].stages, costs, j, job.global_batch)
-            pred = Prediction(time_s=float(costs["time"][j]), memory_bytes=int(round(costs["memory"][j])),
-                              breakdown=breakdown, comm_bytes=comm)
-            recomputed = [f"{b.prefix}.{k}" for b in graph.blocks[:1] for k in range(len(b.layers))
-                          if recompute_var(k) in assign and assign[recompute_var(k)][j]]
-            out[i] = Plan(
-                model=graph.meta.get("model", graph.name) if graph.meta else graph.name,
-                cluster=cluster.describe(), device=cluster.device.name, num_devices=cluster.num_devices,
-                devices_per_node=cluster.devices_per_node, global_batch=job.global_batch, seq_len=job.seq_len,
-                precision=job.precision,
-                mesh=MeshSpec(pp=mesh.pp, axes=[AxisSpec(name=a.name, size=a.size, stride=a.stride, role=a.role) for a in mesh.axes]),
-                ops=[op_plan(op.name, int(assign[op.name][j])) for op in graph.ops if op.name not in block_names],
-                blocks=blocks, predicted=pred, zero_stage=sol.zero, recompute=recomputed, pipeline=pipe,
-                summary=summarize(graph, mesh, configs, sol.zero, len(recomputed), weighted, pipe),
-            )
+        plans = _solution_plans(result, result.solutions[mi], [points[i] for i in idxs])
+        out.update(zip(idxs, plans, strict=True))
     return [out[i] for i in range(len(points))]
 
 
-def _pipeline_costs(sol, assign: dict[str, np.ndarray], stages: list[tuple[int, ...] | None]) -> dict[str, np.ndarray]:
-    """Re-cost pipeline points stage by stage (each point may split the layers differently)."""
-    from search.algorithm.pipeline import evaluate_pipeline
+class _OpPlans:
+    """OpPlans on one solution's mesh, the same op in the same configuration shared by every plan.
 
-    rows = [evaluate_pipeline(sol, {k: v[j:j + 1] for k, v in assign.items()}, split)  # type: ignore[arg-type]
-            for j, split in enumerate(stages)]
-    return {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+    Configuration indices are positional, so each op reads its own labels from its own list (a
+    layer priced through the template carries the template's index, not its labels); a
+    pipeline's ops were configured on its micro-batch graph."""
+
+    def __init__(self, graph: OpGraph, sol: Solution) -> None:
+        self.graph, self.mesh = graph, sol.mesh
+        self.configs = {op.name: op_configs(op, sol.mesh, graph.batch_label) for op in sol.configured_graph(graph).ops}
+        self.plans: dict[tuple[str, int], OpPlan] = {}
+
+    def config(self, name: str, k: int) -> Config:
+        return self.configs[name][k]
+
+    def __call__(self, name: str, k: int) -> OpPlan:
+        if (name, k) not in self.plans:
+            self.plans[(name, k)] = _op_plan(self.graph.op(name), self.mesh, self.configs[name][k])
+        return self.plans[(name, k)]
 
 
-def _pipeline_spec(sol, split: tuple[int, ...] | None, costs: dict[str, np.ndarray], j: int,
+def _solution_plans(result: SearchResult, sol: Solution, points: list[FrontierPoint]) -> list[Plan]:
+    """Plans for points of one solution, re-costed together from its tables."""
+    graph, cluster, job = result.graph, result.cluster, result.job
+    mesh = sol.mesh
+    rows = np.array([p.row for p in points])
+    assign = {name: np.asarray(v)[rows] for name, v in points[0].configs.items()}
+    costs = sol.recost(graph, assign, [p.stages for p in points])
+    op_plan = _OpPlans(graph, sol)
+    block_names = {n for b in graph.blocks for layer in b.layers for n in layer}
+    weighted = weighted_ops(graph)
+    plans = []
+    for j, point in enumerate(points):
+        configs = {op.name: op_plan.config(op.name, int(assign[op.name][j])) for op, _ in weighted}
+        pred, pipe = _prediction(sol, costs, j, point.stages, job.global_batch)
+        recomputed = [f"{b.prefix}.{k}" for b in graph.blocks[:1] for k in range(len(b.layers))
+                      if recompute_var(k) in assign and assign[recompute_var(k)][j]]
+        plans.append(Plan(
+            model=graph.meta.get("model", graph.name) if graph.meta else graph.name,
+            cluster=cluster.describe(), device=cluster.device.name, num_devices=cluster.num_devices,
+            devices_per_node=cluster.devices_per_node, global_batch=job.global_batch, seq_len=job.seq_len,
+            precision=job.precision,
+            mesh=MeshSpec(pp=mesh.pp, axes=[AxisSpec(name=a.name, size=a.size, stride=a.stride, role=a.role)
+                                            for a in mesh.axes]),
+            ops=[op_plan(op.name, int(assign[op.name][j])) for op in graph.ops if op.name not in block_names],
+            blocks=_block_plans(graph, assign, j, op_plan), predicted=pred, zero_stage=sol.zero,
+            recompute=recomputed, pipeline=pipe,
+            summary=summarize(graph, mesh, configs, sol.zero, len(recomputed), weighted, pipe),
+        ))
+    return plans
+
+
+def _block_plans(graph: OpGraph, assign: dict[str, np.ndarray], j: int, op_plan: _OpPlans) -> list[BlockPlan]:
+    """Each block stack's distinct layer configurations (variants), and the variant of every layer."""
+    blocks = []
+    for b in graph.blocks:
+        variants: dict[tuple[int, ...], int] = {}
+        vlist: list[list[OpPlan]] = []
+        layer_variant = []
+        for layer in b.layers:
+            key = tuple(int(assign[n][j]) for n in layer)
+            if key not in variants:
+                variants[key] = len(vlist)
+                vlist.append([op_plan(n0, k) for n0, k in zip(b.layers[0], key, strict=True)])
+            layer_variant.append(variants[key])
+        blocks.append(BlockPlan(prefix=b.prefix, variants=vlist, layer_variant=layer_variant))
+    return blocks
+
+
+def _prediction(sol: Solution, costs: dict[str, np.ndarray], j: int, split: Split | None,
+                global_batch: int) -> tuple[Prediction, PipelineSpec]:
+    """Assignment j's predicted time, memory and communication, and its pipeline (if any)."""
+    parts = costs["parts"][j]
+    breakdown = MemoryBreakdown(params=int(parts[0]), grads=int(parts[1]), optimizer=int(parts[2]),
+                                activations=int(parts[3]), buffers=int(costs["buffers"][j]))
+    comm = {ax.name: float(costs["comm"][j][a]) for a, ax in enumerate(sol.mesh.axes)}
+    pipe = PipelineSpec()
+    shape = sol.pipeline
+    if shape is not None:
+        comm["pp"] = float(costs["pp_bytes"][j])
+        pipe = _pipeline_spec(shape, split, costs, j, global_batch)
+    pred = Prediction(time_s=float(costs["time"][j]), memory_bytes=int(round(costs["memory"][j])),
+                      breakdown=breakdown, comm_bytes=comm)
+    return pred, pipe
+
+
+def _pipeline_spec(shape: PipeShape, split: Split | None, costs: dict[str, np.ndarray], j: int,
                    global_batch: int) -> PipelineSpec:
-    assert split is not None
-    shape = sol.shape
+    assert split is not None, "a pipeline point always has its split"
     bounds, first = [], 0
     for k in split:
         bounds.append([first, first + k])
         first += k
-    dp = math.prod(ax.size for ax in sol.mesh.axes if ax.name == "dp")
+    dp = math.prod(ax.size for ax in shape.mesh.axes if ax.name == "dp")
     return PipelineSpec(stages=shape.stages, schedule=shape.schedule, micro_batches=shape.micro_batches,
                         micro_batch_size=max(1, global_batch // shape.micro_batches // dp), stage_layers=bounds,
                         stage_time_s=[float(x) for x in costs["stage_time"][j]],

@@ -419,7 +419,7 @@ _UNITS: dict[str, int] = {
 _SIZE_RE = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
 
 
-def parse_size(text: str | int) -> int:
+def parse_size(text: str | int | float) -> int:
     """Parse a byte count such as ``"40GiB"``, ``"80 GB"``, ``"1.5TiB"`` or ``"1024"``.
 
     ``GB`` is 10**9 and ``GiB`` is 2**30 (units are case-insensitive); a bare number is bytes.
@@ -608,7 +608,7 @@ def _build_cluster(
     device: str | DeviceSpec,
     num_devices: int,
     devices_per_node: int | None,
-    memory_per_device: int | str | None,
+    memory_per_device: int | float | str | None,
     overrides: dict[str, float | None],
     devices_flag: str,
     per_node_flag: str,

@@ -182,11 +182,11 @@ class CostModel:
         alpha = np.array([0.0, lat * steps, lat * steps, 2 * lat * steps, lat * steps])
         beta = np.array([0.0, frac / bw, frac / bw, 2 * frac / bw, frac / n / bw])
         if self.profile is not None:
-            return self._profiled_coefficients(mesh, axis, alpha, beta)
+            return self._profiled_coefficients(self.profile, mesh, axis, alpha, beta)
         return alpha, beta
 
-    def _profiled_coefficients(self, mesh: Mesh, axis: int, alpha: np.ndarray, beta: np.ndarray
-                               ) -> tuple[np.ndarray, np.ndarray]:
+    def _profiled_coefficients(self, profile: ProfileLookup, mesh: Mesh, axis: int, alpha: np.ndarray,
+                               beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The profile's fit for each kind at this group size (the link figures where it has
         none), scaled by the axis's calibration factor."""
         key = (mesh, axis)
@@ -194,10 +194,10 @@ class CostModel:
             ax = mesh.axes[axis]
             if ax.size > 1:
                 for kind in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL):
-                    fit = self.profile.collective(COLLECTIVE_NAMES[kind], ax.size)
+                    fit = profile.collective(COLLECTIVE_NAMES[kind], ax.size)
                     if fit is not None:
                         alpha[kind], beta[kind] = fit.alpha, fit.beta
-            f = self.profile.comm_factor(ax.name)
+            f = profile.comm_factor(ax.name)
             self._coef[key] = (alpha * f, beta * f)
         return self._coef[key]
 
@@ -255,10 +255,10 @@ class CostModel:
         out_numel = op.output.numel
         measured, comm_ok = self.profile is not None, self._comm_measured(mesh)
         for ci, cfg in enumerate(cfgs):
-            shards = math.prod(ax.size for ax, lab in zip(mesh.axes, cfg) if lab is not None)
+            shards = math.prod(ax.size for ax, lab in zip(mesh.axes, cfg, strict=True) if lab is not None)
             out_local = out_numel / shard_factor(output_placement(cfg, op), mesh)
             in_locals = [t.numel / shard_factor(input_placement(cfg, t), mesh) for t in op.inputs]
-            moved = out_local * self.esize(op.output) + sum(n * self.esize(t) for n, t in zip(in_locals, op.inputs))
+            moved = out_local * self.esize(op.output) + sum(n * self.esize(t) for n, t in zip(in_locals, op.inputs, strict=True))
             t_sync = 0.0
             for p in op.params:
                 local = p.numel / shard_factor(param_placement(cfg, p.dims), mesh)
@@ -323,7 +323,7 @@ class CostModel:
         if op.saves in ("inputs", "attention"):
             # graph inputs have no producer to keep them; other inputs are kept by the producer
             # (see _output_saved) or, when redistributed, on the edge
-            for n, t in zip(in_locals, op.inputs):
+            for n, t in zip(in_locals, op.inputs, strict=True):
                 if t.source is None:
                     saved += n * self.esize(t)
         return saved
@@ -363,7 +363,8 @@ class CostModel:
                     if crossing == "exit":  # leaving the producer's module: the style's output hook
                         # converts forward and its gradient back (search/prices/boundaries.py)
                         same_shape = tuple(t.shape) == tuple(prod.output.shape)
-                        changed_here &= ~_pairwise(src, dst, lambda s, d: exit_allowed(s, d, same_shape), dtype=bool)
+                        changed_here &= ~_pairwise(src, dst, lambda s, d, same=same_shape: exit_allowed(s, d, same),
+                                                   dtype=bool)
                     blocked |= changed_here
                 elif mesh.axes[a].role == TENSOR and tuple(t.dims) != tuple(prod.output.dims):
                     # converted where the reader receives it, after a view: both layouts must be
@@ -403,6 +404,8 @@ class CostModel:
         one tensor read it and return its gradient alike; tied ops place the parameter alike),
         INFEASIBLE elsewhere."""
         a, b = self.graph.op(pair.a), self.graph.op(pair.b)
+        ka: list[tuple[tuple[str, ...], ...]]  # per configuration: the placements that must agree
+        kb: list[tuple[tuple[str, ...], ...]]
         if pair.kind == "reader":
             ta = next(t for t in a.inputs if t.source == pair.tensor)
             tb = next(t for t in b.inputs if t.source == pair.tensor)

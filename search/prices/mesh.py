@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from search.errors import InputError
-from search.models.graph import Op, OpGraph, TensorRef
+from search.models.graph import Op, OpGraph, ParamRef, TensorRef
 from search.prices.cluster import Cluster
 
 REPLICATE = None  # a configuration's entry for "this axis replicates the op"
@@ -100,8 +100,9 @@ Config = tuple[str | None, ...]  # one entry per mesh axis: a label, or None to 
 
 def _all_sizes(op: Op) -> dict[str, list[int]]:
     sizes: dict[str, list[int]] = {}
-    for t in (*op.inputs, op.output, *op.params):
-        for d, s in zip(t.dims, t.shape):
+    tensors: list[TensorRef | ParamRef] = [*op.inputs, op.output, *op.params]
+    for t in tensors:
+        for d, s in zip(t.dims, t.shape, strict=True):
             sizes.setdefault(d, []).append(s)
     return sizes
 
@@ -130,7 +131,7 @@ def op_configs(op: Op, mesh: Mesh, batch: str = "batch") -> list[Config]:
     out: list[Config] = []
     for combo in itertools.product(*choices):
         shards: dict[str, int] = {}
-        for ax, lab in zip(mesh.axes, combo):
+        for ax, lab in zip(mesh.axes, combo, strict=True):
             if lab is not None:
                 shards[lab] = shards.get(lab, 1) * ax.size
         if all(all(s % k == 0 for s in sizes.get(lab, [1])) for lab, k in shards.items()):
@@ -193,7 +194,7 @@ def param_placement(cfg: Config, dims: tuple[str, ...]) -> tuple[str, ...]:
 def shard_factor(placement: tuple[str, ...], mesh: Mesh) -> int:
     """By how much a tensor in this placement is divided on each device."""
     f = 1
-    for p, ax in zip(placement, mesh.axes):
+    for p, ax in zip(placement, mesh.axes, strict=True):
         if p.startswith("S:"):
             f *= ax.size
     return f

@@ -255,7 +255,7 @@ def local_shape(shape: tuple[int, ...], dims: tuple[str, ...], placement: tuple[
                 ) -> tuple[int, ...]:
     """The shape one device holds of a tensor in `placement` (Partial and Replicate: all of it)."""
     out = list(shape)
-    for p, ax in zip(placement, mesh.axes):
+    for p, ax in zip(placement, mesh.axes, strict=True):
         if p.startswith("S:") and ax.size > 1:
             i = dims.index(p[2:])
             out[i] //= ax.size
@@ -298,7 +298,7 @@ class ProfileLookup:
     def __init__(self, profile: DeviceProfile, precision: str) -> None:
         self.profile = profile
         self.precision = precision
-        self._fits = {(f.kind, f.group_size): f for f in profile.collectives}
+        self._fits: dict[tuple[str, int], CollectiveFit] = {(f.kind, f.group_size): f for f in profile.collectives}
         cal = profile.calibration
         self.compute_factors: dict[str, float] = dict(cal.compute) if cal else {}
         self.comm_factors: dict[str, float] = dict(cal.comm) if cal else {}

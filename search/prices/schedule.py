@@ -49,7 +49,7 @@ def check_schedule(schedule: str, allow_async: bool = False) -> ScheduleName:
         raise InputError(f"unknown pipeline schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
     if schedule == "2bw" and not allow_async:
         raise InputError("PipeDream-2BW applies 1-stale weight updates; pass --allow-async-pipeline to consider it")
-    return schedule  # type: ignore[return-value]
+    return schedule
 
 
 def bubble_fraction(stages: int, micro_batches: int, schedule: ScheduleName) -> float:

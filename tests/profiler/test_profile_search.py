@@ -195,14 +195,14 @@ def test_the_enumeration_is_exactly_what_the_search_looks_up() -> None:
     baselines) asks the profile for is enumerated for timing, and nothing else: a 24-layer
     model with pipelines, shortened to 64 tokens (nothing is timed here)."""
     from profiler.ops import enumerate_signatures, pipeline_graphs
-    from search.algorithm.ft import search
+    from search.algorithm.ft import SearchOptions, search
     from search.plans.api import resolve
     from search.plans.baselines import baselines
 
     req = SearchRequest(model="gpt2-medium", device="cpu", devices=4, devices_per_node=4, global_batch=16, seq_len=64)
     graph, cluster, job, _ = resolve(req)
     lookup = ProfileLookup(DeviceProfile(device="cpu"), job.precision)
-    result = search(graph, cluster, job, profile=lookup, pipeline=True)
+    result = search(graph, cluster, job, SearchOptions(profile=lookup, pipeline=True))
     assert result.stats["pipeline_shapes"] > 0
     baselines(graph, cluster, job, profile=lookup)
     pipes = pipeline_graphs(graph, cluster, job)

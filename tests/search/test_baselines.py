@@ -7,7 +7,8 @@ import functools
 
 import pytest
 
-from search.algorithm.ft import layer_index, recompute_var, search
+from search.algorithm.chain import layer_index, recompute_var
+from search.algorithm.ft import SearchOptions, search
 from search.models.capture import capture_model
 from search.models.zoo import get_model
 from search.plans.baselines import as_result, baselines, column_label, row_label
@@ -187,7 +188,7 @@ def test_plans_reproduce_the_baselines():
     plans = build_plans(as_result(graph, cluster, job, bs))
     layers = layer_index(graph)
     assert layers
-    for b, plan in zip(bs, plans):
+    for b, plan in zip(bs, plans, strict=True):
         assert plan.predicted.time_s == pytest.approx(b.time_s, rel=1e-9)
         assert abs(plan.predicted.memory_bytes - b.memory_bytes) <= 2
         assert plan.zero_stage == b.zero
@@ -199,7 +200,7 @@ def test_plans_reproduce_the_baselines():
 def test_pipeline_planners_price_their_grid_choice_and_lose_to_the_frontier():
     """Megatron 3-D and PipeDream-2BW: pipeline plans with equal layers per stage, re-costed stage
     by stage to the same numbers, and never below-left of a frontier that searches pipelines."""
-    from search.algorithm.pipeline import evaluate_pipeline
+    from search.algorithm.evaluate import evaluate_pipeline
 
     graph, cluster, job = setup()
     bs = {b.name: b for b in baselines(graph, cluster, job, budget=8 * GIB, allow_async=True)}
@@ -216,7 +217,7 @@ def test_pipeline_planners_price_their_grid_choice_and_lose_to_the_frontier():
     assert bs["pipedream-2bw"].solution.mesh.axes[1].size == 1  # equi-replicated stages, no TP
     plans = build_plans(as_result(graph, cluster, job, [bs["megatron-3d"], bs["pipedream-2bw"]]))
     assert [p.pipeline.schedule for p in plans] == ["1f1b", "2bw"] and plans[1].pipeline.async_weights
-    result = search(graph, cluster, job, pipeline=True, allow_async=True)
+    result = search(graph, cluster, job, SearchOptions(pipeline=True, allow_async=True))
     for b in (bs["megatron-3d"], bs["pipedream-2bw"]):
         fitting = [p for p in result.points if p.memory_bytes <= b.memory_bytes * (1 + 1e-9)]
         assert fitting and min(p.time_s for p in fitting) <= b.time_s * (1 + 1e-9), b.name

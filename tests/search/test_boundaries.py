@@ -108,13 +108,13 @@ def test_a_module_of_its_own_converts_at_its_output():
 def test_no_frontier_point_breaks_a_rule():
     """The frontier of a graph with fan-out and modules holds finite points only, and each
     assignment satisfies every pair (re-costed, no INFEASIBLE term)."""
-    from search.algorithm.exhaustive import evaluate, tables
-    from search.algorithm.ft import search
+    from search.algorithm.evaluate import evaluate, tables
+    from search.algorithm.ft import SearchOptions, search
 
     g = fan_graph(modules=True)
     cl = make_cluster("h100-80gb", 4)
     job = TrainingJob(global_batch=8, seq_len=None)
-    res = search(g, cl, job, meshes=[TP4], recompute=False, zero_stages=(0,))
+    res = search(g, cl, job, SearchOptions(meshes=(TP4,), recompute=False, zero_stages=(0,)))
     assert res.points and all(p.time_s < 1e3 and p.memory_bytes < 1e15 for p in res.points)
     ops, edges = tables(g, model(g), TP4)
     for p in res.points:

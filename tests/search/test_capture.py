@@ -305,7 +305,7 @@ def test_hf_llama_config_with_higher_order_ops(tmp_path):
     higher-order op with a subgraph; capture walks into it instead of failing."""
     from transformers import LlamaConfig
 
-    from search.algorithm.ft import find_chain
+    from search.algorithm.chain import find_chain
     from search.models.zoo import model_from_hf_config
 
     path = tmp_path / "config.json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from search.algorithm.ft import search
+from search.algorithm.ft import SearchOptions, search
 from search.models.capture import capture_model
 from search.models.zoo import get_model
 from search.plans.baselines import baselines
@@ -45,7 +45,7 @@ def test_no_pipeline_planner_below_left_of_the_pipelined_frontier(model, devices
     graph = capture_model(get_model(model), batch)
     cluster = make_cluster("h100-80gb", devices)
     job = TrainingJob(global_batch=batch)
-    result = search(graph, cluster, job, pipeline=True, allow_async=True)
+    result = search(graph, cluster, job, SearchOptions(pipeline=True, allow_async=True))
     piped = [b for b in baselines(graph, cluster, job, pipelines=True, allow_async=True) if b.point.stages is not None]
     assert {b.name for b in piped} == {"megatron-3d", "pipedream-2bw"}
     for b in piped:

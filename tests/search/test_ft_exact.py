@@ -8,9 +8,11 @@ from graphs import random_dag, stack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from search.algorithm.exhaustive import evaluate, exhaustive_search, tables
+from search.algorithm.chain import layer_index
+from search.algorithm.evaluate import evaluate, tables
+from search.algorithm.exhaustive import exhaustive_search
 from search.algorithm.frontier import RTOL
-from search.algorithm.ft import layer_index, search
+from search.algorithm.ft import SearchOptions, search
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import CostModel, TrainingJob
 from search.prices.mesh import Mesh, MeshAxis
@@ -23,7 +25,7 @@ MESH_4 = [Mesh(pp=1, axes=(MeshAxis("dp", 4, 1, "data"), MeshAxis("tp", 1, 1, "t
 
 def same_frontier(a: list, b: list) -> None:
     assert len(a) == len(b), (len(a), len(b))
-    for p, q in zip(a, b):
+    for p, q in zip(a, b, strict=True):
         assert p.time_s == pytest.approx(q.time_s, rel=1e-7)
         assert p.memory_bytes == pytest.approx(q.memory_bytes, rel=1e-7)
 
@@ -49,7 +51,7 @@ dag_choices = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9), st.intege
 @given(dag_choices)
 def test_ft_equals_exhaustive_on_random_dags_2x2(choices):
     g = random_dag(choices)
-    ft = search(g, CLUSTER, JOB, meshes=MESH_2x2)
+    ft = search(g, CLUSTER, JOB, SearchOptions(meshes=tuple(MESH_2x2)))
     ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_2x2)
     same_frontier(ft.points, ex.points)
     check_points(ft)
@@ -59,7 +61,7 @@ def test_ft_equals_exhaustive_on_random_dags_2x2(choices):
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9), st.integers(0, 9)), min_size=1, max_size=7))
 def test_ft_equals_exhaustive_on_larger_dags_1d(choices):
     g = random_dag(choices)
-    ft = search(g, CLUSTER, JOB, meshes=MESH_4)
+    ft = search(g, CLUSTER, JOB, SearchOptions(meshes=tuple(MESH_4)))
     ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4)
     same_frontier(ft.points, ex.points)
 
@@ -68,7 +70,7 @@ def test_ft_equals_exhaustive_on_larger_dags_1d(choices):
 def test_block_reuse_equals_exhaustive_over_the_same_space(layers, recompute):
     """Covers the ZeRO stages and, per layer, activation recomputation."""
     g = stack(layers)
-    ft = search(g, CLUSTER, JOB, meshes=MESH_4, recompute=recompute)
+    ft = search(g, CLUSTER, JOB, SearchOptions(meshes=tuple(MESH_4), recompute=recompute))
     assert ft.stats["block_reuse"] and ft.stats["layers_solved_once"] == layers - 1
     ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4, tie_blocks=True, recompute=recompute)
     same_frontier(ft.points, ex.points)
@@ -77,7 +79,7 @@ def test_block_reuse_equals_exhaustive_over_the_same_space(layers, recompute):
 
 def test_without_reuse_ft_equals_untied_exhaustive():
     g = stack(3)
-    ft = search(g, CLUSTER, JOB, meshes=MESH_4, reuse_blocks=False, zero_stages=(0, 3), recompute=False)
+    ft = search(g, CLUSTER, JOB, SearchOptions(meshes=tuple(MESH_4), reuse_blocks=False, zero_stages=(0, 3), recompute=False))
     ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4, tie_blocks=False, zero_stages=(0, 3), recompute=False)
     same_frontier(ft.points, ex.points)
     # the tie only removes plans, so the untied frontier is at least as good everywhere
@@ -102,7 +104,7 @@ def test_stack_pruning_keeps_the_frontier_exact(layers):
     the frontier is the same, on every mesh of a long stack."""
     g = stack(layers)
     on = search(g, CLUSTER, JOB)
-    off = search(g, CLUSTER, JOB, prune=False)
+    off = search(g, CLUSTER, JOB, SearchOptions(prune=False))
     same_frontier(on.points, off.points)
     check_points(on)
 
@@ -113,6 +115,6 @@ def test_stack_pruning_on_a_real_model():
 
     g = capture_model(get_model("gpt2"), 8, 64)
     on = search(g, CLUSTER, JOB)
-    off = search(g, CLUSTER, JOB, prune=False)
+    off = search(g, CLUSTER, JOB, SearchOptions(prune=False))
     assert len(on.points) > 10
     same_frontier(on.points, off.points)

@@ -7,16 +7,10 @@ import numpy as np
 import pytest
 from graphs import stack
 
+from search.algorithm.evaluate import evaluate_pipeline, micro_batch_graph
 from search.algorithm.exhaustive import exhaustive_pipeline
-from search.algorithm.ft import search
-from search.algorithm.pipeline import (
-    evaluate_pipeline,
-    micro_batch_graph,
-    partitions,
-    pipeline_shapes,
-    search_pipelines,
-    stage_band,
-)
+from search.algorithm.ft import SearchOptions, search
+from search.algorithm.pipeline import partitions, pipeline_shapes, search_pipelines, stage_band
 from search.models.capture import capture_model
 from search.models.zoo import get_model
 from search.plans.plan import build_plans
@@ -90,7 +84,7 @@ def test_gpipe_never_beats_1f1b():
         gp = search_pipelines(g, cl, job, (0,), shapes=[sh])[0]
         sh1 = type(sh)(sh.mesh, sh.zero, sh.micro_batches, "1f1b")
         fb = search_pipelines(g, cl, job, (0,), shapes=[sh1])[0]
-        for t, m in zip(gp.root.t, gp.root.m):
+        for t, m in zip(gp.root.t, gp.root.m, strict=True):
             assert np.any((fb.root.t <= t * (1 + 1e-9)) & (fb.root.m <= m * (1 + 1e-9)))
 
 
@@ -108,7 +102,7 @@ def test_pipeline_plans_in_the_frontier():
     cl = make_cluster("h100-80gb", 8)
     job = TrainingJob(global_batch=32, seq_len=None)
     flat = search(g, cl, job)
-    piped = search(g, cl, job, pipeline=True, allow_async=True)
+    piped = search(g, cl, job, SearchOptions(pipeline=True, allow_async=True))
     assert piped.stats["pipeline_shapes"] > 0
     # the joint frontier is never worse: every flat point is matched
     pt = np.array([p.time_s for p in piped.points])
@@ -120,11 +114,11 @@ def test_pipeline_plans_in_the_frontier():
     # the leanest plan of all is a pipeline
     assert min(piped.points, key=lambda p: p.memory_bytes).stages is not None
     plans = build_plans(piped, pipe_points)
-    for p, plan in zip(pipe_points, plans):
+    for p, plan in zip(pipe_points, plans, strict=True):
         spec = plan.pipeline
         assert spec.stages == plan.mesh.pp == len(spec.stage_layers) > 1
         assert spec.stage_layers[0][0] == 0 and spec.stage_layers[-1][1] == 8
-        assert all(a[1] == b[0] for a, b in zip(spec.stage_layers, spec.stage_layers[1:]))
+        assert all(a[1] == b[0] for a, b in zip(spec.stage_layers, spec.stage_layers[1:], strict=False))
         assert plan.predicted.time_s == pytest.approx(p.time_s, rel=1e-9)
         assert plan.predicted.memory_bytes == pytest.approx(p.memory_bytes, abs=1)
         assert max(spec.stage_memory_bytes) == pytest.approx(plan.predicted.memory_bytes, abs=1)
@@ -142,7 +136,7 @@ def test_a_tied_head_holds_its_own_copy_on_the_last_stage():
     """The lm head reads the input layer's weight (tied, as GPT's): on a pipeline the last stage
     keeps a copy with its gradients and optimizer state, and all-reduces its gradient with the
     first stage once per iteration (Megatron-LM's layout)."""
-    from search.algorithm.pipeline import pipe_tables
+    from search.algorithm.evaluate import pipe_tables
     from search.models.graph import ParamRef
     from search.prices.costmodel import CostModel
 

@@ -1,0 +1,342 @@
+"""Pricing one given plan: every op's configuration (and every layer's recomputation) on a mesh,
+or on the stages of a pipeline.
+
+The cost tables built here are what FT (ft.py), the pipeline stage search (pipeline.py), the
+exhaustive reference, plan re-costing and the baseline planners all price from:
+- `mesh_costs`: the op tables FT sees on one mesh (a block stack's layers 2.. are priced
+  through the template layer's tables); `tables`: every op's and every edge's;
+- `pipe_tables`: the same per micro-batch on a pipeline's stage sub-mesh, with the transfers
+  between stages.
+`evaluate` and `evaluate_pipeline` sum those tables for given assignments, many at once and
+independently of the search's bookkeeping: how a Plan is re-costed and how the exhaustive
+reference checks FT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+
+import numpy as np
+
+from search.algorithm.chain import Chain, after_stack, find_chain, layer_index, layer_outputs, recompute_var
+from search.models.graph import OpGraph, TensorRef
+from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, recomputed_mem
+from search.prices.mesh import (
+    Config,
+    Mesh,
+    op_configs,
+    output_placement,
+    param_placement,
+    shard_factor,
+    unplaceable_op,
+)
+from search.prices.schedule import ScheduleName, in_flight, weight_copies
+
+# op name (or recompute variable) -> configuration index per assignment (one int: one assignment)
+Assignment = Mapping[str, np.ndarray | int]
+
+
+# ---- one mesh ------------------------------------------------------------------------------------
+def mesh_costs(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int, chain: Chain | None) -> dict[str, OpCosts]:
+    """Op cost tables for every op FT will see (with a stack: all but layers 2..n-1)."""
+    covered = {n for layer in chain.layers[2:] for n in layer} if chain else set()
+    outputs = layer_outputs(graph)
+    return {op.name: cm.op_costs(op, mesh, zero, checkpoint=op.name in outputs)
+            for op in graph.ops if op.name not in covered}
+
+
+def tables(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int = 0
+           ) -> tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts]]:
+    """Every op's and every edge's cost tables on one mesh under ZeRO stage `zero`, with the
+    pair constraints between ops as edges (search/prices/boundaries.py)."""
+    outputs = layer_outputs(graph)
+    ops = {op.name: cm.op_costs(op, mesh, zero, checkpoint=op.name in outputs) for op in graph.ops}
+    edges: dict[tuple[str, str], EdgeCosts] = {}
+    for op in graph.ops:
+        for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
+            edges[(src, op.name)] = cm.edge_costs(graph.op(src), op, mesh, ops[src].configs, ops[op.name].configs)
+    cm.add_pair_edges(edges, mesh, lambda name: ops[name].configs, cm.bounds.pairs)
+    return ops, edges
+
+
+def evaluate(op_costs: dict[str, OpCosts], edge_costs: dict[tuple[str, str], EdgeCosts], buffers: float,
+             assignment: Assignment, layer_of: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Time, memory and their parts for one or many assignments (arrays of config indices).
+    With `layer_of`, the assignment also holds each layer's recomputation choice."""
+    layer_of = layer_of or {}
+    any_v = next(iter(assignment.values()))
+    n = np.size(any_v)
+    t = np.zeros(n)
+    parts = np.zeros((n, 4))
+    edge_mem = np.zeros(n)
+    n_axes = next(iter(op_costs.values())).comm.shape[1]
+    comm = np.zeros((n, n_axes))
+
+    def recomputed(name: str) -> np.ndarray:
+        var = recompute_var(layer_of[name]) if name in layer_of else None
+        if var is None or var not in assignment:  # a search without recomputation
+            return np.zeros(n, dtype=bool)
+        return np.asarray(assignment[var]).reshape(-1).astype(bool)
+
+    for name, oc in op_costs.items():
+        c = np.asarray(assignment[name]).reshape(-1)
+        rc = recomputed(name)
+        t += np.where(rc, oc.time_rc[c], oc.time[c])
+        parts += np.where(rc[:, None], oc.parts_rc[c], oc.parts[c])
+        comm += oc.comm[c]
+    for (src, dst), ec in edge_costs.items():
+        cu = np.asarray(assignment[src]).reshape(-1)
+        cv = np.asarray(assignment[dst]).reshape(-1)
+        t += ec.time[cu, cv]
+        edge_mem += np.where(recomputed(dst), recomputed_mem(ec.mem[cu, cv]), ec.mem[cu, cv])
+        comm += ec.comm[cu, cv]
+    parts[:, 3] += edge_mem
+    return {"time": t, "memory": parts.sum(axis=1) + buffers, "parts": parts, "buffers": np.full(n, buffers),
+            "comm": comm}
+
+
+# ---- a pipeline's stages -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Weights:
+    """How one stage's per-op costs scale: per-micro-batch time x slots, weights x copies,
+    activations x in-flight micro-batches."""
+
+    slots: int
+    copies: int
+    inflight: int
+
+
+def stage_weights(p: int, m: int, schedule: ScheduleName) -> list[Weights]:
+    slots = m if schedule == "2bw" else m + p - 1
+    return [Weights(slots, weight_copies(schedule), in_flight(s, p, m, schedule)) for s in range(p)]
+
+
+def weigh_op(oc: OpCosts, w: Weights) -> OpCosts:
+    step = oc.step if oc.step is not None else np.zeros_like(oc.time)
+    scale = np.array([w.copies, 1.0, 1.0, w.inflight])
+    parts, parts_rc = oc.parts * scale, oc.parts_rc * scale
+    return OpCosts(configs=oc.configs, time=w.slots * (oc.time - step) + step, mem=parts.sum(axis=1), parts=parts,
+                   comm=oc.comm * w.slots, time_rc=w.slots * (oc.time_rc - step) + step, mem_rc=parts_rc.sum(axis=1),
+                   parts_rc=parts_rc, estimated=oc.estimated, step=step)
+
+
+def weigh_edge(ec: EdgeCosts, w: Weights) -> EdgeCosts:
+    return EdgeCosts(src=ec.src, dst=ec.dst, time=ec.time * w.slots, mem=ec.mem * w.inflight, comm=ec.comm * w.slots)
+
+
+def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
+    """The graph of one micro-batch: every batch dimension divided by m (FLOPs scale with it)."""
+    if m == 1:
+        return graph
+    lab = graph.batch_label
+
+    def scaled(t: TensorRef) -> TensorRef:
+        if lab not in t.dims:
+            return t
+        return t.model_copy(update={"shape": tuple(s // m if d == lab else s for s, d in zip(t.shape, t.dims, strict=True))})
+
+    ops = []
+    for op in graph.ops:
+        batched = lab in op.output.dims or any(lab in t.dims for t in op.inputs)
+        ops.append(op.model_copy(update={"inputs": tuple(scaled(t) for t in op.inputs), "output": scaled(op.output),
+                                         "flops": op.flops / m if batched else op.flops}))
+    meta = dict(graph.meta)
+    if "global_batch" in meta:
+        meta["global_batch"] = int(meta["global_batch"]) // m
+    out = graph.model_copy(update={"ops": tuple(ops), "meta": meta})
+    out.__dict__.pop("_op_index", None)  # model_copy copies the name -> op cache of the full-batch graph
+    return out
+
+
+def unsupported(graph: OpGraph, chain: Chain | None) -> str | None:
+    """Why this graph cannot be pipelined (None if it can)."""
+    if chain is None:
+        return "no stack of at least 3 identical layers"
+    tail = after_stack(graph, chain)
+    last = chain.layers[-1][-1]
+    for name in tail:
+        for t in graph.op(name).inputs:
+            if t.source is not None and t.source not in tail and t.source != last:
+                return f"op {name} after the stack reads {t.source} from before it"
+    return None
+
+
+@dataclass
+class PipeShape:
+    mesh: Mesh            # pp = stages, axes = the stage's dp x tp sub-mesh
+    zero: int
+    micro_batches: int
+    schedule: ScheduleName
+
+    @property
+    def stages(self) -> int:
+        return self.mesh.pp
+
+    def describe(self) -> str:
+        return f"{self.mesh.describe()} zero{self.zero} {self.schedule} m{self.micro_batches}"
+
+
+@dataclass
+class PipeTables:
+    """One pipeline shape's unweighted cost tables for one micro-batch on the stage sub-mesh, and
+    the transfers between stages: what the stage search, plan re-costing, the planners and the
+    exhaustive reference share."""
+
+    shape: PipeShape
+    graph: OpGraph                               # the micro-batch graph
+    chain: Chain
+    op_costs: dict[str, OpCosts]                 # unweighted, one micro-batch, every op
+    edge_costs: dict[tuple[str, str], EdgeCosts]
+    buffers: float
+    p2p: np.ndarray                              # [boundary configs] seconds per micro-batch, both ways
+    p2p_bytes: np.ndarray                        # [boundary configs] bytes sent per micro-batch, one way
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.shape.mesh
+
+    @property
+    def zero(self) -> int:
+        return self.shape.zero
+
+    def describe(self) -> str:
+        return self.shape.describe()
+
+
+def p2p_costs(graph: OpGraph, cm: CostModel, shape: PipeShape, boundary: str,
+              configs: list[Config]) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds (activation forward plus its gradient back) and bytes per micro-batch of sending
+    the boundary tensor, in each boundary configuration, between neighbouring stages."""
+    op = graph.op(boundary)
+    inner = shape.mesh.num_devices // shape.stages
+    alpha, beta = cm.p2p_coefficients(shape.stages, inner)
+    nbytes = np.array([op.output.numel * cm.esize(op.output) / shard_factor(output_placement(c, op), shape.mesh)
+                       for c in configs])
+    return 2.0 * (alpha + beta * nbytes), nbytes
+
+
+def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape) -> PipeTables | None:
+    """Unweighted cost tables of one micro-batch on the stage sub-mesh, and the boundary
+    transfers. `graph` and `cm` are the micro-batch graph and its cost model. None if it cannot
+    pipeline."""
+    chain = find_chain(graph)
+    if chain is None or unsupported(graph, chain) is not None or len(chain.layers) < shape.stages:
+        return None
+    sub = Mesh(pp=1, axes=shape.mesh.axes)
+    if unplaceable_op(graph.ops, sub, graph.batch_label) is not None:
+        return None  # the micro-batch does not split over the stage's data-parallel ranks
+    # layers 2.. are priced with the template layer's tables (identical ops, identical costs)
+    base = mesh_costs(graph, cm, sub, shape.zero, chain)
+    base.update(_tied_copies(graph, cm, sub, shape, chain))
+    edges = _all_edges(graph, cm, sub, base, chain, skip={n for layer in chain.layers[2:] for n in layer})
+    template = set(chain.template)
+    template_edges = {k: ec for k, ec in edges.items() if k[1] in template}
+    for i in range(2, len(chain.layers)):
+        names = dict(zip(chain.template, chain.layers[i], strict=True))
+        names[chain.boundary] = chain.layers[i - 1][-1]
+        for a, b in zip(chain.template, chain.layers[i], strict=True):
+            base[b] = base[a]
+        for (src, dst), ec in template_edges.items():
+            edges[(names.get(src, src), names[dst])] = ec
+    p2p, p2p_bytes = p2p_costs(graph, cm, shape, chain.boundary, base[chain.boundary].configs)
+    covered = {name for layer in chain.layers[2:] for name in layer}
+    buffers = cm.buffers(sub, [graph.op(n) for n in base if n not in covered], shape.zero)
+    return PipeTables(shape=shape, graph=graph, chain=chain, op_costs=base, edge_costs=edges,
+                      buffers=buffers, p2p=p2p, p2p_bytes=p2p_bytes)
+
+
+def _tied_copies(graph: OpGraph, cm: CostModel, sub: Mesh, shape: PipeShape, chain: Chain) -> dict[str, OpCosts]:
+    """Ops after the stack that read a parameter owned before it (GPT's lm head and the token
+    embedding) hold a copy of it on the last stage, as Megatron-LM does: its own gradients and
+    optimizer state, and an all-reduce of the gradients with the first stage once per iteration."""
+    tail = after_stack(graph, chain)
+    owned_in_tail = {p.name for op in graph.ops if op.name in tail for p in op.params if p.owner}
+    out: dict[str, OpCosts] = {}
+    for op in graph.ops:
+        tied = [p for p in op.params if not p.owner and p.name not in owned_in_tail]
+        if op.name not in tail or not tied:
+            continue
+        own = op.model_copy(update={"params": tuple(p.model_copy(update={"owner": True}) if p in tied else p
+                                                    for p in op.params)})
+        oc = cm.op_costs(own, sub, shape.zero)
+        alpha, beta = cm.p2p_coefficients(shape.stages, sub.num_devices)
+        # an all-reduce of two ranks: each sends its gradient shard and receives the other's
+        grads = np.array([sum(p.numel / shard_factor(param_placement(c, p.dims), sub) for p in tied) * cm.bytes.grad
+                          for c in oc.configs])
+        t_tie = 2.0 * (alpha + beta * grads)
+        step = (oc.step if oc.step is not None else np.zeros_like(oc.time)) + t_tie
+        out[op.name] = OpCosts(configs=oc.configs, time=oc.time + t_tie, mem=oc.mem, parts=oc.parts, comm=oc.comm,
+                               time_rc=oc.time_rc + t_tie, mem_rc=oc.mem_rc, parts_rc=oc.parts_rc, step=step,
+                               estimated=oc.estimated)
+    return out
+
+
+def _all_edges(graph: OpGraph, cm: CostModel, mesh: Mesh, ops: dict[str, OpCosts], chain: Chain,
+               skip: AbstractSet[str] = frozenset()) -> dict[tuple[str, str], EdgeCosts]:
+    """Every edge, and the pair constraints the DP applies: those within one part it solves
+    together (the head with layer 0, a layer, the tail). Tied parameters across the head and the
+    tail become two copies on two stages (worker/analyze.py) and are not constrained."""
+    out: dict[tuple[str, str], EdgeCosts] = {}
+    for op in graph.ops:
+        if op.name in skip:
+            continue
+        for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
+            prod = graph.op(src)
+            out[(src, op.name)] = cm.edge_costs(prod, op, mesh, op_configs(prod, mesh, graph.batch_label), ops[op.name].configs)
+    tail = after_stack(graph, chain)
+    layer_of = {name: i for i, layer in enumerate(chain.layers) if i > 0 for name in layer}  # layer 0: the head
+
+    def part_of(name: str) -> int | str:
+        return "tail" if name in tail else layer_of.get(name, "head")
+
+    cm.add_pair_edges(out, mesh, lambda name: op_configs(graph.op(name), mesh, graph.batch_label),
+                      [p for p in cm.bounds.pairs if p.b not in skip and part_of(p.a) == part_of(p.b)])
+    return out
+
+
+def stage_ops(graph: OpGraph, chain: Chain, layers_per_stage: tuple[int, ...]) -> list[set[str]]:
+    """The op names of every stage."""
+    tail = after_stack(graph, chain)
+    in_stack = {n for layer in chain.layers for n in layer}
+    head = {op.name for op in graph.ops if op.name not in tail and op.name not in in_stack}
+    out, first = [], 0
+    for s, k in enumerate(layers_per_stage):
+        names = {n for layer in chain.layers[first:first + k] for n in layer}
+        if s == 0:
+            names |= head
+        if s == len(layers_per_stage) - 1:
+            names |= tail
+        out.append(names)
+        first += k
+    return out
+
+
+def evaluate_pipeline(tabs: PipeTables, assignment: Assignment, layers_per_stage: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Time, memory and the max-memory stage's parts for many assignments at once, straight from
+    the unweighted tables: an independent check of the stage DP, and how plans are re-costed."""
+    shape, graph, chain = tabs.shape, tabs.graph, tabs.chain
+    p = shape.stages
+    weights = stage_weights(p, shape.micro_batches, shape.schedule)
+    layer_of = layer_index(graph)
+    n = np.size(next(iter(assignment.values())))
+    b = np.asarray(assignment[chain.boundary]).reshape(-1)
+    per_t, per_m, per_parts, per_comm = [], [], [], []
+    for s, names in enumerate(stage_ops(graph, chain, layers_per_stage)):
+        w = weights[s]
+        ops = {k: weigh_op(oc, w) for k, oc in tabs.op_costs.items() if k in names}
+        edges = {k: weigh_edge(ec, w) for k, ec in tabs.edge_costs.items() if k[1] in names}
+        res = evaluate(ops, edges, tabs.buffers, assignment, layer_of)
+        t = res["time"] + (w.slots * tabs.p2p[b] if s < p - 1 else 0.0)
+        per_t.append(t)
+        per_m.append(res["memory"])
+        per_parts.append(res["parts"])
+        per_comm.append(res["comm"])
+    T, M = np.stack(per_t), np.stack(per_m)
+    worst = np.argmax(M, axis=0)
+    cols = np.arange(n)
+    return {"time": T.max(axis=0), "memory": M.max(axis=0), "stage_time": T.T, "stage_memory": M.T,
+            "parts": np.stack(per_parts)[worst, cols], "buffers": np.full(n, tabs.buffers),
+            "comm": np.stack(per_comm).max(axis=0),
+            "pp_bytes": 2.0 * shape.micro_batches * tabs.p2p_bytes[b]}

@@ -1,0 +1,260 @@
+"""One mesh's factor graph and its elimination (ft.py, steps 2 to 4).
+
+On one mesh every op is a variable whose values are its configurations. Each op contributes a
+unary factor (one point per configuration: its time and memory), each producer -> consumer pair
+and each pair constraint (search/prices/boundaries.py) a pairwise factor, and each layer of the
+block stack a 0/1 recomputation variable. `eliminate_all` eliminates variables in min-weight
+order, Pareto-reducing after every join. `prepare_mesh` solves what does not depend on pruning:
+with a block stack, the template layer to a factor over its boundary (`unit`) and the rest of
+the graph to a factor over the boundary (`outside`, or for a pipeline its `head` and `tail`).
+
+FT (ft.py) finishes each problem; the pipeline stage search (pipeline.py) builds one per stage
+weighting, the ops' tables weighed by the caller and the edges here (`edge_weights`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from search.algorithm.chain import Chain, after_stack, find_chain, layer_index, recompute_var
+from search.algorithm.evaluate import Weights, mesh_costs, weigh_edge
+from search.algorithm.frontier import Factor, Stats, eliminate_var, join, leaf, restrict_equal, union
+from search.models.graph import Op, OpGraph
+from search.prices.boundaries import Pair
+from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, add_edges, recomputed_mem
+from search.prices.mesh import Mesh, op_configs
+
+
+def _op_factor(name: str, oc: OpCosts, rc: str | None = None) -> Factor:
+    """One point per configuration; inside a block also per recomputation choice of the block."""
+    c = np.arange(len(oc.configs))
+    if rc is None:
+        return leaf((name,), c[:, None], oc.time, oc.mem, note=f"op {name}")
+    keys = np.concatenate([np.stack([c, np.zeros_like(c)], 1), np.stack([c, np.ones_like(c)], 1)])
+    return leaf((name, rc), keys, np.concatenate([oc.time, oc.time_rc]), np.concatenate([oc.mem, oc.mem_rc]),
+                note=f"op {name}")
+
+
+def _edge_factor(ec: EdgeCosts, src_name: str, dst_name: str, rc: str | None = None) -> Factor:
+    """Resharding time and the kept redistributed copy; a recomputed block keeps no copy."""
+    cu, cv = ec.time.shape
+    ku, kv = np.meshgrid(np.arange(cu), np.arange(cv), indexing="ij")
+    keys = np.stack([ku.ravel(), kv.ravel()], axis=1)
+    if rc is None or not ec.mem.any():
+        return leaf((src_name, dst_name), keys, ec.time.ravel(), ec.mem.ravel(), note=f"edge {src_name}->{dst_name}")
+    n = len(keys)
+    keys = np.concatenate([np.c_[keys, np.zeros(n, int)], np.c_[keys, np.ones(n, int)]])
+    return leaf((src_name, dst_name, rc), keys, np.tile(ec.time.ravel(), 2),
+                np.concatenate([ec.mem.ravel(), recomputed_mem(ec.mem.ravel())]), note=f"edge {src_name}->{dst_name}")
+
+
+def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str, ...] = (), eps: float = 0.0,
+                  stats: Stats | None = None) -> Factor:
+    """Variable elimination in min-weight order (the variable whose elimination makes the
+    smallest table goes first; ties: fewest points, then name); returns one factor over `keep`."""
+    live: dict[int, Factor] = dict(enumerate(factors))
+    next_id = len(live)
+    by_var: dict[str, set[int]] = {}
+    for fid, f in live.items():
+        for v in f.scope:
+            by_var.setdefault(v, set()).add(fid)
+    remaining = set(by_var) - set(keep)
+    id_of = {id(f): fid for fid, f in live.items()}
+
+    def weight(v: str) -> tuple[float, str]:
+        """Expected number of point pairs the elimination combines: the joint assignment space
+        times the average frontier size per assignment of every factor involved."""
+        scope: set[str] = set()
+        est = 1.0
+        for fid in by_var[v]:
+            f = live[fid]
+            scope.update(f.scope)
+            keys = 1
+            for u in f.scope:
+                keys *= domain[u]
+            est *= max(len(f), 1) / keys
+        for u in scope:
+            est *= domain[u]
+        return (est, v)
+
+    while remaining:
+        v = min(remaining, key=weight)
+        mine = sorted((live.pop(fid) for fid in by_var.pop(v)), key=len)
+        for f in mine:
+            for u in f.scope:
+                if u != v:
+                    by_var[u].discard(id_of[id(f)])
+        if len(mine) == 1:
+            acc = eliminate_var(mine[0], v, domain, eps)
+        else:
+            acc = mine[0]
+            for k, f in enumerate(mine[1:]):
+                acc = join(acc, f, drop=(v,) if k == len(mine) - 2 else (), domain=domain, eps=eps, stats=stats)
+        live[next_id] = acc
+        id_of[id(acc)] = next_id
+        for u in acc.scope:
+            by_var[u].add(next_id)
+        next_id += 1
+        remaining.discard(v)
+    rest = sorted(live.values(), key=len)
+    acc = rest[0]
+    for f in rest[1:]:
+        acc = join(acc, f, domain=domain, eps=eps, stats=stats)
+    return acc
+
+
+@dataclass
+class MeshProblem:
+    """One mesh's factor graph, with everything that does not depend on pruning solved: the
+    template layer eliminated to its per-boundary frontier (`unit`) and the rest of the graph to
+    a factor over the boundary (`outside`); without a block stack, just the factors."""
+
+    mesh: Mesh
+    chain: Chain | None
+    op_costs: dict[str, OpCosts]
+    edge_costs: dict[tuple[str, str], EdgeCosts]
+    domain: dict[str, int]
+    buffers: float
+    stats: Stats
+    factors: list[Factor]
+    unit: Factor | None = None
+    outside: Factor | None = None
+    zero: int = 0
+    head: Factor | None = None   # with split_outside: the ops before the stack and layer 0
+    tail: Factor | None = None   # ... and the ops after the stack (pipelines put them on other stages)
+
+
+def _with_recompute(oc: OpCosts, r: int) -> OpCosts:
+    """The op's tables with its block's recomputation fixed to r (as the plain arrays)."""
+    if not r:
+        return oc
+    return OpCosts(configs=oc.configs, time=oc.time_rc, mem=oc.mem_rc, parts=oc.parts_rc, comm=oc.comm,
+                   time_rc=oc.time_rc, mem_rc=oc.mem_rc, parts_rc=oc.parts_rc, estimated=oc.estimated,
+                   step=oc.step)
+
+
+class _MeshFactors:
+    """The factors of one mesh's ops and edges, and their elimination with a layer's
+    recomputation chosen. Edge tables are priced once and kept in `edge_costs`."""
+
+    def __init__(self, graph: OpGraph, cm: CostModel, mesh: Mesh, op_costs: dict[str, OpCosts],
+                 layer_of: dict[str, int], chain: Chain | None, eps: float, edge_weights: Weights | None) -> None:
+        self.graph, self.cm, self.mesh, self.op_costs = graph, cm, mesh, op_costs
+        self.layer_of, self.eps, self.edge_weights = layer_of, eps, edge_weights
+        self.stats = Stats()
+        # ops after the stack read the last layer's output; the boundary variable stands for it
+        self.rename: dict[str, str] = {chain.layers[-1][-1]: chain.boundary} if chain else {}
+        self.domain = {name: len(oc.configs) for name, oc in op_costs.items()}
+        self.domain.update({recompute_var(i): 2 for i in set(layer_of.values())})
+        self.choices = (0, 1) if recompute_var(1) in self.domain else (0,)
+        self.edge_costs: dict[tuple[str, str], EdgeCosts] = {}
+        self.pairs: dict[str, list[Pair]] = {}
+        for pair in cm.bounds.pairs:
+            self.pairs.setdefault(pair.b, []).append(pair)
+
+    def _weighed(self, ec: EdgeCosts) -> EdgeCosts:
+        return weigh_edge(ec, self.edge_weights) if self.edge_weights is not None else ec
+
+    def edge(self, src: str, dst: str) -> EdgeCosts:
+        """Costs of dst reading src's output, priced with the real producer (for the ops after
+        the stack: the last layer's output op, whose configurations mirror the boundary's), plus
+        any pair constraint between the two (search/prices/boundaries.py)."""
+        if (src, dst) not in self.edge_costs:
+            graph, cm, mesh = self.graph, self.cm, self.mesh
+            prod, cons = graph.op(src), graph.op(dst)
+            prod_cfgs = op_configs(prod, mesh, graph.batch_label)
+            ec = None
+            if any(t.source == src for t in cons.inputs):
+                ec = self._weighed(cm.edge_costs(prod, cons, mesh, prod_cfgs, self.op_costs[dst].configs))
+            for pair in self.pairs.get(dst, []):
+                if pair.a == src:
+                    ec = add_edges(ec, self._weighed(cm.pair_costs(pair, mesh, prod_cfgs, self.op_costs[dst].configs)))
+            assert ec is not None
+            self.edge_costs[(src, dst)] = ec
+        return self.edge_costs[(src, dst)]
+
+    def factors(self, ops: list[Op], fixed: dict[int, int]) -> list[Factor]:
+        """Factors of `ops`; a layer in `fixed` takes that recomputation choice, any other
+        layer keeps its choice as a variable."""
+        out: list[Factor] = []
+        names = {op.name for op in ops}
+        for op in ops:
+            layer = self.layer_of.get(op.name)
+            rc = recompute_var(layer) if layer is not None and layer not in fixed else None
+            oc = self.op_costs[op.name]
+            if layer is not None and layer in fixed:
+                oc = _with_recompute(oc, fixed[layer])
+            out.append(_op_factor(op.name, oc, rc))
+            # its producers, and the ops it must agree with among those solved together
+            partners = [pr.a for pr in self.pairs.get(op.name, []) if pr.a in names]
+            for src in dict.fromkeys([*(t.source for t in op.inputs if t.source is not None), *partners]):
+                ec = self.edge(src, op.name)
+                if layer is not None and fixed.get(layer):
+                    ec = EdgeCosts(src=ec.src, dst=ec.dst, time=ec.time, mem=recomputed_mem(ec.mem), comm=ec.comm)
+                out.append(_edge_factor(ec, self.rename.get(src, src), op.name, rc))
+        return out
+
+    def solved(self, ops: list[Op], layer: int | None, keep: tuple[str, ...],
+               finish: Callable[[Factor], Factor] | None = None) -> Factor:
+        """`ops` eliminated down to `keep` (then `finish`ed), with the recomputation of `layer`
+        (if any) chosen: once per choice, the frontiers united."""
+        def run(fixed: dict[int, int]) -> Factor:
+            f = eliminate_all(self.factors(ops, fixed), self.domain, keep=keep, eps=self.eps, stats=self.stats)
+            return finish(f) if finish is not None else f
+
+        if layer is None or not any(self.layer_of.get(op.name) == layer for op in ops):
+            return run({})
+        cases = [run({layer: r}) for r in self.choices]
+        if len(cases) == 1:
+            return cases[0]
+        var = recompute_var(layer)
+        return eliminate_var(union(cases, var), var, self.domain, self.eps)
+
+
+def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool = True, eps: float = 0.0,
+                 zero: int = 0, recompute: bool = True, op_costs: dict[str, OpCosts] | None = None,
+                 split_outside: tuple[bool, bool] | None = None, edge_weights: Weights | None = None) -> MeshProblem:
+    """Cost tables and factors of one mesh under ZeRO stage `zero`; with `recompute`, every
+    layer of the block stack may also be recomputed. With a stack, the template layer and the
+    rest of the graph are each solved twice, their layer recomputed or not, and the two
+    frontiers united (a hub variable touching every op of a layer would double every table).
+    `split_outside` = (head, tail): solve the ops before the stack (with layer 0) and those after
+    it separately, as pipelines place them on different stages; `edge_weights`: price the edges
+    under one pipeline stage's weights (`op_costs` then come weighed)."""
+    layer_of = layer_index(graph) if recompute else {}
+    chain = find_chain(graph) if reuse_blocks else None
+    op_costs = op_costs if op_costs is not None else mesh_costs(graph, cm, mesh, zero, chain)
+    if chain and len(op_costs[chain.boundary].configs) != len(op_costs[chain.template[-1]].configs):
+        return prepare_mesh(graph, cm, mesh, reuse_blocks=False, eps=eps, zero=zero, recompute=recompute,
+                            edge_weights=edge_weights)
+    fg = _MeshFactors(graph, cm, mesh, op_costs, layer_of, chain, eps, edge_weights)
+    costed = [graph.op(name) for name in op_costs]
+    prob = MeshProblem(mesh=mesh, chain=chain, op_costs=op_costs, edge_costs=fg.edge_costs, domain=fg.domain,
+                       buffers=cm.buffers(mesh, costed, zero), stats=fg.stats, factors=[], zero=zero)
+    if not chain:
+        prob.factors = fg.factors(costed, {})
+        return prob
+    template = set(chain.template)
+    block_ops = [op for op in costed if op.name in template]
+    rest_ops = [op for op in costed if op.name not in template]
+    out_t = chain.template[-1]
+    prob.unit = fg.solved(block_ops, 1, (chain.boundary, out_t),
+                          lambda f: restrict_equal(f, chain.boundary, out_t, chain.boundary))
+    prob.unit.layer_leaf = True
+    prob.unit.layers = 1
+    if split_outside is not None:
+        want_head, want_tail = split_outside
+        tail_names = after_stack(graph, chain)
+        if want_head:
+            prob.head = fg.solved([op for op in rest_ops if op.name not in tail_names], 0, (chain.boundary,))
+        if want_tail:
+            prob.tail = fg.solved([op for op in rest_ops if op.name in tail_names], None, (chain.boundary,))
+        return prob
+    # reduce everything else to a factor over the boundary first: the stack's factor is the
+    # largest table, and it should meet one frontier per boundary configuration, not one per
+    # configuration of every op it happens to share a table with
+    prob.outside = fg.solved(rest_ops, 0, (chain.boundary,))
+    return prob

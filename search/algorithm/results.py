@@ -1,0 +1,203 @@
+"""What a search returns: per solved mesh or pipeline shape a `Solution`, and the merged frontier.
+
+Two kinds of solution share one protocol, so that the merge (ft.py), the plans and the planners
+read either the same way:
+- `MeshSolution`: one mesh and ZeRO stage without a pipeline (FT, the exhaustive reference, the
+  data- and tensor-parallel planners);
+- `PipeSolution`: one pipeline shape, its points also splitting the layers into stages (the
+  pipeline stage search, the pipeline planners).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from search.algorithm.chain import Chain, layer_index
+from search.algorithm.evaluate import PipeShape, PipeTables, evaluate, evaluate_pipeline
+from search.algorithm.frontier import Factor, Stats, assignments
+from search.models.graph import OpGraph
+from search.prices.cluster import Cluster
+from search.prices.costmodel import EdgeCosts, OpCosts, TrainingJob
+from search.prices.mesh import Mesh
+
+Split = tuple[int, ...]  # layers per pipeline stage
+
+
+class Solution(Protocol):
+    """One solved mesh or pipeline shape: its frontier points (`root.t`, `root.m`, one row per
+    point), the cost tables they were priced from, and how a point's plan is read back and
+    re-costed."""
+
+    @property
+    def root(self) -> Factor: ...
+    @property
+    def mesh(self) -> Mesh: ...
+    @property
+    def zero(self) -> int: ...
+    @property
+    def chain(self) -> Chain | None: ...
+    @property
+    def op_costs(self) -> dict[str, OpCosts]: ...
+    @property
+    def edge_costs(self) -> dict[tuple[str, str], EdgeCosts]: ...
+    @property
+    def buffers(self) -> float: ...
+    @property
+    def stats(self) -> Stats: ...
+
+    @property
+    def pipeline(self) -> PipeShape | None:
+        """The pipeline shape (stages, micro-batches, schedule); None without a pipeline."""
+        ...
+
+    def describe(self) -> str: ...
+
+    def read_back(self, rows: np.ndarray) -> tuple[dict[str, np.ndarray], list[Split | None]]:
+        """For the points `rows` of `root`: every op's configuration index (and every layer's
+        recomputation choice), and each point's layers per stage (None without a pipeline)."""
+        ...
+
+    def configured_graph(self, graph: OpGraph) -> OpGraph:
+        """The graph whose ops the configuration indices index: the searched graph, or a
+        pipeline's micro-batch graph."""
+        ...
+
+    def recost(self, graph: OpGraph, assignment: dict[str, np.ndarray], splits: list[Split | None]
+               ) -> dict[str, np.ndarray]:
+        """Time, memory, breakdown and communication of many assignments of `graph`'s ops at once
+        (one split per assignment), straight from the cost tables."""
+        ...
+
+
+@dataclass
+class MeshSolution:
+    mesh: Mesh
+    root: Factor
+    chain: Chain | None
+    op_costs: dict[str, OpCosts]
+    edge_costs: dict[tuple[str, str], EdgeCosts]
+    buffers: float
+    stats: Stats
+    zero: int = 0
+    # every point's assignment, when `root` carries no provenance to read it back from (the
+    # exhaustive reference and the planners price given assignments)
+    assigns: dict[str, np.ndarray] | None = None
+
+    @property
+    def pipeline(self) -> PipeShape | None:
+        return None
+
+    def describe(self) -> str:
+        return f"{self.mesh.describe()} zero{self.zero}"
+
+    def read_back(self, rows: np.ndarray) -> tuple[dict[str, np.ndarray], list[Split | None]]:
+        if self.assigns is not None:
+            configs = {name: v[rows] for name, v in self.assigns.items()}
+        else:
+            configs = assignments(self.root, rows, self.chain.layer_maps() if self.chain else None)
+        return configs, [None] * len(rows)
+
+    def configured_graph(self, graph: OpGraph) -> OpGraph:
+        return graph
+
+    def recost(self, graph: OpGraph, assignment: dict[str, np.ndarray], splits: list[Split | None]
+               ) -> dict[str, np.ndarray]:
+        op_map, edge_map = self._cost_names()
+        ops: dict[str, OpCosts] = {}
+        edges: dict[tuple[str, str], EdgeCosts] = {}
+        remap: dict[str, np.ndarray] = {v: a for v, a in assignment.items() if v.startswith("recompute@")}
+        layer_of = layer_index(graph) if remap else {}
+        for op in graph.ops:
+            ops[op.name] = self.op_costs[op_map.get(op.name, op.name)]
+            remap[op.name] = assignment[op.name]
+            for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
+                k = edge_map.get((src, op.name))
+                if k is None:
+                    k = (op_map.get(src, src), op_map.get(op.name, op.name))
+                    if k not in self.edge_costs:
+                        k = (src, op.name)
+                edges[(src, op.name)] = self.edge_costs[k]
+        return evaluate(ops, edges, self.buffers, remap, layer_of)
+
+    def _cost_names(self) -> tuple[dict[str, str], dict[tuple[str, str], tuple[str, str]]]:
+        """Ops of layers solved through the template are priced with the template's tables."""
+        op_map: dict[str, str] = {}
+        edge_map: dict[tuple[str, str], tuple[str, str]] = {}
+        chain = self.chain
+        if chain:
+            for i in range(2, len(chain.layers)):
+                prev_out = chain.layers[i - 1][-1]
+                for a, b in zip(chain.template, chain.layers[i], strict=True):
+                    op_map[b] = a
+                for b in chain.layers[i]:
+                    edge_map[(prev_out, b)] = (chain.boundary, op_map[b])
+        return op_map, edge_map
+
+
+@dataclass
+class PipeSolution(PipeTables):
+    """One pipeline shape's frontier, with the tables plan building and re-costing need."""
+
+    root: Factor
+    partitions: list[Split]                      # per point: layers per stage
+    assigns: dict[str, np.ndarray]               # per point: every op's configuration, recompute vars
+    stats: Stats = field(default_factory=Stats)
+
+    @classmethod
+    def of(cls, tables: PipeTables, root: Factor, partitions: list[Split], assigns: dict[str, np.ndarray],
+           stats: Stats | None = None) -> PipeSolution:
+        return cls(shape=tables.shape, graph=tables.graph, chain=tables.chain, op_costs=tables.op_costs,
+                   edge_costs=tables.edge_costs, buffers=tables.buffers, p2p=tables.p2p, p2p_bytes=tables.p2p_bytes,
+                   root=root, partitions=partitions, assigns=assigns, stats=stats if stats is not None else Stats())
+
+    @property
+    def pipeline(self) -> PipeShape | None:
+        return self.shape
+
+    def read_back(self, rows: np.ndarray) -> tuple[dict[str, np.ndarray], list[Split | None]]:
+        return {name: v[rows] for name, v in self.assigns.items()}, [self.partitions[int(r)] for r in rows]
+
+    def configured_graph(self, graph: OpGraph) -> OpGraph:
+        return self.graph
+
+    def recost(self, graph: OpGraph, assignment: dict[str, np.ndarray], splits: list[Split | None]
+               ) -> dict[str, np.ndarray]:
+        """Stage by stage, one assignment at a time (each may split the layers differently)."""
+        rows = []
+        for j, split in enumerate(splits):
+            assert split is not None, "a pipeline point always has its split"
+            rows.append(evaluate_pipeline(self, {k: v[j:j + 1] for k, v in assignment.items()}, split))
+        return {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+
+
+@dataclass
+class FrontierPoint:
+    time_s: float
+    memory_bytes: float
+    mesh_index: int
+    configs: dict[str, np.ndarray]  # op name -> configuration indices, shared by the mesh's points
+    row: int                        # this point's position in those arrays
+    stages: Split | None = None     # a pipeline plan: layers per stage
+
+    @property
+    def assignment(self) -> dict[str, int]:
+        """op name -> index of its configuration in mesh.op_configs order."""
+        return {name: int(v[self.row]) for name, v in self.configs.items()}
+
+
+@dataclass
+class SearchResult:
+    graph: OpGraph
+    cluster: Cluster
+    job: TrainingJob
+    solutions: list[Solution]
+    points: list[FrontierPoint]
+    search_seconds: float
+    eps: float
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+__all__ = ["FrontierPoint", "MeshSolution", "PipeSolution", "SearchResult", "Solution", "Split"]
