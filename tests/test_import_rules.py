@@ -12,8 +12,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("search", "profiler", "service", "worker", "paretoplan", "web", "bench")
 LAYERS = {"search.models": 0, "search.prices": 1, "search.algorithm": 2, "search.plans": 3}
@@ -85,8 +83,6 @@ def test_the_rules_see_every_package() -> None:
     assert "search.algorithm.ft" in MODULES and REFERENCE in MODULES
 
 
-@pytest.mark.xfail(strict=True, reason="service/agent.py still launches the worker in-process (lazy import of "
-                                       "worker.launch); it moves to worker/ on another branch of issue 14")
 def test_service_never_imports_worker() -> None:
     assert _violations("service", {"worker"}) == []
 
