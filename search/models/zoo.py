@@ -846,7 +846,9 @@ def _hf_build(config: object, kind: str) -> nn.Module:
     try:
         model = auto.from_config(config, attn_implementation="sdpa")
     except ValueError:  # architecture without an SDPA attention path
-        model = auto.from_config(config)
+        # name eager explicitly: the failed call has already set sdpa on `config`, so a bare
+        # from_config(config) would fail again with the same error
+        model = auto.from_config(config, attn_implementation="eager")
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
     return HFLossAdapter(model, kind)
@@ -887,16 +889,18 @@ def spec_from_hf_config(raw: Any, label: str = "config", origin: str = "config")
     from transformers import AutoConfig
 
     fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
+    # transformers runs only on the user's config in these two calls and rejects a bad one with
+    # whatever it raises (ValueError, KeyError, TypeError, AttributeError, ...): all are the input's
     try:
         config = AutoConfig.for_model(model_type, **fields)
-    except Exception as e:  # unknown model_type, inconsistent values, ...
+    except Exception as e:  # noqa: BLE001 - unknown model_type, inconsistent values, ...
         raise InputError(f"HF config '{p}' is invalid: {e}") from None
     kind = _hf_kind(config)
 
     try:
         with torch.device("meta"):
             model = _hf_build(config, kind)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - e.g. hidden size not divisible by the head count
         raise InputError(f"cannot build a model from HF config '{p}': {e}") from None
 
     blocks = find_blocks_attr(model)
