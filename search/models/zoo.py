@@ -536,7 +536,7 @@ class ResNet(ZooModule):
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
         in_ch = 64
         stages = []
-        for i, (n_blocks, planes) in enumerate(zip(layers, (64, 128, 256, 512))):
+        for i, (n_blocks, planes) in enumerate(zip(layers, (64, 128, 256, 512), strict=True)):
             stride = 1 if i == 0 else 2
             blocks = []
             for j in range(n_blocks):
@@ -909,7 +909,9 @@ def spec_from_hf_config(raw: Any, label: str = "config", origin: str = "config")
     image_size = _first_int(config, "image_size") if kind == "vision" else None
     if kind == "vision" and image_size is None:
         image_size = 224
-    n_layers = len(model.get_submodule(blocks)) if blocks else None
+    stack = model.get_submodule(blocks) if blocks else None
+    assert stack is None or isinstance(stack, nn.ModuleList)  # find_blocks_attr picks ModuleLists only
+    n_layers = len(stack) if stack is not None else None
     arch = type(model.model).__name__
     dim = _first_int(config, "hidden_size", "n_embd", "d_model")
 
