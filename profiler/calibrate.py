@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from search import InputError, read_json
+from search.errors import invalid
 from search.prices.profile import Calibration, DeviceProfile, ProfileLookup
 
 FACTOR_MIN, FACTOR_MAX = 0.02, 50.0
@@ -117,19 +119,18 @@ class Recoster:
     def parts(self, plan: dict[str, Any]) -> PlanParts:
         from search.algorithm.exhaustive import evaluate
         from search.algorithm.ft import layer_index, recompute_var
-        from search.prices.mesh import Mesh, MeshAxis, default_role, op_configs
+        from search.plans.plan import MeshSpec
+        from search.prices.mesh import Mesh, MeshAxis, op_configs
 
-        mesh_d = plan.get("mesh") or {}
-        if int(mesh_d.get("pp", 1)) > 1:
+        try:  # an axis without a role takes its name's (dp data, tp tensor)
+            mesh_spec = MeshSpec.model_validate(plan.get("mesh") or {})
+        except ValidationError as e:
+            raise invalid(e, "the report's plan has no valid mesh") from None
+        if mesh_spec.pp > 1:
             raise InputError("pipelined plans (pp > 1) cannot be re-costed for calibration yet")
         key, resolved = self._resolve(plan)
         graph = resolved[0]
-        try:
-            mesh = Mesh(pp=1, axes=tuple(MeshAxis(a["name"], int(a["size"]), int(a["stride"]),
-                                                  a.get("role") or default_role(a["name"]))
-                                         for a in mesh_d["axes"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"the report's plan has no valid mesh: {e}") from None
+        mesh = Mesh(pp=1, axes=tuple(MeshAxis(a.name, a.size, a.stride, a.role) for a in mesh_spec.axes))
         assignment = _assignment(plan, graph, mesh, op_configs)
         layer_of = layer_index(graph)
         for i in set(layer_of.values()):
@@ -152,10 +153,11 @@ class Recoster:
                          comm={a: v for a, v in comm.items() if v > 0}, memory=float(none["memory"][0]))
 
 
-def _assignment(plan: dict[str, Any], graph, mesh, op_configs) -> dict[str, np.ndarray]:
+def _assignment(plan: dict[str, Any], graph, mesh, op_configs) -> dict[str, np.ndarray | int]:
     """Configuration index per op from the Plan's per-op labels (layers of a block stack carry
-    layer 0's labels in their variant; indices are positional, so they transfer)."""
-    out: dict[str, np.ndarray] = {}
+    layer 0's labels in their variant; indices are positional, so they transfer); the layers'
+    recomputation choices are added by the caller."""
+    out: dict[str, np.ndarray | int] = {}
 
     def index(op_name: str, config: list[str]) -> int:
         op = graph.op(op_name)
@@ -231,13 +233,13 @@ def fit_factors(parts: list[PlanParts], measured: list[float], prior_compute: di
     for j, v in fixed.items():
         theta[j] = v
     compute, comm = dict(prior_compute), dict(prior_comm)
-    for (t, n), v in zip(names, theta):
+    for (t, n), v in zip(names, theta, strict=True):
         (compute if t == "c" else comm)[n] = float(v)
     return compute, comm
 
 
 def _median_rel(pred: list[float], meas: list[float]) -> float:
-    return float(statistics.median(abs(p - m) / m for p, m in zip(pred, meas))) if meas else 0.0
+    return float(statistics.median(abs(p - m) / m for p, m in zip(pred, meas, strict=True))) if meas else 0.0
 
 
 def calibrate(reports: list[dict[str, Any]], profile: DeviceProfile, names: list[str] | None = None
@@ -252,7 +254,7 @@ def calibrate(reports: list[dict[str, Any]], profile: DeviceProfile, names: list
     parts: list[PlanParts] = []
     reps: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
-    for name, r in zip(names, reports):
+    for name, r in zip(names, reports, strict=True):
         r = check_report(r, name)
         if r["plan"].get("device") != profile.device:
             skipped[name] = f"ran on {r['plan'].get('device')!r}, the profile is of {profile.device!r}"
@@ -269,7 +271,7 @@ def calibrate(reports: list[dict[str, Any]], profile: DeviceProfile, names: list
     t_meas = [float(r["measured"]["time_s"]) for r in reps]
     m_meas = [float(r["measured"]["memory_bytes"]) for r in reps]
     compute, comm = fit_factors(parts, t_meas, c0, a0)
-    overhead = float(statistics.median(m - p.memory for m, p in zip(m_meas, parts)))
+    overhead = float(statistics.median(m - p.memory for m, p in zip(m_meas, parts, strict=True)))
     before_t = _median_rel([p.time(c0, a0) for p in parts], t_meas)
     after_t = _median_rel([p.time(compute, comm) for p in parts], t_meas)
     before_m = _median_rel([p.memory + o0 for p in parts], m_meas)

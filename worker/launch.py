@@ -302,7 +302,7 @@ def run_plans(plans: list[Plan], settings: RunSettings, *, show_progress: bool =
         finally:
             bar.close()
         finished = datetime.now(UTC)
-        for i, job, raw in zip(idx, group, raws):
+        for i, job, raw in zip(idx, group, raws, strict=True):
             reports[i] = make_report(job, raw, started, finished)
     return [r for r in reports if r is not None]
 
