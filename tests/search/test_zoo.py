@@ -271,7 +271,7 @@ def test_example_inputs_seeded() -> None:
     spec = get_model("llama-tiny")
     a = spec.example_inputs(2, device="cpu", seed=7)
     b = spec.example_inputs(2, device="cpu", seed=7)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert int(a[0].max()) < 512
 
 
