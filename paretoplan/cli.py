@@ -507,7 +507,7 @@ def _print_table(result, best, budget: float, capture_s: float, show_all: bool) 
           f"global batch {result.job.global_batch}, {result.job.precision}, on {result.cluster.describe()}")
     print(f"{'':2}{'#':>5} {'time/iter':>12} {'memory/device':>14}  plan")
     summaries = _summaries(result, [pts[i] for i in rows])
-    for i, s in zip(rows, summaries):
+    for i, s in zip(rows, summaries, strict=True):
         p = pts[i]
         mark = "*" if i == best_i else (" " if p.memory_bytes <= budget else "!")
         print(f"{mark:2}{i:>5} {_ms(p.time_s):>9} ms {format_size(int(p.memory_bytes)):>14}  {s}")

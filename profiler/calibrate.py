@@ -119,19 +119,18 @@ class Recoster:
     def parts(self, plan: dict[str, Any]) -> PlanParts:
         from search.algorithm.chain import layer_index, recompute_var
         from search.algorithm.evaluate import evaluate
-        from search.prices.mesh import Mesh, MeshAxis, default_role, op_configs
+        from search.plans.plan import MeshSpec
+        from search.prices.mesh import Mesh, MeshAxis, op_configs
 
-        mesh_d = plan.get("mesh") or {}
-        if int(mesh_d.get("pp", 1)) > 1:
+        try:  # an axis without a role takes its name's (dp data, tp tensor)
+            mesh_spec = MeshSpec.model_validate(plan.get("mesh") or {})
+        except ValidationError as e:
+            raise invalid(e, "the report's plan has no valid mesh") from None
+        if mesh_spec.pp > 1:
             raise InputError("pipelined plans (pp > 1) cannot be re-costed for calibration yet")
         key, resolved = self._resolve(plan)
         graph = resolved[0]
-        try:
-            mesh = Mesh(pp=1, axes=tuple(MeshAxis(a["name"], int(a["size"]), int(a["stride"]),
-                                                  a.get("role") or default_role(a["name"]))
-                                         for a in mesh_d["axes"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"the report's plan has no valid mesh: {e}") from None
+        mesh = Mesh(pp=1, axes=tuple(MeshAxis(a.name, a.size, a.stride, a.role) for a in mesh_spec.axes))
         assignment = _assignment(plan, graph, mesh, op_configs)
         layer_of = layer_index(graph)
         for i in set(layer_of.values()):
@@ -154,10 +153,11 @@ class Recoster:
                          comm={a: v for a, v in comm.items() if v > 0}, memory=float(none["memory"][0]))
 
 
-def _assignment(plan: dict[str, Any], graph, mesh, op_configs) -> dict[str, np.ndarray]:
+def _assignment(plan: dict[str, Any], graph, mesh, op_configs) -> dict[str, np.ndarray | int]:
     """Configuration index per op from the Plan's per-op labels (layers of a block stack carry
-    layer 0's labels in their variant; indices are positional, so they transfer)."""
-    out: dict[str, np.ndarray] = {}
+    layer 0's labels in their variant; indices are positional, so they transfer); the layers'
+    recomputation choices are added by the caller."""
+    out: dict[str, np.ndarray | int] = {}
 
     def index(op_name: str, config: list[str]) -> int:
         op = graph.op(op_name)

@@ -24,6 +24,7 @@ import contextlib
 import gc
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -108,7 +109,7 @@ def pipeline_graphs(graph: OpGraph, cluster: Cluster, job, zero_stages: tuple[in
 class Bench:
     """A callable op with its leaf tensors: `fn()` runs the forward from them."""
 
-    fn: object
+    fn: Callable[[], torch.Tensor]
     leaves: list[torch.Tensor]
     proxy: bool = False
 
@@ -116,7 +117,7 @@ class Bench:
 def _dims_of(reduced_in: tuple[int, ...], out: tuple[int, ...]) -> tuple[list[int], bool]:
     """Which dims a reduction removed (or kept at size 1), from the shapes."""
     if len(out) == len(reduced_in):
-        return [i for i, (a, b) in enumerate(zip(reduced_in, out)) if a != b], True
+        return [i for i, (a, b) in enumerate(zip(reduced_in, out, strict=True)) if a != b], True
     dims, j = [], 0
     for i, a in enumerate(reduced_in):
         if j < len(out) and out[j] == a:
@@ -129,7 +130,7 @@ def _dims_of(reduced_in: tuple[int, ...], out: tuple[int, ...]) -> tuple[list[in
 def _conv_attrs(x_sp: tuple[int, ...], k_sp: tuple[int, ...], o_sp: tuple[int, ...]) -> tuple[list[int], list[int]]:
     """Stride and padding that map input spatial sizes to the output's (dilation 1)."""
     strides, pads = [], []
-    for h, k, o in zip(x_sp, k_sp, o_sp):
+    for h, k, o in zip(x_sp, k_sp, o_sp, strict=True):
         s = max(1, math.ceil(h / o)) if o > 1 else max(1, h)
         p = 0
         while p <= k and (h + 2 * p - k) // s + 1 < o:
@@ -152,96 +153,166 @@ class _Factory:
         return torch.randint(0, max(high, 1), shape, generator=self.gen).to(device=self.device, dtype=dtype)
 
 
-def build(inst: OpInstance, precision: str, device: torch.device | str = "cpu") -> Bench:
-    """A torch op computing what `inst` computes on one device, at its local shapes."""
-    op, mesh, cfg = inst.op, inst.mesh, inst.cfg
-    dev = torch.device(device)
-    fac = _Factory(dev)
-    in_shapes = [local_shape(t.shape, t.dims, input_placement(cfg, t), mesh) for t in op.inputs]
-    in_dt = [TORCH_DTYPES[value_dtype(t.dtype, precision)] for t in op.inputs]
-    p_shapes = [local_shape(p.shape, p.dims, param_placement(cfg, p.dims), mesh) for p in op.params]
-    p_dt = [TORCH_DTYPES[value_dtype(p.dtype, precision)] for p in op.params]
-    out_shape = local_shape(op.output.shape, op.output.dims, output_placement(cfg, op), mesh)
-    params = [fac.float(s, d, True) if d.is_floating_point else fac.ints(s, 2, d) for s, d in zip(p_shapes, p_dt)]
-    name = short_target(op.target)
+class _Operands:
+    """An op's operands at its local shapes on one device: its parameters, made first and in
+    order, and its activations, made on demand (one that another op produces requires grad)."""
 
-    def act(i: int, high: int = 2) -> torch.Tensor:
-        s, d = in_shapes[i], in_dt[i]
+    def __init__(self, inst: OpInstance, precision: str, device: torch.device) -> None:
+        op, mesh, cfg = inst.op, inst.mesh, inst.cfg
+        self.op, self.device, self.fac = op, device, _Factory(device)
+        self.name = short_target(op.target)
+        self.in_shapes = [local_shape(t.shape, t.dims, input_placement(cfg, t), mesh) for t in op.inputs]
+        self.in_dt = [TORCH_DTYPES[value_dtype(t.dtype, precision)] for t in op.inputs]
+        self.out_shape = local_shape(op.output.shape, op.output.dims, output_placement(cfg, op), mesh)
+        p_shapes = [local_shape(p.shape, p.dims, param_placement(cfg, p.dims), mesh) for p in op.params]
+        p_dt = [TORCH_DTYPES[value_dtype(p.dtype, precision)] for p in op.params]
+        self.params = [self.fac.float(s, d, True) if d.is_floating_point else self.fac.ints(s, 2, d)
+                       for s, d in zip(p_shapes, p_dt, strict=True)]
+
+    def act(self, i: int, high: int = 2) -> torch.Tensor:
+        s, d = self.in_shapes[i], self.in_dt[i]
         if d.is_floating_point:
-            return fac.float(s, d, op.inputs[i].source is not None)
-        return fac.ints(s, high, d)
+            return self.fac.float(s, d, self.op.inputs[i].source is not None)
+        return self.fac.ints(s, high, d)
 
-    kind = op.kind
-    if kind == "linear" and in_shapes and params:
-        x, w = act(0), params[0]
-        b = params[1] if len(params) > 1 else None
-        if w.dim() == 2 and w.shape[-1] == x.shape[-1]:
-            return Bench(lambda: F.linear(x, w, b), [x, *params])
-        return Bench(lambda: torch.matmul(x, w) + (b if b is not None else 0), [x, *params])
-    if kind == "matmul" and len(in_shapes) >= 2:
-        a, b2 = act(0), act(1)
-        return Bench(lambda: torch.matmul(a, b2), [a, b2])
-    if kind == "attention" and len(in_shapes) >= 3:
-        q, k, v = act(0), act(1), act(2)
-        causal = is_causal(op)
-        gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
-        return Bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa), [q, k, v])
-    if kind == "embedding" and params:
-        w = params[0]
-        ids = (act(0, high=w.shape[0]) if in_shapes else
-               (torch.arange(math.prod(out_shape[:-1]), device=dev) % w.shape[0]).reshape(out_shape[:-1]))
-        return Bench(lambda: F.embedding(ids, w), [w])
-    if kind == "norm" and in_shapes:
-        x = act(0)
-        w = params[0] if params else None
-        b = params[1] if len(params) > 1 else None
-        if "batch_norm" in name:
-            return Bench(lambda: F.batch_norm(x, None, None, w, b, training=True), [x, *params])
-        if "group_norm" in name:
-            c = x.shape[1]
-            groups = 32 if c % 32 == 0 else 1
-            return Bench(lambda: F.group_norm(x, groups, w, b), [x, *params])
-        shape = tuple(w.shape) if w is not None else tuple(x.shape[-1:])
-        if "rms" in name:
-            return Bench(lambda: F.rms_norm(x, shape, w), [x, *params])
-        return Bench(lambda: F.layer_norm(x, shape, w, b), [x, *params])
-    if kind == "softmax" and in_shapes:
-        x = act(0)
-        f = torch.log_softmax if "log" in name else torch.softmax
-        return Bench(lambda: f(x, -1), [x])
-    if kind == "reduce" and in_shapes:
-        x = act(0)
-        dims, keep = _dims_of(tuple(x.shape), out_shape)
-        red = {"mean": torch.mean, "amax": torch.amax, "amin": torch.amin}.get(name, torch.sum)
-        if not dims:
-            return Bench(lambda: red(x), [x])
-        return Bench(lambda: red(x, dim=dims, keepdim=keep), [x])
-    if kind == "loss" and in_shapes:
-        logits = act(0)
-        c = logits.shape[-1] if logits.dim() > 1 else 2
-        tgt = act(1, high=c) if len(in_shapes) > 1 and not in_dt[1].is_floating_point else fac.ints(
-            tuple(logits.shape[:-1]), c)
-        return Bench(lambda: F.cross_entropy(logits.reshape(-1, c), tgt.reshape(-1)), [logits])
-    if kind == "conv" and in_shapes and params:
-        x, w = act(0), params[0]
-        b = params[1] if len(params) > 1 else None
-        nd = x.dim() - 2
-        strides, pads = _conv_attrs(tuple(x.shape[2:]), tuple(w.shape[2:]), out_shape[2:])
-        groups = max(1, x.shape[1] // max(w.shape[1], 1))
-        conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}.get(nd, F.conv2d)
-        return Bench(lambda: conv(x, w, b, strides, pads, 1, groups), [x, *params])
-    if kind == "pool" and in_shapes:
-        x = act(0)
-        sp_in, sp_out = tuple(x.shape[2:]), out_shape[2:]
-        if "adaptive" in name:
-            f = F.adaptive_max_pool2d if "max" in name else F.adaptive_avg_pool2d
-            return Bench(lambda: f(x, sp_out), [x])
-        ks = [max(1, i // max(o, 1)) for i, o in zip(sp_in, sp_out)]
-        f = F.max_pool2d if "max" in name else F.avg_pool2d
-        if x.dim() == 3:
-            f = F.max_pool1d if "max" in name else F.avg_pool1d
-        return Bench(lambda: f(x, ks, ks), [x])
-    return _pointwise(op, name, [act(i) for i in range(len(in_shapes))], params, out_shape)
+
+def build(inst: OpInstance, precision: str, device: torch.device | str = "cpu") -> Bench:
+    """A torch op computing what `inst` computes on one device, at its local shapes: the op of
+    its kind when its operands allow it, else its pointwise form."""
+    o = _Operands(inst, precision, torch.device(device))
+    kind_builder = _BUILDERS.get(inst.op.kind)
+    bench = kind_builder(o) if kind_builder is not None else None
+    if bench is not None:
+        return bench
+    return _pointwise(inst.op, o.name, [o.act(i) for i in range(len(o.in_shapes))], o.params, o.out_shape)
+
+
+# Each builder checks its operands before it makes any activation, and returns None when the op
+# has not the operands its kind needs (build then times it as a pointwise op).
+def _linear(o: _Operands) -> Bench | None:
+    if not (o.in_shapes and o.params):
+        return None
+    x, w = o.act(0), o.params[0]
+    b = o.params[1] if len(o.params) > 1 else None
+    if w.dim() == 2 and w.shape[-1] == x.shape[-1]:
+        return Bench(lambda: F.linear(x, w, b), [x, *o.params])
+    return Bench(lambda: torch.matmul(x, w) + (b if b is not None else 0), [x, *o.params])
+
+
+def _matmul(o: _Operands) -> Bench | None:
+    if len(o.in_shapes) < 2:
+        return None
+    a, b = o.act(0), o.act(1)
+    return Bench(lambda: torch.matmul(a, b), [a, b])
+
+
+def _attention(o: _Operands) -> Bench | None:
+    if len(o.in_shapes) < 3:
+        return None
+    q, k, v = o.act(0), o.act(1), o.act(2)
+    causal = is_causal(o.op)
+    gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
+    return Bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa), [q, k, v])
+
+
+def _embedding(o: _Operands) -> Bench | None:
+    if not o.params:
+        return None
+    w = o.params[0]
+    ids = (o.act(0, high=w.shape[0]) if o.in_shapes else
+           (torch.arange(math.prod(o.out_shape[:-1]), device=o.device) % w.shape[0]).reshape(o.out_shape[:-1]))
+    return Bench(lambda: F.embedding(ids, w), [w])
+
+
+def _norm(o: _Operands) -> Bench | None:
+    if not o.in_shapes:
+        return None
+    x = o.act(0)
+    w = o.params[0] if o.params else None
+    b = o.params[1] if len(o.params) > 1 else None
+    if "batch_norm" in o.name:
+        return Bench(lambda: F.batch_norm(x, None, None, w, b, training=True), [x, *o.params])
+    if "group_norm" in o.name:
+        groups = 32 if x.shape[1] % 32 == 0 else 1
+        return Bench(lambda: F.group_norm(x, groups, w, b), [x, *o.params])
+    shape = tuple(w.shape) if w is not None else tuple(x.shape[-1:])
+    if "rms" in o.name:
+        return Bench(lambda: F.rms_norm(x, shape, w), [x, *o.params])
+    return Bench(lambda: F.layer_norm(x, shape, w, b), [x, *o.params])
+
+
+def _softmax(o: _Operands) -> Bench | None:
+    if not o.in_shapes:
+        return None
+    x = o.act(0)
+    if "log" in o.name:
+        return Bench(lambda: torch.log_softmax(x, -1), [x])
+    return Bench(lambda: torch.softmax(x, -1), [x])
+
+
+_REDUCTIONS: dict[str, Callable[..., torch.Tensor]] = {"mean": torch.mean, "amax": torch.amax, "amin": torch.amin}
+
+
+def _reduce(o: _Operands) -> Bench | None:
+    if not o.in_shapes:
+        return None
+    x = o.act(0)
+    dims, keep = _dims_of(tuple(x.shape), o.out_shape)
+    red = _REDUCTIONS.get(o.name, torch.sum)
+    if not dims:
+        return Bench(lambda: red(x), [x])
+    return Bench(lambda: red(x, dim=dims, keepdim=keep), [x])
+
+
+def _loss(o: _Operands) -> Bench | None:
+    if not o.in_shapes:
+        return None
+    logits = o.act(0)
+    c = logits.shape[-1] if logits.dim() > 1 else 2
+    tgt = o.act(1, high=c) if len(o.in_shapes) > 1 and not o.in_dt[1].is_floating_point else o.fac.ints(
+        tuple(logits.shape[:-1]), c)
+    return Bench(lambda: F.cross_entropy(logits.reshape(-1, c), tgt.reshape(-1)), [logits])
+
+
+_CONVS: dict[int, Callable[..., torch.Tensor]] = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+def _conv(o: _Operands) -> Bench | None:
+    if not (o.in_shapes and o.params):
+        return None
+    x, w = o.act(0), o.params[0]
+    b = o.params[1] if len(o.params) > 1 else None
+    strides, pads = _conv_attrs(tuple(x.shape[2:]), tuple(w.shape[2:]), o.out_shape[2:])
+    groups = max(1, x.shape[1] // max(w.shape[1], 1))
+    conv = _CONVS.get(x.dim() - 2, F.conv2d)
+    return Bench(lambda: conv(x, w, b, strides, pads, 1, groups), [x, *o.params])
+
+
+def _pool(o: _Operands) -> Bench | None:
+    if not o.in_shapes:
+        return None
+    x = o.act(0)
+    sp_in, sp_out = tuple(x.shape[2:]), o.out_shape[2:]
+    is_max = "max" in o.name
+    if "adaptive" in o.name:
+        hw = (sp_out[0], sp_out[1])  # the captured adaptive pools are 2-D
+        if is_max:
+            return Bench(lambda: F.adaptive_max_pool2d(x, hw), [x])
+        return Bench(lambda: F.adaptive_avg_pool2d(x, hw), [x])
+    ks = [max(1, i // max(s, 1)) for i, s in zip(sp_in, sp_out, strict=True)]
+    if x.dim() == 3:
+        if is_max:
+            return Bench(lambda: F.max_pool1d(x, ks, ks), [x])
+        return Bench(lambda: F.avg_pool1d(x, ks, ks), [x])
+    if is_max:
+        return Bench(lambda: F.max_pool2d(x, ks, ks), [x])
+    return Bench(lambda: F.avg_pool2d(x, ks, ks), [x])
+
+
+_BUILDERS: dict[str, Callable[[_Operands], Bench | None]] = {
+    "linear": _linear, "matmul": _matmul, "attention": _attention, "embedding": _embedding, "norm": _norm,
+    "softmax": _softmax, "reduce": _reduce, "loss": _loss, "conv": _conv, "pool": _pool,
+}
 
 
 def _pointwise(op: Op, name: str, acts: list[torch.Tensor], params: list[torch.Tensor],

@@ -39,13 +39,24 @@ def read_json(path: str | Path, what: str) -> Any:
         raise InputError(f"{what} {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno}") from None
 
 
+_NAMED_PROBLEMS = 10  # problems an InputError spells out; the rest are counted
+
+
 def invalid(e: ValidationError, what: str, where: Callable[[str], str] | None = None) -> InputError:
-    """One line from a pydantic error: `what` (\"graph.json: invalid graph\"), the first problem's
-    field path (through `where`, e.g. to spell it as a CLI flag) and message, and how many more.
+    """One line from a pydantic error: `what` (\"graph.json: invalid graph\"), then each problem's
+    field path (through `where`, e.g. to spell it as a CLI flag) and message, separated by "; "
+    (the first ten; how many more after them).
 
     Every edge that validates a user's document with pydantic raises this, `from None`."""
-    first = e.errors()[0]
-    path = ".".join(str(x) for x in first.get("loc", ()))
-    place = where(path) if where is not None else (f" at {path}" if path else "")
-    more = f" (and {e.error_count() - 1} more problems)" if e.error_count() > 1 else ""
-    return InputError(f"{what}{place}: {first.get('msg', 'invalid')}{more}")
+    def place(err: Any) -> str:
+        path = ".".join(str(x) for x in err.get("loc", ()))
+        return where(path) if where is not None else (f" at {path}" if path else "")
+
+    errors = e.errors()
+    text = f"{what}{place(errors[0])}: {errors[0].get('msg', 'invalid')}"
+    for err in errors[1:_NAMED_PROBLEMS]:
+        at = place(err).strip()  # without the space that joins the first problem to `what`
+        text += f"; {at}: {err.get('msg', 'invalid')}" if at else f"; {err.get('msg', 'invalid')}"
+    if len(errors) > _NAMED_PROBLEMS:
+        text += f" (and {len(errors) - _NAMED_PROBLEMS} more problems)"
+    return InputError(text)

@@ -25,6 +25,7 @@ as attention does, sees the redistributed tensor), else the producer's own style
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
@@ -73,13 +74,13 @@ def op_configs(plan: Plan, graph: OpGraph) -> dict[str, tuple[str | None, ...]]:
         if info is None or len(info.layers) != len(bp.layer_variant):
             raise Unsupported(f"plan's block stack {bp.prefix!r} does not match the model's")
         zero = f"{bp.prefix}.0."
-        for i, (names, v) in enumerate(zip(info.layers, bp.layer_variant)):
+        for i, (names, v) in enumerate(zip(info.layers, bp.layer_variant, strict=True)):
             variant = bp.variants[v]
             if len(variant) != len(names):
                 raise Unsupported(f"plan's block stack {bp.prefix!r}: a layer variant has {len(variant)} ops, "
                                   f"the model's layers {len(names)}")
             mine = f"{bp.prefix}.{i}."
-            for name, o in zip(names, variant):
+            for name, o in zip(names, variant, strict=True):
                 # a variant is written in layer 0's names, its dimension labels too ('blocks.0.mlp.fc1.weight/d0')
                 out[name] = tuple(None if c == "R" else (mine + c[len(zero):] if c.startswith(zero) else c)
                                   for c in o.config)
@@ -129,7 +130,7 @@ def axis_role(graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]], a: int, a
 def runtime_mesh(plan: Plan, roles: list[str]) -> list[MeshDim]:
     """pp outermost, then the plan's axes in device order, adjacent axes of one role merged."""
     dims: list[MeshDim] = [MeshDim(name="pp", size=plan.mesh.pp, role="pp", plan_axes=["pp"])] if plan.mesh.pp > 1 else []
-    ordered = sorted(zip(plan.mesh.axes, roles), key=lambda x: -x[0].stride)
+    ordered = sorted(zip(plan.mesh.axes, roles, strict=True), key=lambda x: -x[0].stride)
     for ax, role in ordered:
         if ax.size == 1:
             continue
@@ -299,7 +300,8 @@ class _TensorAxis:
         return back != NONE
 
     def redistribute(self, u: Op | None, v: Op, i: int, src: str, dst: str) -> None:
-        """Carry the edge u -> v (input i) from placement src to dst at a module boundary."""
+        """Carry the edge u -> v (input i) from placement src to dst at a module boundary: where
+        it enters a module holding v but not u, else where it leaves u's own module."""
         key = (u.name if u else f"<input {i}>", v.name)
         if u is not None and u.name in self.exits:  # already converted where it leaves its module
             if self.exits[u.name] != dst:
@@ -310,50 +312,59 @@ class _TensorAxis:
         ua = self.mods.ancestors(u.module) if u else []
         entry = [m for m in self.mods.ancestors(v.module) if m not in ua]
         if entry:
-            pname = u.name if u else f"<input {i}>"
-            readers = [self.ops[c] for c, _ in self.consumers[u.name]] if u else [v]
+            self.convert_on_entry(u, v, i, src, dst, entry, key)
+        elif u is None:
+            raise Unsupported(f"op {v.name!r} needs a graph input split on tensor axis {self.axis!r} outside any module")
+        else:
+            self.convert_on_exit(u, v, i, src, dst, key)
 
-            def disagrees(m: str) -> Op | None:
-                """A reader inside m that needs the tensor in another placement than dst."""
-                for w in readers:
-                    if m in self.mods.ancestors(w.module):
-                        for j, tw in enumerate(w.inputs):
-                            if (tw.source == (u.name if u else None)) and self.inp(w, j) != dst:
-                                return w
-                return None
+    def convert_on_entry(self, u: Op | None, v: Op, i: int, src: str, dst: str, entry: list[str],
+                         key: tuple[str, str]) -> None:
+        """PrepareModuleInput (or v's own style) on a module of `entry`, those holding v but not u."""
+        pname = u.name if u else f"<input {i}>"
+        readers = [self.ops[c] for c, _ in self.consumers[u.name]] if u else [v]
 
-            # where the plan priced the conversion (search/prices/boundaries.py): the innermost module v
-            # enters that is not its own, shared by the readers entering it; a module below it that
-            # reads its input's shape (attention) sees the converted tensor
-            at = self.bounds.conversion_module(u, v) if u is not None else entry[0]
-            m_in = at if at in entry else entry[0]
-            w = disagrees(m_in)
-            if w is not None:
-                raise Unsupported(f"ops {v.name!r} and {w.name!r} inside module {m_in!r} need the output of "
-                                  f"{pname!r} in different placements on tensor axis {self.axis!r}")
-            prev = self.entries.get(m_in)
-            if prev is not None:
-                if prev != (pname, dst):
-                    raise Unsupported(f"module {m_in!r} receives two tensors that the plan redistributes "
-                                      f"(from {prev[0]!r} and {pname!r}); PrepareModuleInput here handles one")
-                self.where[key] = m_in
-                return
-            inside = [w for w in readers if m_in in self.mods.ancestors(w.module)]
-            dims = v.inputs[i].dims  # the tensor as the module receives it, after any view of the producer's
-            vst = self.styles.get(v.name)
-            if m_in == v.module and vst and vst.style in ("colwise", "rowwise"):
-                vst.input_layout = dtensor(src, dims)
-            else:
-                # a DTensor may flow into the module only if every reader is a style that accepts one
-                dt_ok = all(w.name in self.styles for w in inside)
-                self.extra.append(StyleSpec(module=m_in, style="prepare_input", input_layout=dtensor(src, dims),
-                                            desired_input_layout=dtensor(dst, dims), use_local_output=not dt_ok,
-                                            ops=[f"{pname} -> {v.name}"]))
-            self.entries[m_in] = (pname, dst)
+        def disagrees(m: str) -> Op | None:
+            """A reader inside m that needs the tensor in another placement than dst."""
+            for w in readers:
+                if m in self.mods.ancestors(w.module):
+                    for j, tw in enumerate(w.inputs):
+                        if (tw.source == (u.name if u else None)) and self.inp(w, j) != dst:
+                            return w
+            return None
+
+        # where the plan priced the conversion (search/prices/boundaries.py): the innermost module v
+        # enters that is not its own, shared by the readers entering it; a module below it that
+        # reads its input's shape (attention) sees the converted tensor
+        at = self.bounds.conversion_module(u, v) if u is not None else entry[0]
+        m_in = at if at in entry else entry[0]
+        w = disagrees(m_in)
+        if w is not None:
+            raise Unsupported(f"ops {v.name!r} and {w.name!r} inside module {m_in!r} need the output of "
+                              f"{pname!r} in different placements on tensor axis {self.axis!r}")
+        prev = self.entries.get(m_in)
+        if prev is not None:
+            if prev != (pname, dst):
+                raise Unsupported(f"module {m_in!r} receives two tensors that the plan redistributes "
+                                  f"(from {prev[0]!r} and {pname!r}); PrepareModuleInput here handles one")
             self.where[key] = m_in
             return
-        if u is None:
-            raise Unsupported(f"op {v.name!r} needs a graph input split on tensor axis {self.axis!r} outside any module")
+        inside = [w for w in readers if m_in in self.mods.ancestors(w.module)]
+        dims = v.inputs[i].dims  # the tensor as the module receives it, after any view of the producer's
+        vst = self.styles.get(v.name)
+        if m_in == v.module and vst and vst.style in ("colwise", "rowwise"):
+            vst.input_layout = dtensor(src, dims)
+        else:
+            # a DTensor may flow into the module only if every reader is a style that accepts one
+            dt_ok = all(w.name in self.styles for w in inside)
+            self.extra.append(StyleSpec(module=m_in, style="prepare_input", input_layout=dtensor(src, dims),
+                                        desired_input_layout=dtensor(dst, dims), use_local_output=not dt_ok,
+                                        ops=[f"{pname} -> {v.name}"]))
+        self.entries[m_in] = (pname, dst)
+        self.where[key] = m_in
+
+    def convert_on_exit(self, u: Op, v: Op, i: int, src: str, dst: str, key: tuple[str, str]) -> None:
+        """u's own style or PrepareModuleOutput on u's module, when v's modules all hold u too."""
         if not self.own_leaf(u):
             raise Unsupported(f"op {u.name!r} -> op {v.name!r}: the plan redistributes on tensor axis {self.axis!r} "
                               f"({src} -> {dst}) where no module boundary lies between them")
@@ -385,7 +396,7 @@ class _TensorAxis:
         post = [s for s in self.extra if s.style == "prepare_output"]
         return pre + list(self.styles.values()) + post
 
-    def expected(self, unit) -> list[ExpectedComm]:
+    def expected(self, unit: Callable[[str], str]) -> list[ExpectedComm]:
         """The collectives the cost model prices on this axis, each where the executor performs it:
         one per tensor and direction (search/prices/costmodel.py edge_costs, on its first reader's edge), plus the gradient
         synchronisation of parameters replicated over split activations (op_costs)."""
@@ -407,99 +418,44 @@ class _TensorAxis:
             for p in v.params:
                 if lab is None or not p.owner or lab in p.dims or lab not in v.output.dims:
                     continue  # a label reduced away (row-parallel bias): the gradient is whole already
-                for k in ["all_reduce"]:  # a tensor axis: ZeRO shards over the data axes only
-                    out.append(ExpectedComm(unit=unit(v.module), module=v.module, phase="backward", kind=k,
-                                            source=f"{v.name} grad {p.name}"))
+                # an all-reduce: this is a tensor axis, and ZeRO shards over the data axes only
+                out.append(ExpectedComm(unit=unit(v.module), module=v.module, phase="backward", kind="all_reduce",
+                                        source=f"{v.name} grad {p.name}"))
         return out
 
 
 # ---- the whole plan ---------------------------------------------------------------------------
 def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
-    """The ExecSpec of a Plan, or Unsupported naming what cannot run as planned."""
+    """The ExecSpec of a Plan, or Unsupported naming what cannot run as planned.
+
+    The steps, in the order their refusals are checked: the mesh holds the plan's devices; the
+    pipeline is one torch.distributed.pipelining can run; every op has a configuration; each mesh
+    axis takes one role and at most one is a tensor axis; the batch splits over the data ranks and
+    micro-batches; the tensor axis maps onto parallelize_module styles; tied parameters are placed
+    alike; the recomputed modules exist."""
     spec = model_spec(plan.model)
-    n = plan.mesh.pp
-    for ax in plan.mesh.axes:
-        n *= ax.size
-    if n != plan.num_devices:
-        raise Unsupported(f"plan mesh {plan.mesh.shape} has {n} devices but the plan says {plan.num_devices}")
+    _check_device_count(plan)
     pipe = _pipeline(plan, spec)
     if graph is None:
         graph = _captured(plan.model, plan.global_batch, plan.seq_len)
     cfgs = op_configs(plan, graph)
     roles = [axis_role(graph, cfgs, a, ax.name) if ax.size > 1 else "replicate" for a, ax in enumerate(plan.mesh.axes)]
-    tensor_axes = [ax.name for ax, r in zip(plan.mesh.axes, roles) if r == "tensor" and ax.size > 1]
-    if len(tensor_axes) > 1:
-        raise Unsupported(f"the plan splits tensors over two mesh axes ({', '.join(tensor_axes)}): 2-D tensor "
-                          f"parallelism is not mapped onto parallelize_module here")
+    tensor_axis = _tensor_axis(plan, roles)
     mesh = runtime_mesh(plan, roles)
-    n_data = next((d.size for d in mesh if d.role == "data"), 1)
-    if plan.global_batch % (n_data * pipe.micro_batches):
-        raise Unsupported(f"global batch {plan.global_batch} does not split into {n_data} data-parallel ranks x "
-                          f"{pipe.micro_batches} micro-batches")
+    _check_batch_split(plan, mesh, pipe)
     with torch.device("meta"):
         model = spec.build()
     modules = _Modules(model)
-    notes: list[str] = []
     styles: list[StyleSpec] = []
     expected: list[ExpectedComm] = []
-    prefixes = [b.prefix for b in graph.blocks]
-
-    def unit(fqn: str) -> str:
-        for p in prefixes:
-            if fqn.startswith(p + "."):
-                return ".".join(fqn.split(".")[: len(p.split(".")) + 1])
-        return fqn.split(".")[0] if fqn else ""
-
-    if tensor_axes:
-        a = next(i for i, ax in enumerate(plan.mesh.axes) if ax.name == tensor_axes[0])
-        ta = _TensorAxis(graph, cfgs, a, tensor_axes[0], modules, plan.zero_stage)
+    if tensor_axis is not None:
+        ta = _TensorAxis(graph, cfgs, tensor_axis, plan.mesh.axes[tensor_axis].name, modules, plan.zero_stage)
         ta.build()
-        styles = ta.style_list()
-        expected = ta.expected(unit)
+        styles, expected = ta.style_list(), ta.expected(_unit_namer(graph))
     ties = _ties(model)
-    for group in ties:
-        # a tied parameter must be placed alike by every module that holds it
-        owners = [st for st in styles if st.style in ("colwise", "rowwise")
-                  and any(g.rsplit(".", 1)[0] == st.module for g in group)]
-        if owners and len(owners) != len(group):
-            raise Unsupported(f"tied parameter {' = '.join(group)} is sharded by one of its modules and replicated "
-                              f"by another on the tensor axis")
-        if owners and _tied_shard_dims(owners, graph) > 1:
-            raise Unsupported(f"tied parameter {' = '.join(group)} is sharded along different dimensions by "
-                              f"{' and '.join(st.module for st in owners)}")
-    if pipe.stages > 1 and ties:
-        notes.append(f"tied parameters across pipeline stages ({'; '.join(' = '.join(g) for g in ties)}) are kept as a "
-                     f"copy on the first and last stage whose gradients are all-reduced between the two (as "
-                     f"Megatron-LM does, and as the plan prices it: search/algorithm/pipeline.py _tied_copies)")
-    data = next((d for d in mesh if d.role == "data"), None)
-    mode, reshard = "none", False
-    if data is not None:
-        mode = {0: "ddp", 1: "zero1", 2: "fsdp", 3: "fsdp"}[plan.zero_stage]
-        reshard = plan.zero_stage == 3
-        if plan.zero_stage == 1 and (tensor_axes or pipe.stages > 1):
-            mode = "fsdp"
-            notes.append("ZeRO-1 runs as ZeRO-2 (FSDP2, reshard_after_forward=False) here: ZeroRedundancyOptimizer "
-                         "needs plain tensors, and tensor/pipeline parallelism makes parameters DTensors; gradients "
-                         "are sharded too, so memory is below the plan's")
-        elif plan.zero_stage == 1:
-            notes.append("ZeRO-1 runs as DDP with ZeroRedundancyOptimizer: gradients are all-reduced and updated "
-                         "parameters broadcast (the cost model prices a reduce-scatter and an all-gather)")
-        if plan.zero_stage == 2:
-            notes.append("ZeRO-2 runs as FSDP2 with reshard_after_forward=False: parameters gathered once per "
-                         "step, gradients reduce-scattered")
-        if plan.zero_stage == 0:
-            notes.append("ZeRO-0 runs as replicated data parallelism (FSDP2's replicate, i.e. DDP): gradients all-reduced")
-    elif plan.zero_stage:
-        notes.append(f"ZeRO-{plan.zero_stage} has no data-parallel axis to shard over: nothing is sharded "
-                     f"(the cost model agrees)")
-    if data is not None:
-        a_data = [i for i, (ax, r) in enumerate(zip(plan.mesh.axes, roles)) if r == "data" and ax.size > 1]
-        bn = next((op for op in graph.ops if op.kind == "norm" and any(cfgs[op.name][a] == graph.batch_label for a in a_data)
-                   and isinstance(modules.by_name.get(op.module), nn.modules.batchnorm._BatchNorm)), None)
-        if bn is not None:
-            notes.append(f"BatchNorm ({bn.name} and others) splits the batch: each data-parallel rank normalises its "
-                         f"shard by the shard's own statistics (DDP semantics, and what the cost model prices: no "
-                         f"communication); the single-process model normalises by the whole batch's")
+    _check_ties(ties, styles, graph)
+    mode, reshard, dp_notes = _data_parallel(plan, mesh, tensor_axis is not None, pipe)
+    notes = _tie_notes(ties, pipe) + dp_notes + _batchnorm_notes(plan, graph, cfgs, roles, modules, mesh)
     for r in plan.recompute:
         if r not in modules.by_name:
             raise Unsupported(f"plan recomputes {r!r}, which is not a module of {plan.model!r}")
@@ -513,6 +469,106 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
         recompute=list(plan.recompute), pipeline=pipe, expected_comms=expected, notes=notes,
         summary=plan.summary, predicted_time_s=plan.predicted.time_s,
         predicted_memory_bytes=plan.predicted.memory_bytes, plan=plan.model_dump())
+
+
+def _check_device_count(plan: Plan) -> None:
+    n = plan.mesh.pp
+    for ax in plan.mesh.axes:
+        n *= ax.size
+    if n != plan.num_devices:
+        raise Unsupported(f"plan mesh {plan.mesh.shape} has {n} devices but the plan says {plan.num_devices}")
+
+
+def _tensor_axis(plan: Plan, roles: list[str]) -> int | None:
+    """The index of the plan's one tensor axis (of size > 1), if it has one."""
+    tensor = [a for a, (ax, r) in enumerate(zip(plan.mesh.axes, roles, strict=True)) if r == "tensor" and ax.size > 1]
+    if len(tensor) > 1:
+        raise Unsupported(f"the plan splits tensors over two mesh axes ({', '.join(plan.mesh.axes[a].name for a in tensor)}): "
+                          f"2-D tensor parallelism is not mapped onto parallelize_module here")
+    return tensor[0] if tensor else None
+
+
+def _check_batch_split(plan: Plan, mesh: list[MeshDim], pipe: PipelineExec) -> None:
+    n_data = next((d.size for d in mesh if d.role == "data"), 1)
+    if plan.global_batch % (n_data * pipe.micro_batches):
+        raise Unsupported(f"global batch {plan.global_batch} does not split into {n_data} data-parallel ranks x "
+                          f"{pipe.micro_batches} micro-batches")
+
+
+def _unit_namer(graph: OpGraph) -> Callable[[str], str]:
+    """The unit an expected collective is reported under: a layer of a block stack
+    ('blocks.3'), else the top-level module."""
+    prefixes = [b.prefix for b in graph.blocks]
+
+    def unit(fqn: str) -> str:
+        for p in prefixes:
+            if fqn.startswith(p + "."):
+                return ".".join(fqn.split(".")[: len(p.split(".")) + 1])
+        return fqn.split(".")[0] if fqn else ""
+
+    return unit
+
+
+def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph) -> None:
+    """A tied parameter must be placed alike by every module that holds it."""
+    for group in ties:
+        owners = [st for st in styles if st.style in ("colwise", "rowwise")
+                  and any(g.rsplit(".", 1)[0] == st.module for g in group)]
+        if owners and len(owners) != len(group):
+            raise Unsupported(f"tied parameter {' = '.join(group)} is sharded by one of its modules and replicated "
+                              f"by another on the tensor axis")
+        if owners and _tied_shard_dims(owners, graph) > 1:
+            raise Unsupported(f"tied parameter {' = '.join(group)} is sharded along different dimensions by "
+                              f"{' and '.join(st.module for st in owners)}")
+
+
+def _tie_notes(ties: list[list[str]], pipe: PipelineExec) -> list[str]:
+    if pipe.stages > 1 and ties:
+        return [f"tied parameters across pipeline stages ({'; '.join(' = '.join(g) for g in ties)}) are kept as a "
+                f"copy on the first and last stage whose gradients are all-reduced between the two (as "
+                f"Megatron-LM does, and as the plan prices it: search/algorithm/pipeline.py _tied_copies)"]
+    return []
+
+
+def _data_parallel(plan: Plan, mesh: list[MeshDim], tensor_parallel: bool, pipe: PipelineExec
+                   ) -> tuple[str, bool, list[str]]:
+    """How the data axis runs its ZeRO stage ('none', 'ddp', 'zero1' or 'fsdp'), whether FSDP
+    reshards parameters after the forward, and notes on where that departs from the plan's words."""
+    z = plan.zero_stage
+    if not any(d.role == "data" for d in mesh):
+        return "none", False, ([f"ZeRO-{z} has no data-parallel axis to shard over: nothing is sharded "
+                                f"(the cost model agrees)"] if z else [])
+    mode = {0: "ddp", 1: "zero1", 2: "fsdp", 3: "fsdp"}[z]
+    notes: list[str] = []
+    if z == 1 and (tensor_parallel or pipe.stages > 1):
+        mode = "fsdp"
+        notes.append("ZeRO-1 runs as ZeRO-2 (FSDP2, reshard_after_forward=False) here: ZeroRedundancyOptimizer "
+                     "needs plain tensors, and tensor/pipeline parallelism makes parameters DTensors; gradients "
+                     "are sharded too, so memory is below the plan's")
+    elif z == 1:
+        notes.append("ZeRO-1 runs as DDP with ZeroRedundancyOptimizer: gradients are all-reduced and updated "
+                     "parameters broadcast (the cost model prices a reduce-scatter and an all-gather)")
+    if z == 2:
+        notes.append("ZeRO-2 runs as FSDP2 with reshard_after_forward=False: parameters gathered once per "
+                     "step, gradients reduce-scattered")
+    if z == 0:
+        notes.append("ZeRO-0 runs as replicated data parallelism (FSDP2's replicate, i.e. DDP): gradients all-reduced")
+    return mode, z == 3, notes
+
+
+def _batchnorm_notes(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]], roles: list[str],
+                     modules: _Modules, mesh: list[MeshDim]) -> list[str]:
+    """A BatchNorm that splits the batch normalises each rank's shard by its own statistics."""
+    if not any(d.role == "data" for d in mesh):
+        return []
+    a_data = [i for i, (ax, r) in enumerate(zip(plan.mesh.axes, roles, strict=True)) if r == "data" and ax.size > 1]
+    bn = next((op for op in graph.ops if op.kind == "norm" and any(cfgs[op.name][a] == graph.batch_label for a in a_data)
+               and isinstance(modules.by_name.get(op.module), nn.modules.batchnorm._BatchNorm)), None)
+    if bn is None:
+        return []
+    return [f"BatchNorm ({bn.name} and others) splits the batch: each data-parallel rank normalises its "
+            f"shard by the shard's own statistics (DDP semantics, and what the cost model prices: no "
+            f"communication); the single-process model normalises by the whole batch's"]
 
 
 @lru_cache(maxsize=16)
@@ -558,10 +614,12 @@ def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
         model = spec.build()
     if spec.blocks_attr is None or split_of(model) is None:
         raise Unsupported(f"model {spec.name!r} has no pipeline split (block stack and the modules around it)")
-    n_layers = len(model.get_submodule(spec.blocks_attr))
+    stack = model.get_submodule(spec.blocks_attr)
+    assert isinstance(stack, nn.ModuleList)  # a zoo model's blocks_attr names its ModuleList of layers
+    n_layers = len(stack)
     sl = pl.stage_layers
     if len(sl) != pl.stages or sl[0][0] != 0 or sl[-1][1] != n_layers or any(
-            a[1] != b[0] for a, b in zip(sl, sl[1:])) or any(s[1] <= s[0] for s in sl):
+            a[1] != b[0] for a, b in zip(sl, sl[1:], strict=False)) or any(s[1] <= s[0] for s in sl):
         raise Unsupported(f"plan's stage_layers {sl} do not cover the {n_layers} layers in order, one or more each")
     if plan.precision == "fp16":
         raise Unsupported("fp16 needs loss scaling, which the pipeline schedules do not apply to their per-micro-batch "

@@ -78,6 +78,13 @@ def materialize(module: nn.Module, name: str, seed: int, device: torch.device, t
     set_model_state_dict(module, full, options=StateDictOptions(full_state_dict=True, strict=True))
 
 
+def _made(mesh: DeviceMesh | None) -> DeviceMesh:
+    """The device mesh, which the Runner makes whenever the ExecSpec has a mesh dimension (every
+    parallel role has one), so wherever a role is used."""
+    assert mesh is not None, "the ExecSpec uses a mesh dimension but no device mesh was made"
+    return mesh
+
+
 def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: int) -> tuple[nn.Module, Any]:
     """The module this rank trains (the whole model or its pipeline stage), parallelised and
     materialised; and the pipeline schedule or None."""
@@ -87,22 +94,23 @@ def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: i
     module: nn.Module = model
     stage_index = 0
     if spec.pipeline.stages > 1:
-        stage_index = mesh.get_local_rank("pp")
+        stage_index = _made(mesh).get_local_rank("pp")
         first, end = spec.pipeline.stage_layers[stage_index]
+        assert zs.blocks_attr is not None  # analyze refuses a pipeline for a model without a block stack
         module = StageModule(model, zs.blocks_attr, first, end, stage_index == 0, stage_index == spec.pipeline.stages - 1)
     if spec.dim("tensor"):
-        apply_tensor_parallel(module, spec, mesh["tp"])
+        apply_tensor_parallel(module, spec, _made(mesh)["tp"])
     apply_recompute(module, spec.recompute)
     prefixes = [zs.blocks_attr] if zs.blocks_attr else []
     if spec.dim("data"):
-        apply_data_parallel(module, spec, mesh["dp"], prefixes)
+        apply_data_parallel(module, spec, _made(mesh)["dp"], prefixes)
     materialize(module, spec.model, seed, device, spec.ties)
     reduce_partial_grads(module)
     if spec.dim("data"):
-        module = wrap_ddp(module, spec, mesh.get_group("dp"))
+        module = wrap_ddp(module, spec, _made(mesh).get_group("dp"))
     schedule = None
     if spec.pipeline.stages > 1:
-        schedule = _schedule(module, model, spec, mesh, stage_index, device)
+        schedule = _schedule(module, model, spec, _made(mesh), stage_index, device)
     return module, schedule
 
 
@@ -112,7 +120,7 @@ def reduce_partial_grads(module: nn.Module) -> None:
     that reads it would all-reduce it again (AdamW reads it three times); redistribute it once,
     when it is accumulated, as the cost model prices it (one all-reduce per such parameter)."""
     def hook(p: torch.Tensor) -> None:
-        if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+        if isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
             p.grad = p.grad.redistribute(p.device_mesh, p.placements)
 
     for p in module.parameters():
@@ -127,7 +135,9 @@ def _schedule(module: nn.Module, model: nn.Module, spec: ExecSpec, mesh: DeviceM
     stage = PipelineStage(module, stage_index, spec.pipeline.stages, device, group=mesh.get_group("pp"))
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[spec.pipeline.schedule]
     # scale_grads: the gradient of the mean over micro-batches, as the single-process loss
-    return cls(stage, n_microbatches=spec.pipeline.micro_batches, loss_fn=split_of(model).loss, scale_grads=True)
+    split = split_of(model)
+    assert split is not None  # analyze refuses a pipeline for a model without a split
+    return cls(stage, n_microbatches=spec.pipeline.micro_batches, loss_fn=split.loss, scale_grads=True)
 
 
 # ---- one job ----------------------------------------------------------------------------------
@@ -152,7 +162,7 @@ class Runner:
         self.reporter = self.is_last and coord.get("tp", 0) == 0 and coord.get("rep", 0) == 0
         self.zs = model_spec(spec.model)
         self.module, self.schedule = build(spec, self.mesh, device, self.st.seed)
-        dp_group = self.mesh.get_group("dp") if spec.dim("data") else None
+        dp_group = _made(self.mesh).get_group("dp") if spec.dim("data") else None
         self.opt = make_optimizer(self.module, spec, self.st.lr, dp_group)
         self.tie_groups = self._tie_groups()
         # FSDP2's fully_shard/replicate cast parameters themselves (MixedPrecisionPolicy); elsewhere autocast
@@ -166,7 +176,7 @@ class Runner:
         if self.n_stages == 1 or not self.spec.ties:
             return []
         out = []
-        mesh = self.mesh.mesh  # rank numbers by coordinate
+        mesh = _made(self.mesh).mesh  # rank numbers by coordinate
         others = mesh.shape[1:]
         for group in self.spec.ties:
             for idx in torch.cartesian_prod(*[torch.arange(s) for s in others]).reshape(-1, len(others)) if others else [()]:

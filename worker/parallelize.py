@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
     PrepareModuleOutput,
     RowwiseParallel,
@@ -50,7 +51,7 @@ def placement(text: str | None) -> Placement | None:
     raise ValueError(f"not a DTensor placement: {text!r}")
 
 
-def parallel_style(st: StyleSpec):
+def parallel_style(st: StyleSpec) -> ParallelStyle:
     i, di, o, do = (placement(x) for x in (st.input_layout, st.desired_input_layout,
                                            st.output_layout, st.desired_output_layout))
     if st.style == "colwise":
@@ -62,6 +63,7 @@ def parallel_style(st: StyleSpec):
                                 use_local_output=st.use_local_output)
     if st.style == "prepare_input":
         return PrepareModuleInput(input_layouts=(i,), desired_input_layouts=(di,), use_local_output=st.use_local_output)
+    assert o is not None and do is not None, "analyze gives a prepare_output both of its layouts"
     return PrepareModuleOutput(output_layouts=(o,), desired_output_layouts=(do,), use_local_output=st.use_local_output)
 
 
@@ -115,7 +117,7 @@ def apply_recompute(module: nn.Module, fqns: list[str]) -> None:
 
 def block_units(module: nn.Module, prefixes: list[str]) -> list[nn.Module]:
     """The modules data parallelism wraps one by one (each block layer), before the root."""
-    out = []
+    out: list[nn.Module] = []
     for prefix in prefixes:
         if has_module(module, prefix):
             out.extend(module.get_submodule(prefix).children())

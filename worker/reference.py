@@ -25,7 +25,7 @@ def reference_losses(model: str, steps: int, global_batch_size: int, seq_len: in
     for s in range(steps):
         inputs, targets = global_batch(spec, s, global_batch_size, seq_len, seed)
         total = 0.0
-        for x, y in zip(inputs.chunk(shards), targets.chunk(shards)):
+        for x, y in zip(inputs.chunk(shards), targets.chunk(shards), strict=True):
             loss = m(x, y) / shards
             loss.backward()
             total += float(loss.detach())

@@ -32,37 +32,45 @@ class Split:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+# The stage holds the family's modules and parameters under their zoo names; they are read with
+# get_submodule and _tensor, which say what they return (a Module attribute may be either).
+def _tensor(m: nn.Module, name: str) -> torch.Tensor:
+    t = getattr(m, name)  # not get_parameter: a wrapper (FSDP, DTensor) may hold a plain tensor here
+    assert isinstance(t, torch.Tensor), f"{name} is a {type(t).__name__}"
+    return t
+
+
 def _gpt_pre(m: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     pos = torch.arange(ids.shape[1], device=ids.device)
-    return m.tok_emb(ids) + m.pos_emb(pos)
+    return m.get_submodule("tok_emb")(ids) + m.get_submodule("pos_emb")(pos)
 
 
 def _llama_pre(m: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    return m.tok_emb(ids)
+    return m.get_submodule("tok_emb")(ids)
 
 
 def _bert_pre(m: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     pos = torch.arange(ids.shape[1], device=ids.device)
-    h = m.tok_emb(ids) + m.pos_emb(pos) + m.type_emb(torch.zeros_like(ids))
-    return m.emb_norm(h)
+    h = m.get_submodule("tok_emb")(ids) + m.get_submodule("pos_emb")(pos) + m.get_submodule("type_emb")(torch.zeros_like(ids))
+    return m.get_submodule("emb_norm")(h)
 
 
 def _vit_pre(m: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    x = m.patch_emb(images).flatten(2).transpose(1, 2)
-    cls = m.cls_token.expand(x.shape[0], -1, -1)
-    return torch.cat((cls, x), dim=1) + m.pos_emb
+    x = m.get_submodule("patch_emb")(images).flatten(2).transpose(1, 2)
+    cls = _tensor(m, "cls_token").expand(x.shape[0], -1, -1)
+    return torch.cat((cls, x), dim=1) + _tensor(m, "pos_emb")
 
 
 def _lm_post(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
-    return m.lm_head(m.norm(h))
+    return m.get_submodule("lm_head")(m.get_submodule("norm")(h))
 
 
 def _bert_post(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
-    return m.lm_head(m.head_norm(F.gelu(m.head_dense(h))))
+    return m.get_submodule("lm_head")(m.get_submodule("head_norm")(F.gelu(m.get_submodule("head_dense")(h))))
 
 
 def _vit_post(m: nn.Module, h: torch.Tensor) -> torch.Tensor:
-    return m.head(m.norm(h)[:, 0])
+    return m.get_submodule("head")(m.get_submodule("norm")(h)[:, 0])
 
 
 def _vision_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -98,6 +106,7 @@ class StageModule(nn.Module):
         for name in (split.pre if is_first else ()) + (split.post if is_last else ()):
             setattr(self, name, getattr(model, name))
         stack = model.get_submodule(blocks_attr)
+        assert isinstance(stack, nn.ModuleList)  # a zoo model's blocks_attr names its ModuleList of layers
         # a ModuleDict keyed by the layer's index keeps FQNs such as 'blocks.3.attn.q'
         self.blocks_attr = blocks_attr
         self.add_module(blocks_attr, nn.ModuleDict({str(i): stack[i] for i in range(first, end)}))
@@ -105,7 +114,9 @@ class StageModule(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.is_first:
             x = self._split.run_pre(self, x)
-        for block in self.get_submodule(self.blocks_attr).values():
+        blocks = self.get_submodule(self.blocks_attr)
+        assert isinstance(blocks, nn.ModuleDict)  # made so in __init__
+        for block in blocks.values():
             x = block(x)
         if self.is_last:
             x = self._split.run_post(self, x)

@@ -15,15 +15,20 @@ That keeps capture time independent of depth and tells the search which layers t
 from __future__ import annotations
 
 import math
+import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
 from search.errors import InputError
-from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, TensorRef
+from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, SaveKind, TensorRef, label_size
+
+if TYPE_CHECKING:
+    from search.models.zoo import ModelSpec
 
 aten = torch.ops.aten
 
@@ -103,12 +108,41 @@ class _Multi:
     items: list[object]
 
 
+# What an op builder returns for a node: one tensor, or a tuple of them that getitem unpacks.
+_Result = _Act | _Param | _Const | _Multi
+
+
+@dataclass(frozen=True)
+class _RawTensor:
+    """A tensor as an emitted op records it: dims are label ids, which later unions may still
+    merge, so they are named only when the graph is finished. `source` is the producing op of an
+    input (None for a graph input or an output) or the name of a parameter."""
+
+    source: str | None
+    shape: tuple[int, ...]
+    labels: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class _RawOp:
+    name: str
+    kind: str
+    target: str
+    module: str
+    inputs: tuple[_RawTensor, ...]
+    output: _RawTensor
+    params: tuple[_RawTensor, ...]
+    splittable: tuple[int, ...]
+    flops: float
+    saves: SaveKind
+
+
 @dataclass
 class _Builder:
     labels: _Labels = field(default_factory=_Labels)
-    ops: list[dict] = field(default_factory=list)
+    ops: list[_RawOp] = field(default_factory=list)
     names: dict[str, int] = field(default_factory=dict)
-    owned_params: set[str] = field(default_factory=set)
 
     def op_name(self, module: str, short: str) -> str:
         base = f"{module}:{short}" if module else short
@@ -155,6 +189,53 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+def _first_tensor(val: object) -> torch.Tensor:
+    """The tensor an op's fake value holds (the first of a tuple-returning op's outputs)."""
+    out0 = val[0] if isinstance(val, (tuple, list)) else val
+    assert isinstance(out0, torch.Tensor), f"expected a tensor value, got {type(out0).__name__}"
+    return out0
+
+
+def _int_arg(node: torch.fx.Node, i: int, default: int | None = None) -> int:
+    """Positional argument `i` of an aten call that its schema types as int (a dim, a group
+    count); `default` when the call leaves it out. A static export always gives a Python int."""
+    if len(node.args) <= i and default is not None:
+        return default
+    a = node.args[i]
+    assert isinstance(a, int), f"{node.name}: argument {i} is {type(a).__name__}, not int"
+    return a
+
+
+def _ints_arg(node: torch.fx.Node, i: int) -> list[int]:
+    """Positional argument `i` of an aten call that its schema types as int[] (permute's dims)."""
+    a = node.args[i]
+    assert isinstance(a, (list, tuple)), f"{node.name}: argument {i} is {type(a).__name__}, not int[]"
+    out: list[int] = []
+    for x in a:
+        assert isinstance(x, int), f"{node.name}: argument {i} holds {type(x).__name__}, not int"
+        out.append(x)
+    return out
+
+
+def _has_symbolic_shape(val: object) -> bool:
+    """True if a fake value's shape holds a size that depends on the data (a SymInt)."""
+    if isinstance(val, torch.Tensor):
+        return not all(isinstance(d, int) for d in val.shape)
+    if isinstance(val, (list, tuple)):
+        return any(_has_symbolic_shape(v) for v in val)
+    return False
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, _Param):
+        return f"the parameter {value.name}"
+    if isinstance(value, _Act):
+        return "an activation"
+    if isinstance(value, _Const):
+        return "a buffer or constant"
+    return f"a {type(value).__name__}"
+
+
 def _view_labels(L: _Labels, in_shape: Sequence[int], in_labels: list[int], out_shape: Sequence[int], tag: str) -> list[int]:
     """Labels of a reshape's output: within each group of dims whose products match, the
     outermost non-unit output dim keeps the outermost non-unit input dim's label (sharding
@@ -163,17 +244,26 @@ def _view_labels(L: _Labels, in_shape: Sequence[int], in_labels: list[int], out_
     i = j = 0
     n_in, n_out = len(in_shape), len(out_shape)
     while i < n_in or j < n_out:
-        gi, gj = [], []
+        gi: list[int] = []
+        gj: list[int] = []
         pi = pj = 1
         if i < n_in:
-            gi.append(i); pi *= in_shape[i]; i += 1
+            gi.append(i)
+            pi *= in_shape[i]
+            i += 1
         if j < n_out:
-            gj.append(j); pj *= out_shape[j]; j += 1
+            gj.append(j)
+            pj *= out_shape[j]
+            j += 1
         while pi != pj:
             if pi < pj and i < n_in:
-                gi.append(i); pi *= in_shape[i]; i += 1
+                gi.append(i)
+                pi *= in_shape[i]
+                i += 1
             elif j < n_out:
-                gj.append(j); pj *= out_shape[j]; j += 1
+                gj.append(j)
+                pj *= out_shape[j]
+                j += 1
             else:
                 break
         # absorb trailing unit dims into this group
@@ -189,12 +279,13 @@ def _view_labels(L: _Labels, in_shape: Sequence[int], in_labels: list[int], out_
 
 
 class _Capture:
-    def __init__(self, ep: torch.export.ExportedProgram, user_labels: list[list[str]]) -> None:
+    def __init__(self, ep: torch.export.ExportedProgram, user_labels: list[list[str]], name: str) -> None:
         self.ep = ep
         self.b = _Builder()
         self.env: dict[str, object] = {}
         self.user_labels = user_labels
         self.global_labels: dict[str, int] = {}
+        self.name = name
 
     # -- helpers --------------------------------------------------------------------------
     def glabel(self, name: str) -> int:
@@ -215,6 +306,32 @@ class _Capture:
             return ""
         path = list(stack.values())[-1][0]
         return str(path)
+
+    # -- what the translation does not support in a user's model: an InputError, said where ---
+    def unsupported(self, node: torch.fx.Node, why: str) -> InputError:
+        module = self.module_of(node)
+        where = f"module {module}" if module else "the top-level module"
+        return InputError(f"cannot capture {self.name}: unsupported graph pattern: {_short(node.target)} in {where}: {why}")
+
+    def activation(self, node: torch.fx.Node, value: object, role: str) -> _Act:
+        if not isinstance(value, _Act):
+            raise self.unsupported(node, f"its {role} is {_describe(value)}, not an activation")
+        return value
+
+    def parameter(self, node: torch.fx.Node, value: object, role: str) -> _Param:
+        if not isinstance(value, _Param):
+            raise self.unsupported(node, f"its {role} is {_describe(value)}, not a parameter")
+        return value
+
+    def operand(self, node: torch.fx.Node, value: object, role: str) -> _Act | _Param:
+        if not isinstance(value, (_Act, _Param)):
+            raise self.unsupported(node, f"its {role} is {_describe(value)}, not a parameter or an activation")
+        return value
+
+    def first_act(self, node: torch.fx.Node, acts: list[_Act]) -> _Act:
+        if not acts:
+            raise self.unsupported(node, "it reads parameters only, no activation")
+        return acts[0]
 
     # -- the walk -------------------------------------------------------------------------
     def run(self) -> None:
@@ -246,7 +363,9 @@ class _Capture:
         """A higher-order op (wrap_with_set_grad_enabled, wrap_with_autocast, ...) runs a
         subgraph on the arguments after it: walk that subgraph in place."""
         k = next(i for i, a in enumerate(args) if isinstance(a, _Sub))
-        sub = getattr(self.ep.graph_module, args[k].name)  # type: ignore[union-attr]
+        ref = args[k]
+        assert isinstance(ref, _Sub)
+        sub = getattr(self.ep.graph_module, ref.name)
         inputs = iter(args[k + 1:])
         outer, self.env = self.env, {}
         try:
@@ -266,12 +385,12 @@ class _Capture:
             self.env = outer
 
     def call(self, node: torch.fx.Node) -> object:
-        t = node.target
         args = [self.val(a) for a in node.args]
         out_val = node.meta.get("val")
-        if t is _getitem:
+        if node.target is _getitem:
             container, idx = args[0], node.args[1]
             if isinstance(container, _Multi):
+                assert isinstance(idx, int)
                 return container.items[idx]
             return _Const(())
         if any(isinstance(a, _Sub) for a in args):
@@ -280,8 +399,17 @@ class _Capture:
         prms = [a for a in _flat(args) if isinstance(a, _Param)]
         if not acts and not prms:
             return _Const(tuple(out_val.shape) if isinstance(out_val, torch.Tensor) else ())
+        if _has_symbolic_shape(out_val):
+            raise self.unsupported(node, "its output's shape depends on the data (boolean-mask indexing, "
+                                         "nonzero, ...); the search needs static shapes")
+        return self.dispatch(node, args, acts, prms, out_val)
+
+    def dispatch(self, node: torch.fx.Node, args: list[object], acts: list[_Act], prms: list[_Param],
+                 out_val: object) -> _Result:
+        """The op builder for an aten op that reads an activation or a parameter."""
+        t = node.target
         if t in _VIEW_OPS:
-            return self.view(node, args[0], out_val)
+            return self.view(node, args[0], _first_tensor(out_val))
         if t in _SPLIT_OPS:
             return self.split(node, args[0], out_val)
         if t in _LINEAR_OPS:
@@ -291,69 +419,70 @@ class _Capture:
         if t is aten.embedding.default:
             return self.embedding(node, args)
         if t in _NORM_OPS:
-            return self.norm(node, args, acts, prms)
+            return self.norm(node, args, self.first_act(node, acts), prms)
         if t in _BATCHNORM_OPS:
-            return self.batchnorm(node, args, acts, prms)
+            return self.batchnorm(node, self.first_act(node, acts), prms)
         if t in _CONV_OPS:
             return self.conv(node, args)
         if t in _POOL_OPS:
-            return self.pool(node, acts[0], out_val)
+            return self.pool(node, self.first_act(node, acts), out_val)
         if t in _SOFTMAX_OPS:
-            return self.softmax(node, acts[0], args[1], out_val)
+            return self.softmax(node, self.first_act(node, acts), _first_tensor(out_val))
         if t in _REDUCE_OPS:
-            return self.reduce(node, acts[0], args, out_val)
+            return self.reduce(node, self.first_act(node, acts), args, _first_tensor(out_val))
         if t in _LOSS_OPS:
-            return self.loss(node, acts, out_val)
+            return self.loss(node, self.first_act(node, acts), acts[1:], _first_tensor(out_val))
         if t is aten.cat.default:
-            return self.cat(node, args, out_val)
+            return self.cat(node, args, _first_tensor(out_val))
         return self.elementwise(node, acts, prms, out_val)
 
     # -- op builders ----------------------------------------------------------------------
     def emit(self, node: torch.fx.Node, kind: str, inputs: list[_Act], out_shape: tuple[int, ...],
              out_labels: list[int], out_dtype: str, params: list[_Param], splittable: list[int],
-             flops: float, saves: str) -> _Act:
+             flops: float, saves: SaveKind) -> _Act:
         name = self.b.op_name(self.module_of(node), _short(node.target))
         seen_split: list[int] = []
         for s in splittable:
             r = self.b.labels.find(s)
             if r not in seen_split:
                 seen_split.append(r)
-        self.b.ops.append(dict(
+        self.b.ops.append(_RawOp(
             name=name, kind=kind, target=str(node.target), module=self.module_of(node),
-            inputs=[(a.source, a.shape, list(a.labels), a.dtype) for a in inputs],
-            output=(out_shape, list(out_labels), out_dtype),
-            params=[(p.name, p.stored_shape, list(p.stored_labels), p.dtype) for p in params],
-            splittable=seen_split, flops=float(flops), saves=saves,
+            inputs=tuple(_RawTensor(a.source, a.shape, tuple(a.labels), a.dtype) for a in inputs),
+            output=_RawTensor(None, out_shape, tuple(out_labels), out_dtype),
+            params=tuple(_RawTensor(p.name, p.stored_shape, tuple(p.stored_labels), p.dtype) for p in params),
+            splittable=tuple(seen_split), flops=float(flops), saves=saves,
         ))
         return _Act(name, out_shape, out_labels, out_dtype)
 
-    def view(self, node: torch.fx.Node, src: object, out_val: torch.Tensor) -> object:
+    def view(self, node: torch.fx.Node, src: object, out_val: torch.Tensor) -> _Result:
         L = self.b.labels
         out_shape = tuple(out_val.shape)
         if isinstance(src, _Const):
             return _Const(out_shape)
-        assert isinstance(src, (_Act, _Param))
+        assert isinstance(src, (_Act, _Param))  # a view op's first argument is a tensor
         t = node.target
         tag = f"{node.name}"
+        rank = len(src.shape)
         if t in (aten.permute.default,):
-            perm = [d % len(src.shape) for d in node.args[1]]
+            perm = [d % rank for d in _ints_arg(node, 1)]
             labels = [src.labels[d] for d in perm]
         elif t is aten.transpose.int:
-            d0, d1 = (node.args[1] % len(src.shape)), (node.args[2] % len(src.shape))
+            d0, d1 = _int_arg(node, 1) % rank, _int_arg(node, 2) % rank
             labels = list(src.labels)
             labels[d0], labels[d1] = labels[d1], labels[d0]
         elif t is aten.t.default:
             labels = list(reversed(src.labels))
         elif t in (aten.slice.Tensor,):
             labels = list(src.labels)
-            d = (node.args[1] if len(node.args) > 1 else 0) % len(src.shape)
+            d = _int_arg(node, 1, 0) % rank
             if out_shape[d] != src.shape[d]:
                 labels[d] = L.new(f"{tag}/slice")
         elif t is aten.select.int:
-            d = node.args[1] % len(src.shape)
+            d = _int_arg(node, 1) % rank
             labels = [lab for k, lab in enumerate(src.labels) if k != d]
         elif t in (aten.expand.default, aten.expand_as.default):
-            pad = len(out_shape) - len(src.shape)
+            pad = len(out_shape) - rank
             labels = [L.new(f"{tag}/x{k}") for k in range(pad)]
             for k, lab in enumerate(src.labels):
                 same = src.shape[k] == out_shape[pad + k]
@@ -369,52 +498,39 @@ class _Capture:
             return src.viewed(out_shape, labels)
         return _Act(src.source, out_shape, labels, src.dtype)
 
-    def split(self, node: torch.fx.Node, src: object, out_val: object) -> object:
-        outs = list(out_val)  # type: ignore[arg-type]
+    def split(self, node: torch.fx.Node, src: object, out_val: object) -> _Multi:
+        assert isinstance(out_val, (list, tuple))  # a split op returns a list of tensors
+        outs = [_first_tensor(o) for o in out_val]
         if isinstance(src, _Const):
             return _Multi([_Const(tuple(o.shape)) for o in outs])
-        assert isinstance(src, (_Act, _Param))
-        t = node.target
+        assert isinstance(src, (_Act, _Param))  # a split op's first argument is a tensor
+
+        def part(shape: tuple[int, ...], labels: list[int]) -> _Act | _Param:
+            if isinstance(src, _Act):
+                return _Act(src.source, shape, labels, src.dtype)
+            return src.viewed(shape, labels)
+
         items: list[object] = []
-        if t is aten.unbind.int:
-            d = (node.args[1] if len(node.args) > 1 else 0) % len(src.shape)
+        if node.target is aten.unbind.int:
+            d = _int_arg(node, 1, 0) % len(src.shape)
             for o in outs:
-                labels = [lab for k, lab in enumerate(src.labels) if k != d]
-                items.append(_Act(src.source, tuple(o.shape), labels, src.dtype) if isinstance(src, _Act)
-                             else src.viewed(tuple(o.shape), labels))
+                items.append(part(tuple(o.shape), [lab for k, lab in enumerate(src.labels) if k != d]))
             return _Multi(items)
-        d = (node.args[2] if len(node.args) > 2 else 0) % len(src.shape)
+        d = _int_arg(node, 2, 0) % len(src.shape)
         for k, o in enumerate(outs):
             labels = list(src.labels)
             labels[d] = self.b.labels.new(f"{node.name}/part{k}")
-            items.append(_Act(src.source, tuple(o.shape), labels, src.dtype) if isinstance(src, _Act)
-                         else src.viewed(tuple(o.shape), labels))
+            items.append(part(tuple(o.shape), labels))
         return _Multi(items)
 
-    def matmul(self, node: torch.fx.Node, args: list[object]) -> object:
+    def matmul(self, node: torch.fx.Node, args: list[object]) -> _Result:
         L = self.b.labels
-        t = node.target
-        bias = None
-        if t is aten.linear.default:
-            a, w = args[0], args[1]
-            bias = args[2] if len(args) > 2 else None
-            # linear(x, W) = x @ W^T
-            assert isinstance(w, (_Param, _Act))
-            b_shape = tuple(reversed(w.shape))
-            b_labels = list(reversed(w.labels))
-        elif t is aten.addmm.default:
-            bias, a, wb = args[0], args[1], args[2]
-            assert isinstance(wb, (_Param, _Act))
-            b_shape, b_labels, w = wb.shape, list(wb.labels), wb
-        else:
-            a, w = args[0], args[1]
-            assert isinstance(w, (_Param, _Act))
-            b_shape, b_labels = w.shape, list(w.labels)
+        a, w, bias, b_shape, b_labels = self.matmul_operands(node, args)
+        out_val = _first_tensor(node.meta["val"])
         if not isinstance(a, _Act):
             if isinstance(w, _Act):  # param @ activation: unusual; treat as opaque
-                return self.elementwise(node, [w], [p for p in (a,) if isinstance(p, _Param)], node.meta["val"])
-            return _Const(tuple(node.meta["val"].shape))
-        out_val = node.meta["val"]
+                return self.elementwise(node, [w], [p for p in (a,) if isinstance(p, _Param)], out_val)
+            return _Const(tuple(out_val.shape))
         k_label = L.union(a.labels[-1], b_labels[-2] if len(b_shape) >= 2 else b_labels[-1])
         n_label = b_labels[-1] if len(b_shape) >= 2 else None
         out_shape = tuple(out_val.shape)
@@ -428,8 +544,7 @@ class _Capture:
                     L.union(a.labels[ai], b_labels[k])
         out_labels = lead + ([n_label] if n_label is not None else [])
         out_labels = out_labels[-len(out_shape):] if out_shape else []
-        k_size = a.shape[-1]
-        flops = 2.0 * math.prod(out_shape) * k_size
+        flops = 2.0 * math.prod(out_shape) * a.shape[-1]
         params: list[_Param] = []
         inputs = [a]
         if isinstance(w, _Param):
@@ -451,13 +566,29 @@ class _Capture:
         return self.emit(node, kind, inputs, out_shape, out_labels, _dtype(out_val), params, split, flops,
                          "inputs")
 
-    def attention(self, node: torch.fx.Node, args: list[object]) -> object:
+    def matmul_operands(self, node: torch.fx.Node, args: list[object]
+                        ) -> tuple[object, _Act | _Param, object, tuple[int, ...], list[int]]:
+        """(left operand, right operand, bias, the right operand's shape and labels as the product
+        reads it): linear(x, W) = x @ W^T, addmm(bias, x, W) = bias + x @ W."""
+        t = node.target
+        if t is aten.linear.default:
+            a, w = args[0], self.operand(node, args[1], "weight")
+            bias = args[2] if len(args) > 2 else None
+            return a, w, bias, tuple(reversed(w.shape)), list(reversed(w.labels))
+        if t is aten.addmm.default:
+            bias, a, w = args[0], args[1], self.operand(node, args[2], "right operand")
+            return a, w, bias, w.shape, list(w.labels)
+        a, w = args[0], self.operand(node, args[1], "right operand")
+        return a, w, None, w.shape, list(w.labels)
+
+    def attention(self, node: torch.fx.Node, args: list[object]) -> _Act:
         L = self.b.labels
-        q, k, v = args[0], args[1], args[2]
-        out_val = node.meta["val"]
-        acts = [x for x in (q, k, v) if isinstance(x, _Act)]
-        assert isinstance(q, _Act) and isinstance(k, _Act) and isinstance(v, _Act)
-        L.union(q.labels[0], k.labels[0]); L.union(q.labels[0], v.labels[0])
+        q = self.activation(node, args[0], "query")
+        k = self.activation(node, args[1], "key")
+        v = self.activation(node, args[2], "value")
+        out_val = _first_tensor(node.meta["val"])
+        L.union(q.labels[0], k.labels[0])
+        L.union(q.labels[0], v.labels[0])
         if q.shape[1] == k.shape[1]:
             L.union(q.labels[1], k.labels[1])
         if k.shape[1] == v.shape[1]:
@@ -469,13 +600,12 @@ class _Capture:
         sk, dv = k.shape[-2], v.shape[-1]
         flops = 2.0 * b * h * s * sk * (d + dv) * (0.5 if is_causal else 1.0)
         out_labels = list(q.labels[:-1]) + [v.labels[-1]]
-        return self.emit(node, "attention", acts, tuple(out_val.shape), out_labels, _dtype(out_val), [],
+        return self.emit(node, "attention", [q, k, v], tuple(out_val.shape), out_labels, _dtype(out_val), [],
                          [q.labels[0], q.labels[1]], flops, "attention")
 
-    def embedding(self, node: torch.fx.Node, args: list[object]) -> object:
-        w, ids = args[0], args[1]
-        out_val = node.meta["val"]
-        assert isinstance(w, _Param)
+    def embedding(self, node: torch.fx.Node, args: list[object]) -> _Act:
+        w, ids = self.parameter(node, args[0], "weight table"), args[1]
+        out_val = _first_tensor(node.meta["val"])
         if isinstance(ids, _Act):
             out_labels = list(ids.labels) + [w.labels[1]]
             inputs = [ids]
@@ -487,12 +617,9 @@ class _Capture:
         return self.emit(node, "embedding", inputs, tuple(out_val.shape), out_labels, _dtype(out_val), [w],
                          split, 0.0, "none")
 
-    def norm(self, node: torch.fx.Node, args: list[object], acts: list[_Act], prms: list[_Param]) -> object:
+    def norm(self, node: torch.fx.Node, args: list[object], x: _Act, prms: list[_Param]) -> _Result:
         L = self.b.labels
-        x = acts[0]
-        out_val = node.meta["val"]
-        if isinstance(out_val, (tuple, list)):
-            out_val = out_val[0]
+        out_val = _first_tensor(node.meta["val"])
         t = node.target
         if t is aten.group_norm.default:
             nd = len(x.shape) - 1
@@ -508,11 +635,10 @@ class _Capture:
             return _Multi([res, _Const(()), _Const(())])
         return res
 
-    def batchnorm(self, node: torch.fx.Node, args: list[object], acts: list[_Act], prms: list[_Param]) -> object:
+    def batchnorm(self, node: torch.fx.Node, x: _Act, prms: list[_Param]) -> _Result:
         L = self.b.labels
-        x = acts[0]
         out_val = node.meta["val"]
-        out0 = out_val[0] if isinstance(out_val, (tuple, list)) else out_val
+        out0 = _first_tensor(out_val)
         for p in prms:
             L.union(p.labels[0], x.labels[1])
         res = self.emit(node, "norm", [x], tuple(out0.shape), list(x.labels), _dtype(out0), prms,
@@ -521,14 +647,13 @@ class _Capture:
             return _Multi([res] + [_Const(()) for _ in out_val[1:]])
         return res
 
-    def conv(self, node: torch.fx.Node, args: list[object]) -> object:
+    def conv(self, node: torch.fx.Node, args: list[object]) -> _Act:
         L = self.b.labels
-        x, w = args[0], args[1]
+        x = self.activation(node, args[0], "input")
+        w = self.parameter(node, args[1], "weight")
         bias = args[2] if len(args) > 2 else None
-        out_val = node.meta["val"]
-        assert isinstance(x, _Act) and isinstance(w, _Param)
-        groups = node.args[8] if node.target is aten.convolution.default and len(node.args) > 8 else (
-            node.args[6] if len(node.args) > 6 else 1)
+        out_val = _first_tensor(node.meta["val"])
+        groups = _int_arg(node, 8 if node.target is aten.convolution.default else 6, 1)
         if groups == 1:
             L.union(x.labels[1], w.labels[1])
         out_shape = tuple(out_val.shape)
@@ -541,8 +666,8 @@ class _Capture:
         split = [x.labels[0], w.labels[0]] + ([x.labels[1]] if groups == 1 else [])
         return self.emit(node, "conv", [x], out_shape, out_labels, _dtype(out_val), params, split, flops, "inputs")
 
-    def pool(self, node: torch.fx.Node, x: _Act, out_val: object) -> object:
-        out0 = out_val[0] if isinstance(out_val, (tuple, list)) else out_val
+    def pool(self, node: torch.fx.Node, x: _Act, out_val: object) -> _Result:
+        out0 = _first_tensor(out_val)
         out_shape = tuple(out0.shape)
         labels = list(x.labels[:2]) + [self.b.labels.new(f"{node.name}/sp{d}") for d in range(len(out_shape) - 2)]
         res = self.emit(node, "pool", [x], out_shape, labels, _dtype(out0), [], list(x.labels[:2]),
@@ -551,20 +676,23 @@ class _Capture:
             return _Multi([res, _Const(())])
         return res
 
-    def softmax(self, node: torch.fx.Node, x: _Act, dim: int, out_val: torch.Tensor) -> object:
-        d = dim % len(x.shape)
+    def softmax(self, node: torch.fx.Node, x: _Act, out_val: torch.Tensor) -> _Act:
+        d = _int_arg(node, 1) % len(x.shape)
         split = [lab for k, lab in enumerate(x.labels) if k != d and x.shape[k] > 1]
         return self.emit(node, "softmax", [x], tuple(out_val.shape), list(x.labels), _dtype(out_val), [], split,
                          5.0 * math.prod(x.shape), "output")
 
-    def reduce(self, node: torch.fx.Node, x: _Act, args: list[object], out_val: torch.Tensor) -> object:
+    def reduce(self, node: torch.fx.Node, x: _Act, args: list[object], out_val: torch.Tensor) -> _Act:
         out_shape = tuple(out_val.shape)
-        dims = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else list(range(len(x.shape)))
-        dims = {d % len(x.shape) for d in dims} if len(x.shape) else set()
-        keep = len(out_shape) == len(x.shape)
+        rank = len(x.shape)
+        reduced: set[int] = set()
+        if rank:
+            given = len(args) > 1 and isinstance(args[1], (list, tuple))  # else every dim is reduced
+            reduced = {d % rank for d in _ints_arg(node, 1)} if given else set(range(rank))
+        keep = len(out_shape) == rank
         labels = []
         for k, lab in enumerate(x.labels):
-            if k in dims:
+            if k in reduced:
                 if keep:
                     labels.append(self.b.labels.new(f"{node.name}/r{k}"))
             else:
@@ -573,18 +701,19 @@ class _Capture:
         return self.emit(node, "reduce", [x], out_shape, labels, _dtype(out_val), [], split,
                          float(math.prod(x.shape)), "none")
 
-    def loss(self, node: torch.fx.Node, acts: list[_Act], out_val: torch.Tensor) -> object:
-        x = acts[0]
-        for other in acts[1:]:
+    def loss(self, node: torch.fx.Node, x: _Act, others: list[_Act], out_val: torch.Tensor) -> _Act:
+        for other in others:
             if other.shape and x.shape and other.shape[0] == x.shape[0]:
                 self.b.labels.union(other.labels[0], x.labels[0])
-        return self.emit(node, "loss", acts, tuple(out_val.shape), [], _dtype(out_val), [], [x.labels[0]],
+        return self.emit(node, "loss", [x, *others], tuple(out_val.shape), [], _dtype(out_val), [], [x.labels[0]],
                          6.0 * math.prod(x.shape), "output")
 
-    def cat(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> object:
+    def cat(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> _Act:
         L = self.b.labels
-        parts = [p for p in args[0] if isinstance(p, (_Act, _Param))]
-        d = (node.args[1] if len(node.args) > 1 else 0) % out_val.dim()
+        tensors = args[0]
+        assert isinstance(tensors, list)  # cat's first argument is a list of tensors
+        parts = [p for p in tensors if isinstance(p, (_Act, _Param))]
+        d = _int_arg(node, 1, 0) % out_val.dim()
         out_shape = tuple(out_val.shape)
         labels = [L.new(f"{node.name}/d{k}") for k in range(len(out_shape))]
         for p in parts:
@@ -597,25 +726,24 @@ class _Capture:
         return self.emit(node, "elementwise", acts, out_shape, labels, _dtype(out_val), prms, split,
                          0.0, "none")
 
-    def elementwise(self, node: torch.fx.Node, acts: list[_Act], prms: list[_Param], out_val: object) -> object:
+    def elementwise(self, node: torch.fx.Node, acts: list[_Act], prms: list[_Param], out_val: object) -> _Result:
         L = self.b.labels
-        multi = isinstance(out_val, (tuple, list))
-        out0 = out_val[0] if multi else out_val
+        out0 = out_val[0] if isinstance(out_val, (tuple, list)) else out_val
         if not isinstance(out0, torch.Tensor):
             return _Const(())
         out_shape = tuple(out0.shape)
         nd = len(out_shape)
         labels: list[int | None] = [None] * nd
-        broadcast_ok = all(len(a.shape) <= nd for a in (*acts, *prms))
+        operands: list[_Act | _Param] = [*acts, *prms]
+        broadcast_ok = all(len(a.shape) <= nd for a in operands)
         if broadcast_ok:
-            for a in (*acts, *prms):
+            for a in operands:
                 pad = nd - len(a.shape)
                 for k, size in enumerate(a.shape):
                     if size == out_shape[pad + k] and size != 1:
                         cur = labels[pad + k]
                         labels[pad + k] = a.labels[k] if cur is None else L.union(cur, a.labels[k])
         final = [lab if lab is not None else L.new(f"{node.name}/d{k}") for k, lab in enumerate(labels)]
-        short = _short(node.target)
         if broadcast_ok and acts:
             kind = "elementwise"
             split = [lab for k, lab in enumerate(final) if out_shape[k] > 1]
@@ -624,73 +752,76 @@ class _Capture:
             split = [acts[0].labels[0]] if acts and acts[0].shape and final and acts[0].shape[0] == out_shape[0] else []
             if split:
                 L.union(split[0], final[0])
-        if short in _DROPOUT:
-            saves = "mask"
-        elif short in _SAVES_OUTPUT:
-            saves = "output"
-        elif short in _SAVES_NOTHING or len(acts) == 0:
-            saves = "none"
-        else:
-            saves = "inputs"
         res = self.emit(node, kind, acts, out_shape, final, _dtype(out0), prms, split,
-                        float(math.prod(out_shape)), saves)
-        if multi:
-            return _Multi([res] + [_Const(()) for _ in list(out_val)[1:]])  # type: ignore[arg-type]
+                        float(math.prod(out_shape)), _elementwise_saves(_short(node.target), bool(acts)))
+        if isinstance(out_val, (tuple, list)):
+            return _Multi([res] + [_Const(()) for _ in out_val[1:]])
         return res
 
     # -- finishing ------------------------------------------------------------------------
-    def graph(self, name: str, meta: dict) -> OpGraph:
-        L = self.b.labels
-        # readability: the model width (the last dim of the first embedding lookup) is "hidden"
-        for o in self.b.ops:
-            if o["kind"] == "embedding" and "hidden" not in L.names:
-                L.names[L.find(o["output"][1][-1])] = "hidden"
-                break
-        ops: list[Op] = []
+    def graph(self, name: str, meta: dict[str, str | int | float]) -> OpGraph:
+        self.name_hidden()
         owned: set[str] = set()
-        for o in self.b.ops:
-            params = []
-            for (pname, shape, labels, dtype) in o["params"]:
-                params.append(ParamRef(name=pname, shape=shape, dims=tuple(L.name(x) for x in labels), dtype=dtype,
-                                       owner=pname not in owned))
-                owned.add(pname)
-            inputs = tuple(TensorRef(source=src, shape=shape, dims=tuple(L.name(x) for x in labels), dtype=dtype)
-                           for (src, shape, labels, dtype) in o["inputs"])
-            oshape, olabels, odtype = o["output"]
-            split = []
-            for s in o["splittable"]:
-                nm = L.name(s)
-                if nm not in split:
-                    split.append(nm)
-            op = dict(name=o["name"], kind=o["kind"], target=o["target"], module=o["module"], inputs=inputs,
-                      output=TensorRef(source=None, shape=oshape, dims=tuple(L.name(x) for x in olabels), dtype=odtype),
-                      params=tuple(params), flops=o["flops"], saves=o["saves"])
-            op["splittable"] = tuple(s for s in split if _label_size(op, s) > 1)
-            ops.append(op)
+        ops = [self.finished_op(raw, owned) for raw in self.b.ops]
         # Pointwise ops may shard only dimensions that the graph's inputs or some compute op
         # (matmul, attention, embedding, conv, pool) shard: splitting a head_dim half or a
         # broadcast helper dim that nothing else splits only adds gathers, and it would multiply
         # the configuration space of every rotary-embedding op.
         meaningful = set(self.global_labels_named())
         for op in ops:
-            if op["kind"] in _COMPUTE_KINDS:
-                meaningful.update(op["splittable"])
-        for op in ops:
-            if op["kind"] not in _COMPUTE_KINDS:
-                op["splittable"] = tuple(s for s in op["splittable"] if s in meaningful)
-        return OpGraph(name=name, ops=tuple(Op(**op) for op in ops), meta=meta)
+            if op.kind in _COMPUTE_KINDS:
+                meaningful.update(op.splittable)
+        ops = [op if op.kind in _COMPUTE_KINDS
+               else op.model_copy(update={"splittable": tuple(s for s in op.splittable if s in meaningful)})
+               for op in ops]
+        return OpGraph(name=name, ops=tuple(ops), meta=meta)
+
+    def name_hidden(self) -> None:
+        """Readability: the model width (the last dim of the first embedding lookup) is "hidden"."""
+        L = self.b.labels
+        for o in self.b.ops:
+            if o.kind == "embedding" and "hidden" not in L.names:
+                L.names[L.find(o.output.labels[-1])] = "hidden"
+                break
+
+    def finished_op(self, raw: _RawOp, owned: set[str]) -> Op:
+        """An emitted op with its labels named; a parameter an earlier op read is not owned again."""
+        L = self.b.labels
+
+        def dims(labels: tuple[int, ...]) -> tuple[str, ...]:
+            return tuple(L.name(x) for x in labels)
+
+        params = []
+        for p in raw.params:
+            assert p.source is not None  # a parameter's name
+            params.append(ParamRef(name=p.source, shape=p.shape, dims=dims(p.labels), dtype=p.dtype,
+                                   owner=p.source not in owned))
+            owned.add(p.source)
+        inputs = tuple(TensorRef(source=t.source, shape=t.shape, dims=dims(t.labels), dtype=t.dtype) for t in raw.inputs)
+        output = TensorRef(source=None, shape=raw.output.shape, dims=dims(raw.output.labels), dtype=raw.output.dtype)
+        split: list[str] = []
+        for s in raw.splittable:
+            nm = L.name(s)
+            if nm not in split:
+                split.append(nm)
+        refs: list[TensorRef | ParamRef] = [*inputs, output, *params]
+        return Op(name=raw.name, kind=raw.kind, target=raw.target, module=raw.module, inputs=inputs, output=output,
+                  params=tuple(params), flops=raw.flops, saves=raw.saves,
+                  splittable=tuple(s for s in split if label_size(refs, s) > 1))
 
     def global_labels_named(self) -> list[str]:
         return [self.b.labels.name(x) for x in self.global_labels.values()]
 
 
-def _label_size(op: dict, label: str) -> int:
-    sizes = []
-    for t in (*op["inputs"], op["output"], *op["params"]):
-        for d, s in zip(t.dims, t.shape):
-            if d == label:
-                sizes.append(s)
-    return min(sizes) if sizes else 1
+def _elementwise_saves(short: str, reads_activation: bool) -> SaveKind:
+    """What autograd keeps of a pointwise op for backward (graph.py lists the kinds)."""
+    if short in _DROPOUT:
+        return "mask"
+    if short in _SAVES_OUTPUT:
+        return "output"
+    if short in _SAVES_NOTHING or not reads_activation:
+        return "none"
+    return "inputs"
 
 
 def _flat(args: list[object]) -> list[object]:
@@ -703,27 +834,28 @@ def _flat(args: list[object]) -> list[object]:
     return out
 
 
-import operator as _operator  # noqa: E402
-
-_getitem = _operator.getitem
+_getitem = operator.getitem
 
 
 # ---- public entry points -----------------------------------------------------------------------
+GraphMeta = dict[str, str | int | float]
+
+
 def capture_module(module: nn.Module, example_args: tuple[torch.Tensor, ...], name: str = "model",
-                   input_labels: list[list[str]] | None = None, meta: dict | None = None) -> OpGraph:
+                   input_labels: list[list[str]] | None = None, meta: GraphMeta | None = None) -> OpGraph:
     """Export `module` (on meta) and translate it. `input_labels` names the dims of each input,
-    e.g. [["batch", "seq"], ["batch", "seq"]] for token ids and targets."""
+    e.g. [["batch", "seq"], ["batch", "seq"]] for token ids and targets.
+
+    InputError when torch.export cannot trace the model or the model uses a pattern the
+    translation does not support (the walk raises those itself, naming the op); any other
+    exception from the translation is a bug in it and propagates as one."""
     try:
         ep = torch.export.export(module, example_args, strict=False)
-    except Exception as e:  # noqa: BLE001 - export errors are many and varied
+    except Exception as e:  # noqa: BLE001 - export runs the user's forward: its errors are many and varied
         raise InputError(f"cannot capture {name}: torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    cap = _Capture(ep, input_labels or [])
-    try:
-        cap.run()
-        return cap.graph(name, meta or {})
-    except (AssertionError, KeyError, IndexError, TypeError, ValueError) as e:
-        # an aten pattern the translation does not know: say so, rather than a traceback
-        raise InputError(f"cannot capture {name}: unsupported graph pattern ({type(e).__name__}: {e})") from None
+    cap = _Capture(ep, input_labels or [], name)
+    cap.run()
+    return cap.graph(name, meta or {})
 
 
 def _get_attr(root: nn.Module, dotted: str) -> nn.Module:
@@ -740,13 +872,15 @@ def _set_attr(root: nn.Module, dotted: str, value: nn.Module) -> None:
 
 def capture_with_blocks(module: nn.Module, example_args: tuple[torch.Tensor, ...], blocks_attr: str | None,
                         name: str = "model", input_labels: list[list[str]] | None = None,
-                        meta: dict | None = None) -> OpGraph:
+                        meta: GraphMeta | None = None) -> OpGraph:
     """Capture a model whose `blocks_attr` ModuleList holds identical layers: export two layers,
     verify the second is a copy of the first, replicate it. Falls back to a full export when the
     layers are not identical or are wired in a way the replication cannot express."""
     if not blocks_attr:
         return capture_module(module, example_args, name, input_labels, meta)
     blocks = _get_attr(module, blocks_attr)
+    if not isinstance(blocks, nn.ModuleList):
+        raise TypeError(f"{name}: blocks_attr {blocks_attr!r} is a {type(blocks).__name__}, not an nn.ModuleList")
     n = len(blocks)
     if n <= 2 or not _identical_layers(blocks):
         g = capture_module(module, example_args, name, input_labels, meta)
@@ -788,7 +922,7 @@ def _annotate_blocks(g: OpGraph, prefix: str, n: int) -> OpGraph:
     return g.model_copy(update={"blocks": (BlockInfo(prefix=prefix, layers=tuple(tuple(x) for x in layers)),)})
 
 
-def _renamer(prefix: str, src: int, dst: int):
+def _renamer(prefix: str, src: int, dst: int) -> Callable[[str], str]:
     pat = re.compile(r"(^|(?<=[/:]))" + re.escape(f"{prefix}.{src}") + r"(?=[.:/#]|$)")
     return lambda s: pat.sub(f"{prefix}.{dst}", s)
 
@@ -796,8 +930,8 @@ def _renamer(prefix: str, src: int, dst: int):
 def _replicate(g2: OpGraph, prefix: str, n: int) -> OpGraph | None:
     ops = list(g2.ops)
     idx = [_layer_of(op.name, op.module, prefix) for op in ops]
-    l0 = [op for op, i in zip(ops, idx) if i == 0]
-    l1 = [op for op, i in zip(ops, idx) if i == 1]
+    l0 = [op for op, i in zip(ops, idx, strict=True) if i == 0]
+    l1 = [op for op, i in zip(ops, idx, strict=True) if i == 1]
     if not l0 or len(l0) != len(l1):
         return None
     first1 = min(k for k, i in enumerate(idx) if i == 1)
@@ -813,7 +947,7 @@ def _replicate(g2: OpGraph, prefix: str, n: int) -> OpGraph | None:
             if t.source in l0_names and t.source != out0:
                 return None
     ren = _renamer(prefix, 0, 1)
-    for a, b in zip(l0, l1):  # structural identity of the two exported layers
+    for a, b in zip(l0, l1, strict=True):  # structural identity of the two exported layers
         if (a.kind, a.flops, a.output.shape, tuple(p.shape for p in a.params),
                 tuple(t.shape for t in a.inputs)) != (b.kind, b.flops, b.output.shape,
                                                       tuple(p.shape for p in b.params), tuple(t.shape for t in b.inputs)):
@@ -849,7 +983,7 @@ def _replicate(g2: OpGraph, prefix: str, n: int) -> OpGraph | None:
                    blocks=(BlockInfo(prefix=prefix, layers=tuple(layers)),))
 
 
-def _rename_op(op: Op, r, source_map: dict[str, str]) -> Op:
+def _rename_op(op: Op, r: Callable[[str], str], source_map: dict[str, str]) -> Op:
     def tref(t: TensorRef) -> TensorRef:
         src = source_map.get(t.source, r(t.source)) if t.source is not None else None
         return TensorRef(source=src, shape=t.shape, dims=tuple(r(d) for d in t.dims), dtype=t.dtype)
@@ -868,7 +1002,7 @@ _INPUT_LABELS = {
 }
 
 
-def capture_model(spec: ModelSpec, batch: int, seq_len: int | None = None) -> OpGraph:  # noqa: F821
+def capture_model(spec: ModelSpec, batch: int, seq_len: int | None = None) -> OpGraph:
     """Build a zoo (or HF-config) model on the meta device and capture its training graph for
     one iteration's global batch."""
     if batch < 1:
@@ -877,7 +1011,7 @@ def capture_model(spec: ModelSpec, batch: int, seq_len: int | None = None) -> Op
     with torch.device("meta"):
         module = spec.build()
     args = spec.example_inputs(batch, seq, device="meta")
-    meta = {"model": spec.name, "global_batch": batch, "params": spec.param_count()}
+    meta: GraphMeta = {"model": spec.name, "global_batch": batch, "params": spec.param_count()}
     if seq is not None and spec.kind != "vision":
         meta["seq_len"] = seq
     return capture_with_blocks(module, args, spec.blocks_attr, name=spec.name,

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from search.errors import InputError, invalid, read_json
+from search.errors import invalid, read_json
 
 GRAPH_FORMAT = "paretoplan.graph/1"
 
@@ -118,8 +118,13 @@ class Op(BaseModel):
 
     def label_size(self, label: str) -> int:
         """Size of a label in this op (the smallest over the operands that carry it)."""
-        sizes = [s for t in (*self.inputs, self.output, *self.params) for d, s in zip(t.dims, t.shape) if d == label]
-        return min(sizes) if sizes else 1
+        return label_size((*self.inputs, self.output, *self.params), label)
+
+
+def label_size(refs: Iterable[TensorRef | ParamRef], label: str) -> int:
+    """Size of a label over some tensors (the smallest of those that carry it); 1 if none does."""
+    sizes = [s for t in refs for d, s in zip(t.dims, t.shape, strict=True) if d == label]
+    return min(sizes) if sizes else 1
 
 
 class BlockInfo(BaseModel):

@@ -536,7 +536,7 @@ class ResNet(ZooModule):
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
         in_ch = 64
         stages = []
-        for i, (n_blocks, planes) in enumerate(zip(layers, (64, 128, 256, 512))):
+        for i, (n_blocks, planes) in enumerate(zip(layers, (64, 128, 256, 512), strict=True)):
             stride = 1 if i == 0 else 2
             blocks = []
             for j in range(n_blocks):
@@ -846,7 +846,9 @@ def _hf_build(config: object, kind: str) -> nn.Module:
     try:
         model = auto.from_config(config, attn_implementation="sdpa")
     except ValueError:  # architecture without an SDPA attention path
-        model = auto.from_config(config)
+        # name eager explicitly: the failed call has already set sdpa on `config`, so a bare
+        # from_config(config) would fail again with the same error
+        model = auto.from_config(config, attn_implementation="eager")
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
     return HFLossAdapter(model, kind)
@@ -887,16 +889,18 @@ def spec_from_hf_config(raw: Any, label: str = "config", origin: str = "config")
     from transformers import AutoConfig
 
     fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
+    # transformers runs only on the user's config in these two calls and rejects a bad one with
+    # whatever it raises (ValueError, KeyError, TypeError, AttributeError, ...): all are the input's
     try:
         config = AutoConfig.for_model(model_type, **fields)
-    except Exception as e:  # unknown model_type, inconsistent values, ...
+    except Exception as e:  # noqa: BLE001 - unknown model_type, inconsistent values, ...
         raise InputError(f"HF config '{p}' is invalid: {e}") from None
     kind = _hf_kind(config)
 
     try:
         with torch.device("meta"):
             model = _hf_build(config, kind)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - e.g. hidden size not divisible by the head count
         raise InputError(f"cannot build a model from HF config '{p}': {e}") from None
 
     blocks = find_blocks_attr(model)
@@ -905,7 +909,9 @@ def spec_from_hf_config(raw: Any, label: str = "config", origin: str = "config")
     image_size = _first_int(config, "image_size") if kind == "vision" else None
     if kind == "vision" and image_size is None:
         image_size = 224
-    n_layers = len(model.get_submodule(blocks)) if blocks else None
+    stack = model.get_submodule(blocks) if blocks else None
+    assert stack is None or isinstance(stack, nn.ModuleList)  # find_blocks_attr picks ModuleLists only
+    n_layers = len(stack) if stack is not None else None
     arch = type(model.model).__name__
     dim = _first_int(config, "hidden_size", "n_embd", "d_model")
 

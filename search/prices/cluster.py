@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from search.errors import InputError
+from search.errors import InputError, invalid
 
 __all__ = [
     "CATALOG",
@@ -644,7 +644,7 @@ def _build_cluster(
             **overrides,
         )
     except ValidationError as exc:  # pragma: no cover - the checks above should catch all
-        raise InputError(_one_line(exc)) from None
+        raise invalid(exc, "cluster") from None
 
 
 def make_cluster(
@@ -680,15 +680,6 @@ def make_cluster(
         devices_flag="--devices",
         per_node_flag="--devices-per-node",
     )
-
-
-def _one_line(exc: ValidationError) -> str:
-    """Condense a pydantic error into one line: 'field.path: message; ...'."""
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "value"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
 
 
 _CLUSTER_KEYS = {
@@ -802,4 +793,4 @@ def _device_from_json(value: Any, path: str) -> DeviceSpec:
         # strict: "16" for an int or true for a number is a mistake in the file, not a value
         return DeviceSpec.model_validate(fields, strict=True)
     except ValidationError as exc:
-        raise InputError(f"device: {_one_line(exc)}") from None
+        raise invalid(exc, "device") from None

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from search.errors import InputError
-from search.models.capture import capture_model
+from search.models import capture
+from search.models.capture import capture_model, capture_module
 from search.models.graph import OpGraph, load_graph
 from search.models.zoo import get_model
 
@@ -215,6 +217,94 @@ def test_gpt2_tiny_labels() -> None:
     # the lm head reads the residual stream too
     head = next(op for op in linears if op.name.startswith("lm_head"))
     assert head.inputs[0].dims[-1] == residual
+
+
+# ---------------------------------------------------------------- errors: the user's model or a bug
+# A model torch.export cannot trace, or one that uses a pattern the translation does not
+# support, is the user's input (InputError, a 422 in the service); anything else escaping the
+# translation is a bug in it and must surface as itself, never dressed up as bad input.
+
+
+class _SoftmaxOfParameter(nn.Module):  # learned mixing weights: softmax reads a parameter only
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = nn.Parameter(torch.ones(4))
+        self.proj = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.proj(x) * torch.softmax(self.mix, 0)).sum()
+
+
+class _ComputedConvWeight(nn.Module):  # a hypernetwork: the conv weight is an activation
+    def __init__(self) -> None:
+        super().__init__()
+        self.hyper = nn.Linear(4, 3 * 3 * 3 * 3)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, self.hyper(z).view(3, 3, 3, 3)).sum()
+
+
+class _LearnedQuery(nn.Module):  # Perceiver-style latents: the attention query is a parameter
+    def __init__(self) -> None:
+        super().__init__()
+        self.latents = nn.Parameter(torch.ones(1, 2, 3, 4))
+        self.kv = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.kv(x).view(x.shape[0], 2, -1, 4)
+        return F.scaled_dot_product_attention(self.latents.expand(x.shape[0], -1, -1, -1), k, k).sum()
+
+
+class _DataDependentShape(nn.Module):  # boolean-mask indexing: the output's size depends on the data
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x)
+        return y[y > 0].sum()
+
+
+class _BadView(nn.Module):  # the forward itself fails: torch.export cannot trace it
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).view(3, -1).sum()
+
+
+def _capture_on_meta(module: nn.Module, *shapes: tuple[int, ...]) -> OpGraph:
+    return capture_module(module.to("meta"), tuple(torch.ones(s, device="meta") for s in shapes), name="mine")
+
+
+@pytest.mark.parametrize(("module", "shapes", "says"), [
+    pytest.param(_SoftmaxOfParameter(), [(2, 8)], "softmax in the top-level module: it reads parameters only",
+                 id="softmax-of-parameter"),
+    pytest.param(_ComputedConvWeight(), [(2, 3, 8, 8), (4,)], "its weight is an activation, not a parameter",
+                 id="computed-conv-weight"),
+    pytest.param(_LearnedQuery(), [(2, 4, 4)], "its query is the parameter latents, not an activation",
+                 id="learned-query"),
+    pytest.param(_DataDependentShape(), [(2, 4)], "shape depends on the data", id="data-dependent-shape"),
+    pytest.param(_BadView(), [(2, 4)], "torch.export failed: RuntimeError", id="export-fails"),
+])
+def test_unsupported_user_model_is_input_error(module: nn.Module, shapes: list[tuple[int, ...]], says: str) -> None:
+    with pytest.raises(InputError) as exc:
+        _capture_on_meta(module, *shapes)
+    msg = str(exc.value)
+    assert msg.startswith("cannot capture mine: ") and says in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("error", [AssertionError, KeyError, IndexError, TypeError, ValueError])
+def test_bug_in_translation_is_not_input_error(monkeypatch: pytest.MonkeyPatch, error: type[Exception]) -> None:
+    """A failure inside the walk that no user pattern explains propagates as itself."""
+    def broken_emit(*args: object, **kwargs: object) -> None:
+        raise error("a bug in the translation")
+
+    monkeypatch.setattr(capture._Capture, "emit", broken_emit)
+    with pytest.raises(error) as exc:
+        _capture_on_meta(nn.Sequential(nn.Linear(4, 4)), (2, 4))
+    assert not isinstance(exc.value, InputError)
 
 
 # ---------------------------------------------------------------- JSON

@@ -349,7 +349,7 @@ def test_load_cluster_missing_file(tmp_path: Path) -> None:
         ({"device": "h100-80gb", "devices": 16, "memory_per_device": [1]}, "size string"),
         ({"device": "tpu", "devices": 16}, "unknown device"),
         ({"device": 7, "devices": 16}, "catalog name or a device object"),
-        ({"device": {"name": "x"}, "devices": 16}, "device: "),
+        ({"device": {"name": "x"}, "devices": 16}, "device at vendor_name: Field required; at memory_bytes: Field required"),
     ],
 )
 def test_load_cluster_rejects(tmp_path: Path, payload: object, match: str) -> None:

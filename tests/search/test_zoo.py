@@ -18,6 +18,7 @@ from search.models.zoo import (
     find_blocks_attr,
     get_model,
     model_from_hf_config,
+    spec_from_hf_config,
 )
 
 # Published parameter counts (nominal figures as the sources print them).
@@ -270,7 +271,7 @@ def test_example_inputs_seeded() -> None:
     spec = get_model("llama-tiny")
     a = spec.example_inputs(2, device="cpu", seed=7)
     b = spec.example_inputs(2, device="cpu", seed=7)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert int(a[0].max()) < 512
 
 
@@ -402,6 +403,15 @@ def test_hf_masked_lm(tmp_path: Path) -> None:
     spec = model_from_hf_config(path)
     assert spec.kind == "mlm" and spec.blocks_attr == "model.bert.encoder.layer"
     assert spec.param_count() == TEST_MODELS["bert-tiny"].param_count()
+
+
+def test_hf_config_without_sdpa_builds_with_eager_attention() -> None:
+    """A fixed bug: the first try with SDPA set it on the config, so the fallback failed the same
+    way and every architecture without an SDPA path (ResNet here) read as an invalid config."""
+    spec = spec_from_hf_config({"model_type": "resnet", "num_labels": 10, "depths": [1, 1],
+                                "hidden_sizes": [8, 16], "embedding_size": 8}, "resnet")
+    assert spec.kind == "vision"
+    assert _meta_build(spec).model.config._attn_implementation == "eager"
 
 
 def test_hf_bad_inputs(tmp_path: Path) -> None:
