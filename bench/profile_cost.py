@@ -26,11 +26,8 @@ import os
 import resource
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from profiler.run import run_profile  # noqa: E402
+from profiler.run import run_profile
 
 
 def main() -> None:

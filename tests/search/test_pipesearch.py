@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from graphs import stack
 
 from search.algorithm.exhaustive import exhaustive_pipeline
 from search.algorithm.ft import search
@@ -22,6 +21,7 @@ from search.models.zoo import get_model
 from search.plans.plan import build_plans
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import TrainingJob
+from tests.search.graphs import stack
 
 JOB = TrainingJob(global_batch=24, seq_len=None)
 
@@ -67,6 +67,7 @@ def test_pipeline_dp_equals_exhaustive(devices):
         assert same_frontier(sols[0].root.t, sols[0].root.m, t, m), sh.describe()
 
 
+@pytest.mark.slow  # re-costs every pipeline point of a 6-layer stack: ~5 s
 def test_every_pipeline_point_recosts_to_itself():
     g = stack(6, batch=32)
     cl = make_cluster("h100-80gb", 8)
@@ -90,7 +91,7 @@ def test_gpipe_never_beats_1f1b():
         gp = search_pipelines(g, cl, job, (0,), shapes=[sh])[0]
         sh1 = type(sh)(sh.mesh, sh.zero, sh.micro_batches, "1f1b")
         fb = search_pipelines(g, cl, job, (0,), shapes=[sh1])[0]
-        for t, m in zip(gp.root.t, gp.root.m):
+        for t, m in zip(gp.root.t, gp.root.m, strict=True):
             assert np.any((fb.root.t <= t * (1 + 1e-9)) & (fb.root.m <= m * (1 + 1e-9)))
 
 
@@ -101,6 +102,7 @@ def test_2bw_needs_opt_in():
     assert all(s.zero in (0, 1) for s in pipeline_shapes(cl, JOB, 12, (0, 1, 2, 3)))
 
 
+@pytest.mark.slow  # two searches of an 8-layer stack, one with pipelines: ~5 s
 def test_pipeline_plans_in_the_frontier():
     """A memory-bound stack: pipelines join the frontier, their Plans carry the stages and
     re-cost to the point, and 2BW plans say their weights are stale."""
@@ -120,11 +122,11 @@ def test_pipeline_plans_in_the_frontier():
     # the leanest plan of all is a pipeline
     assert min(piped.points, key=lambda p: p.memory_bytes).stages is not None
     plans = build_plans(piped, pipe_points)
-    for p, plan in zip(pipe_points, plans):
+    for p, plan in zip(pipe_points, plans, strict=True):
         spec = plan.pipeline
         assert spec.stages == plan.mesh.pp == len(spec.stage_layers) > 1
         assert spec.stage_layers[0][0] == 0 and spec.stage_layers[-1][1] == 8
-        assert all(a[1] == b[0] for a, b in zip(spec.stage_layers, spec.stage_layers[1:]))
+        assert all(a[1] == b[0] for a, b in zip(spec.stage_layers, spec.stage_layers[1:], strict=False))
         assert plan.predicted.time_s == pytest.approx(p.time_s, rel=1e-9)
         assert plan.predicted.memory_bytes == pytest.approx(p.memory_bytes, abs=1)
         assert max(spec.stage_memory_bytes) == pytest.approx(plan.predicted.memory_bytes, abs=1)

@@ -22,7 +22,6 @@ from sqlalchemy.pool import NullPool
 from service.settings import normalise_database_url
 
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ["sqlite", "postgresql"]
 TABLES = ["profiles", "searches", "strategies", "jobs", "runs", "resizes", "events"]
 
@@ -117,9 +116,7 @@ class Proc:
 
 
 def _env(**extra: str) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
 
 
 def _wait_for(proc: Proc, pattern: str, what: str, timeout: float = 120.0) -> re.Match:

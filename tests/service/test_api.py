@@ -10,10 +10,10 @@ from contextlib import contextmanager
 
 import pytest
 from fastapi.testclient import TestClient
-from svchelp import count_rows, query
 
 from service.app import create_app
 from service.settings import Settings
+from tests.service.svchelp import count_rows, query
 
 TINY = {"model": "gpt2-tiny", "device": "cpu", "devices": 2}
 
@@ -46,7 +46,7 @@ def claim(c, worker: str, kinds=("search",)):
 
 
 def post_result(c, task: dict, report_json: str):
-    body = '{"token": %s, "report": %s}' % (json.dumps(task["token"]), report_json)
+    body = f'{{"token": {json.dumps(task["token"])}, "report": {report_json}}}'
     return c.post(f"/api/tasks/search/{task['id']}/result", content=gzip.compress(body.encode()),
                   headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
 
@@ -145,7 +145,7 @@ def test_select_launch_and_run_protocol(databases, backend, tiny_report):
         assert fr["feasible"] and fr["picked_strategy_id"] == fr["points"][fr["picked_index"]]["id"]
         times = [p["time_s"] for p in fr["points"]]
         mems = [p["memory_bytes"] for p in fr["points"]]
-        assert times == sorted(times) and all(a >= b for a, b in zip(mems, mems[1:]))
+        assert times == sorted(times) and all(a >= b for a, b in zip(mems, mems[1:], strict=False))
         assert fr["baselines"] and all(b["name"] for b in fr["baselines"])
         last = fr["points"][-1]
         st = c.get(f"/api/strategies/{last['id']}").json()
