@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def start_server(db_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("paretoplan serve did not start")
 
 
-def fresh_db(backend: str, tmp: Path) -> tuple[str, callable]:
+def fresh_db(backend: str, tmp: Path) -> tuple[str, Callable[[], None]]:
     if backend == "sqlite":
         return f"sqlite:///{tmp}/bench-{uuid.uuid4().hex[:6]}.db", lambda: None
     from sqlalchemy import create_engine, make_url, text

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
@@ -26,7 +26,7 @@ BACKENDS = ["sqlite", "postgresql"]
 TABLES = ["profiles", "searches", "strategies", "jobs", "runs", "resizes", "events"]
 
 
-def _pg_admin():
+def _pg_admin() -> tuple[Engine | None, str, str | None]:
     url = normalise_database_url(os.environ.get("TEST_DATABASE_URL", PG_DEFAULT))
     engine = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args={"connect_timeout": 5})
     try:
@@ -44,7 +44,7 @@ class Databases:
         self.root = root
         self.counter = itertools.count()
         self.created: list[str] = []
-        self._admin = None
+        self._admin: tuple[Engine | None, str, str | None] | None = None  # (engine, url, error), on first use
 
     def fresh(self, backend: str) -> str:
         n = next(self.counter)

@@ -94,9 +94,12 @@ class Page:
         self.errors: list[str] = []
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", self._console)
+
+    def _console(self, message) -> None:
         # a 4xx answer the page shows to its user is logged as "Failed to load resource": not an error of the page
-        self.page.on("console", lambda m: m.type == "error" and not m.text.startswith("Failed to load resource")
-                     and self.errors.append(f"console: {m.text}"))
+        if message.type == "error" and not message.text.startswith("Failed to load resource"):
+            self.errors.append(f"console: {message.text}")
 
     def close(self) -> None:
         self.context.close()
