@@ -29,12 +29,12 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
@@ -45,9 +45,8 @@ def pct(values: list[float], q: float) -> float:
 
 def start_server(db_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
     out = tmp / f"serve-{uuid.uuid4().hex[:6]}.out"
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-m", "paretoplan", "serve", "--port", "0", "--no-worker", "--db", db_url],
-                            stdout=out.open("w"), stderr=subprocess.STDOUT, cwd=tmp, env=env)
+                            stdout=out.open("w"), stderr=subprocess.STDOUT, cwd=tmp)
     end = time.monotonic() + 120
     while time.monotonic() < end:
         m = re.search(r"serving on (http://\S+) ", out.read_text())
@@ -59,7 +58,7 @@ def start_server(db_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("paretoplan serve did not start")
 
 
-def fresh_db(backend: str, tmp: Path) -> tuple[str, callable]:
+def fresh_db(backend: str, tmp: Path) -> tuple[str, Callable[[], None]]:
     if backend == "sqlite":
         return f"sqlite:///{tmp}/bench-{uuid.uuid4().hex[:6]}.db", lambda: None
     from sqlalchemy import create_engine, make_url, text
@@ -143,7 +142,7 @@ def run_backend(backend: str, args, report_json: str, tmp: Path) -> dict:
             if r.status_code == 204:
                 return False
             task = r.json()
-            body = '{"token": %s, "report": %s}' % (json.dumps(task["token"]), report_json)
+            body = f'{{"token": {json.dumps(task["token"])}, "report": {report_json}}}'
             r = c.post(f"/api/tasks/search/{task['id']}/result", content=gzip.compress(body.encode(), 5),
                        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
             assert r.status_code == 200, r.text
@@ -192,7 +191,6 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=2000, help="GET frontier requests to time (default 2000)")
     p.add_argument("--json", dest="json_out", help="also write the rows as JSON")
     args = p.parse_args()
-    sys.path.insert(0, str(REPO))
     backends = args.backends.split(",") if args.backends else ["sqlite"] + (["postgresql"] if pg_reachable() else [])
 
     from search.plans.api import SearchRequest, run_search

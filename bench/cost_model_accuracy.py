@@ -23,20 +23,17 @@ import argparse
 import json
 import re
 import statistics
-import sys
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from search.plans.api import SearchRequest, run_search  # noqa: E402
-from search.plans.plan import Plan  # noqa: E402
-from search.prices.cluster import format_size  # noqa: E402
-from worker.analyze import Unsupported, analyze  # noqa: E402
-from worker.launch import Progress, check_capacity, make_report, run_jobs  # noqa: E402
-from worker.reference import reference_losses  # noqa: E402
-from worker.spec import Job, RunSettings  # noqa: E402
+from search.plans.api import SearchRequest, run_search
+from search.plans.plan import Plan
+from search.prices.cluster import format_size
+from worker.analyze import Unsupported, analyze
+from worker.launch import Progress, check_capacity, make_report, run_jobs
+from worker.reference import reference_losses
+from worker.spec import Job, RunSettings
 
 TIME_TARGET, MEMORY_TARGET = 0.10, 0.05
 
@@ -99,7 +96,7 @@ def main() -> None:
     finally:
         bar.close()
     finished = datetime.now(UTC)
-    reports = [make_report(j, r, started, finished) for j, r in zip(jobs, raws)]
+    reports = [make_report(j, r, started, finished) for j, r in zip(jobs, raws, strict=True)]
     if args.reports:
         out = Path(args.reports)
         out.mkdir(parents=True, exist_ok=True)
@@ -112,7 +109,7 @@ def main() -> None:
     print("| model | plan | from | time pred | time meas | err | mem pred | mem meas | err |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     t_err, m_err = [], []
-    for (model, label, spec), rep in zip(labelled, reports):
+    for (model, label, spec), rep in zip(labelled, reports, strict=True):
         t_err.append(abs(rep.errors.time)) if rep.errors.time is not None else None
         m_err.append(abs(rep.errors.memory)) if rep.errors.memory is not None else None
         print(f"| {model} | {spec.summary.replace(' | ', '; ')} | {label} | {rep.predicted.time_s * 1e3:.3f} ms | "
@@ -120,8 +117,8 @@ def main() -> None:
               f"{format_size(rep.measured.memory_bytes) if rep.measured.memory_bytes else '-'} | {pct(rep.errors.memory)} |")
     # every run must also have trained the model it claims to: its losses against one process's
     refs = {(m, s.seq_len): reference_losses(m, args.steps, args.global_batch, s.seq_len) for m, _, s in labelled}
-    worst = max((max(abs(a - b) for a, b in zip(rep.losses, refs[(m, s.seq_len)])), f"{m} {label}")
-                for (m, label, s), rep in zip(labelled, reports))
+    worst = max((max(abs(a - b) for a, b in zip(rep.losses, refs[(m, s.seq_len)], strict=True)), f"{m} {label}")
+                for (m, label, s), rep in zip(labelled, reports, strict=True))
     print(f"\nlosses: every run within {worst[0]:.1e} of the single-process run's ({args.steps} steps; worst: {worst[1]})")
     if t_err:
         print(f"median |time error| {statistics.median(t_err) * 100:.0f}% (target {TIME_TARGET:.0%}), "

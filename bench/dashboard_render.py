@@ -30,8 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 TARGET_MS = 1000.0
 CHROMIUM = os.environ.get("PARETOPLAN_CHROMIUM", "/usr/bin/chromium")
 
@@ -83,9 +81,8 @@ def store_jobs(db_url: str, sizes: list[int]) -> dict[int, int]:
 
 def start_server(db_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
     log = tmp / "serve.out"
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-m", "paretoplan", "serve", "--port", "0", "--no-worker", "--db", db_url],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=tmp, env=env)
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=tmp)
     end = time.monotonic() + 120
     while time.monotonic() < end:
         m = re.search(r"serving on (http://\S+) ", log.read_text(errors="replace"))
@@ -181,7 +178,7 @@ def main() -> int:
         cells = [r["points"], r["frontier_kib"], r["frontier_loaded_ms"], r["scripts_ready_ms"], r["cold_painted_ms"],
                  r["cold_painted_max_ms"], r["cold_table_ms"], r["after_ready_ms"], r["warm_painted_ms"],
                  r["warm_after_ready_ms"]]
-        print(" | ".join(f"{c:>{len(h)}.0f}" for c, h in zip(cells, head)))
+        print(" | ".join(f"{c:>{len(h)}.0f}" for c, h in zip(cells, head, strict=True)))
     print("\nplotly.js run: when the page's own code starts, after plotly-basic.min.js (1.2 MB) is fetched, compiled and run;"
           "\nchart after plotly.js: painted - plotly.js run, the part that grows with the points")
     largest = max(rows, key=lambda r: r["points"])

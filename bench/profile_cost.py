@@ -26,11 +26,9 @@ import os
 import resource
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from profiler.run import run_profile  # noqa: E402
+from profiler.run import run_profile
+from search.prices.profile import DeviceProfile
 
 
 def main() -> None:
@@ -45,7 +43,7 @@ def main() -> None:
         ("gpt2-medium", 2, 2, 4, g_seq, "fewer devices"),
         ("llama-7b", 4, 4, 2, l_seq, "second model"),
     ]
-    prof = None
+    prof: DeviceProfile | None = None  # each run extends the previous run's profile
     rows = []
     t_all = time.perf_counter()
     load0 = os.getloadavg()[0]
@@ -58,6 +56,7 @@ def main() -> None:
                      s.reused / s.signatures if s.signatures else 0.0, s.op_seconds, s.collective_fits,
                      s.collective_seconds, s.seconds, cpu))
         print(f"  {model} {devices} devices: {s.line()}", file=sys.stderr)
+    assert prof is not None  # runs is not empty
     head = ("model", "devices", "batch x seq", "op configs", "signatures", "timed", "reused", "reuse", "op s",
             "coll. fits", "coll. s", "total s", "CPU s")
     print("| " + " | ".join(head) + " |")

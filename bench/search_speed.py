@@ -72,8 +72,9 @@ def main() -> None:
                              capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         mode = "exact" if r["eps"] == 0 else f"eps={r['eps']}"
-        print(f"{r['model']:<12} {r['devices']:>7} {r['batch']:>6} {r['space']:>5} {mode:>9} {r['ops']:>5} {r['configs_per_op']:>10} "
-              f"{r['frontier']:>8} {r['search_s']:>9.2f} {r['capture_s']:>9.2f} {r['peak_rss_mib']:>6.0f} MiB", flush=True)
+        print(f"{r['model']:<12} {r['devices']:>7} {r['batch']:>6} {r['space']:>5} {mode:>9} {r['ops']:>5} "
+              f"{r['configs_per_op']:>10} {r['frontier']:>8} {r['search_s']:>9.2f} {r['capture_s']:>9.2f} "
+              f"{r['peak_rss_mib']:>6.0f} MiB", flush=True)
 
 
 if __name__ == "__main__":

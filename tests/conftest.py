@@ -1,7 +1,30 @@
-"""Test helpers shared by the suites (tests/<package>/...) are importable by module name."""
+"""Marks of the whole suite. The fast subset (`pytest -m "not slow"`) leaves out every test of the
+three kinds that need more than this process: each is marked slow here too, so one deselection
+covers them. A test is of a kind when it says so (`pytest.mark.processes`, a module's
+`pytestmark`, a `pytest.param(..., marks=...)`) or when it uses a fixture that starts such things.
+"""
 
-import sys
-from pathlib import Path
+from __future__ import annotations
 
-for sub in ("search",):
-    sys.path.insert(0, str(Path(__file__).parent / sub))
+import pytest
+
+SLOW_KINDS = ("processes", "browser", "postgres")
+
+# fixtures that start processes or a browser, with the marks every test using them gets
+FIXTURE_KINDS: dict[str, tuple[str, ...]] = {
+    "tiny_profile": ("processes",),  # tests/profiler: a real profile, its collectives on 2 gloo processes
+    "family_runs": ("processes",),  # tests/worker: one torchrun launch of 4 gloo processes
+    "live": ("processes",),  # tests/service: paretoplan serve and a worker, as processes
+    "browser": ("browser",),  # tests/web: Chromium
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        for name, kinds in FIXTURE_KINDS.items():
+            if name in fixtures:
+                for kind in kinds:
+                    item.add_marker(kind)
+        if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
+            item.add_marker(pytest.mark.slow)

@@ -21,7 +21,8 @@ from search.models.graph import Op, OpGraph, ParamRef, TensorRef
 from search.prices.cluster import format_size
 
 # A table row: mark (2 chars), index, "x.xx ms", "x.x MiB", two spaces, the plan summary.
-ROW = re.compile(r"^(?P<mark>[*! ]) +(?P<idx>\d+) +(?P<time>\d+\.\d{2,4}) ms +(?P<mem>\d+(?:\.\d)? [KMGTPE]?i?B)  (?P<plan>\S.*)$")
+ROW = re.compile(r"^(?P<mark>[*! ]) +(?P<idx>\d+) +(?P<time>\d+\.\d{2,4}) ms +"
+                 r"(?P<mem>\d+(?:\.\d)? [KMGTPE]?i?B)  (?P<plan>\S.*)$")
 HEADER = re.compile(r"^\s+#\s+time/iter\s+memory/device\s+plan$")
 
 TINY_SEARCH = ["search", "--model", "gpt2-tiny", "--devices", "4", "--device", "h100-80gb", "--global-batch", "8"]
@@ -83,6 +84,7 @@ def tiny_doc(tiny):
 
 
 # ---- 1. models and devices ------------------------------------------------------------------------
+@pytest.mark.slow  # a process that counts the parameters of the whole zoo: ~10 s
 def test_models_lists_zoo_with_parameter_counts(tmp_path):
     proc = run_cli("models", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -136,8 +138,8 @@ def test_search_json_schema(tiny_doc):
 def test_search_json_frontier_is_pareto_sorted(tiny_doc):
     times = [p["time_s"] for p in tiny_doc["frontier"]]
     mems = [p["memory_bytes"] for p in tiny_doc["frontier"]]
-    assert all(a < b for a, b in zip(times, times[1:])), "times must strictly increase"
-    assert all(a > b for a, b in zip(mems, mems[1:])), "memories must strictly decrease"
+    assert all(a < b for a, b in zip(times, times[1:], strict=False)), "times must strictly increase"
+    assert all(a > b for a, b in zip(mems, mems[1:], strict=False)), "memories must strictly decrease"
 
 
 def test_search_json_plans_match_their_points(tiny_doc):
@@ -172,6 +174,7 @@ def test_dumped_graph_reproduces_frontier(tiny, tiny_doc, tmp_path, capsys):
 
 
 # ---- 3. --exhaustive ------------------------------------------------------------------------------
+@pytest.mark.slow  # a process of its own: ~3 s
 def test_exhaustive_refuses_large_graph(tiny):
     d, _ = tiny
     proc = run_cli("search", "--graph", "g.json", "--devices", "4", "--exhaustive", cwd=d)
@@ -179,6 +182,7 @@ def test_exhaustive_refuses_large_graph(tiny):
     assert "exhaustive" in proc.stderr
 
 
+@pytest.mark.slow  # two processes, one an exhaustive search: ~7 s
 def test_exhaustive_matches_search_on_small_graph(tmp_path):
     (tmp_path / "tiny.json").write_text(mlp_graph().to_json())
     # the per-op space: with ZeRO and recomputation this little MLP's frontier is two points
@@ -238,6 +242,7 @@ def test_bad_input_is_one_line_exit_2(argv, bad_files, capsys):
     assert_clean_error(rc, err)
 
 
+@pytest.mark.slow  # a process of its own: ~3 s
 def test_bad_input_process_level(bad_files):
     proc = run_cli(*BAD_INPUT["cyclic graph"], cwd=bad_files)
     assert_clean_error(proc.returncode, proc.stderr)
@@ -277,6 +282,7 @@ def test_argparse_type_error_is_one_line(capsys):
 
 
 # ---- 5. nothing fits ------------------------------------------------------------------------------
+@pytest.mark.slow  # a process of its own and a search: ~6 s
 def test_budget_nothing_fits(tmp_path):
     proc = run_cli(*TINY_SEARCH, "--memory-budget", "1KiB", "--json", "out.json", cwd=tmp_path)
     assert proc.returncode == 3

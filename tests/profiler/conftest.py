@@ -3,16 +3,10 @@ gloo processes for the collectives, so it is built once per session)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tiny.py, shared by the test modules
-
-from tiny import TINY  # noqa: E402
-
-from profiler.run import run_profile  # noqa: E402
+from profiler.run import run_profile
+from tests.profiler.tiny import TINY
 
 
 @pytest.fixture(scope="session")

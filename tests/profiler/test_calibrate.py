@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tiny import TINY
 
 from paretoplan.cli import main
 from profiler.calibrate import FACTOR_MAX, FACTOR_MIN, PlanParts, Recoster, calibrate, check_report, fit_factors, plan_parts
@@ -23,6 +22,7 @@ from search import Errors, Measured, Predicted, RunReport, rel_error
 from search.errors import InputError
 from search.plans.api import SearchRequest, run_search
 from search.prices.profile import load_profile
+from tests.profiler.tiny import TINY
 
 SLOWER = {"linear": 1.6, "attention": 2.2, "elementwise": 1.3, "optimizer": 1.2}
 COMM = {"dp": 0.5, "tp": 1.8}

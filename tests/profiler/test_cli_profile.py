@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny import TINY
 
 from paretoplan.cli import main
 from profiler.collectives import host_capacity
 from search.prices.profile import load_profile
+from tests.profiler.tiny import TINY
 
 TINY_FLAGS = ["--model", TINY["model"], "--devices", str(TINY["devices"]), "--devices-per-node",
               str(TINY["devices_per_node"]), "--global-batch", str(TINY["global_batch"])]

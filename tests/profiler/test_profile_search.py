@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tiny import TINY
 
 from profiler.run import run_profile
 from search.errors import InputError
@@ -15,6 +14,7 @@ from search.prices.cluster import make_cluster
 from search.prices.costmodel import CostModel
 from search.prices.mesh import Mesh, MeshAxis
 from search.prices.profile import DeviceProfile, ProfileLookup, op_signature
+from tests.profiler.tiny import TINY
 
 
 def _search(prof: DeviceProfile, **kw):
@@ -190,6 +190,7 @@ def test_a_second_model_times_only_what_is_new(tiny_profile) -> None:
     assert [m.model for m in both.models] == ["gpt2-tiny", "llama-tiny"]
 
 
+@pytest.mark.slow  # a pipeline search of gpt2-medium: ~8 s
 def test_the_enumeration_is_exactly_what_the_search_looks_up() -> None:
     """Everything a search (every mesh, the pipeline stages at every micro-batch size, the
     baselines) asks the profile for is enumerated for timing, and nothing else: a 24-layer

@@ -57,7 +57,7 @@ def with_batch(graph: OpGraph, batch: int) -> OpGraph:
     def scaled(t):
         if "batch" not in t.dims:
             return t
-        return t.model_copy(update={"shape": tuple(batch if d == "batch" else s for s, d in zip(t.shape, t.dims))})
+        return t.model_copy(update={"shape": tuple(batch if d == "batch" else s for s, d in zip(t.shape, t.dims, strict=True))})
 
     ops = tuple(op.model_copy(update={"inputs": tuple(scaled(t) for t in op.inputs), "output": scaled(op.output),
                                       "flops": op.flops * batch / B}) for op in graph.ops)

@@ -158,6 +158,7 @@ def test_fsdp_and_recompute_trade_time_for_memory():
         assert bs[name + "+recompute"].time_s > bs[name].time_s
 
 
+@pytest.mark.slow  # against a full search of gpt2 on 8 devices (shared, ~3 s) and its baselines
 def test_no_baseline_beats_the_frontier():
     r = searched()
     bs = baselines(*setup(), budget=0.5 * GIB, result=r)
@@ -168,6 +169,7 @@ def test_no_baseline_beats_the_frontier():
         assert ok, f"{b.name}: {b.time_s:.6g} s, {b.memory_bytes:.6g} B is below-left of the frontier"
 
 
+@pytest.mark.slow  # against a full search of gpt2 on 8 devices (shared, ~3 s) and its baselines
 def test_min_time_at_budget_is_the_fastest_fitting_point():
     r = searched()
     budget = planned()["megatron-tp4-dp"].memory_bytes
@@ -181,6 +183,7 @@ def test_min_time_at_budget_is_the_fastest_fitting_point():
         baselines(*setup(), budget=budget, frontier=r.points)
 
 
+@pytest.mark.slow  # against a full search of gpt2 on 8 devices (shared, ~3 s) and its baselines
 def test_plans_reproduce_the_baselines():
     graph, cluster, job = setup()
     r = searched()
@@ -197,6 +200,7 @@ def test_plans_reproduce_the_baselines():
             assert plan.predicted.comm_bytes == pytest.approx(b.comm_bytes, rel=1e-9)
 
 
+@pytest.mark.slow  # a pipeline search of gpt2 on 8 devices: ~7 s
 def test_pipeline_planners_price_their_grid_choice_and_lose_to_the_frontier():
     """Megatron 3-D and PipeDream-2BW: pipeline plans with equal layers per stage, re-costed stage
     by stage to the same numbers, and never below-left of a frontier that searches pipelines."""

@@ -5,13 +5,13 @@ inside a module."""
 from __future__ import annotations
 
 import numpy as np
-from graphs import act, linear, norm, pointwise
 
 from search.models.graph import Op, OpGraph, ParamRef
 from search.prices.boundaries import INFEASIBLE, Boundaries
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import CostModel, TrainingJob
 from search.prices.mesh import Mesh, MeshAxis, op_configs
+from tests.search.graphs import act, linear, norm, pointwise
 
 TP4 = Mesh(pp=1, axes=(MeshAxis("dp", 1, 4, "data"), MeshAxis("tp", 4, 1, "tensor")))
 

@@ -390,6 +390,7 @@ def test_load_graph_missing_file(tmp_path: Path) -> None:
     assert "\n" not in str(exc.value)
 
 
+@pytest.mark.slow  # builds, exports and captures an HF Llama: ~3 s
 def test_hf_llama_config_with_higher_order_ops(tmp_path):
     """HF Llama computes its rotary tables under torch.no_grad, which export wraps in a
     higher-order op with a subgraph; capture walks into it instead of failing."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from graphs import random_dag, stack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +15,7 @@ from search.algorithm.ft import SearchOptions, search
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import CostModel, TrainingJob
 from search.prices.mesh import Mesh, MeshAxis
+from tests.search.graphs import random_dag, stack
 
 CLUSTER = make_cluster("h100-80gb", 4, devices_per_node=4)
 JOB = TrainingJob(global_batch=8, precision="bf16")
@@ -109,6 +109,7 @@ def test_stack_pruning_keeps_the_frontier_exact(layers):
     check_points(on)
 
 
+@pytest.mark.slow  # searches gpt2 with and without stack pruning: ~2 s
 def test_stack_pruning_on_a_real_model():
     from search.models.capture import capture_model
     from search.models.zoo import get_model

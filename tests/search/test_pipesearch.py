@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from graphs import stack
 
 from search.algorithm.evaluate import evaluate_pipeline, micro_batch_graph
 from search.algorithm.exhaustive import exhaustive_pipeline
@@ -16,6 +15,7 @@ from search.models.zoo import get_model
 from search.plans.plan import build_plans
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import TrainingJob
+from tests.search.graphs import stack
 
 JOB = TrainingJob(global_batch=24, seq_len=None)
 
@@ -61,6 +61,7 @@ def test_pipeline_dp_equals_exhaustive(devices):
         assert same_frontier(sols[0].root.t, sols[0].root.m, t, m), sh.describe()
 
 
+@pytest.mark.slow  # re-costs every pipeline point of a 6-layer stack: ~5 s
 def test_every_pipeline_point_recosts_to_itself():
     g = stack(6, batch=32)
     cl = make_cluster("h100-80gb", 8)
@@ -95,6 +96,7 @@ def test_2bw_needs_opt_in():
     assert all(s.zero in (0, 1) for s in pipeline_shapes(cl, JOB, 12, (0, 1, 2, 3)))
 
 
+@pytest.mark.slow  # two searches of an 8-layer stack, one with pipelines: ~5 s
 def test_pipeline_plans_in_the_frontier():
     """A memory-bound stack: pipelines join the frontier, their Plans carry the stages and
     re-cost to the point, and 2BW plans say their weights are stale."""

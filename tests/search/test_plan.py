@@ -25,7 +25,7 @@ def test_plans_match_their_points():
     assert r.stats["block_reuse"]
     plans = build_plans(r)
     assert len(plans) == len(r.points) > 1
-    for point, plan in zip(r.points, plans):
+    for point, plan in zip(r.points, plans, strict=True):
         assert plan.predicted.time_s == pytest.approx(point.time_s, rel=1e-9)
         assert abs(plan.predicted.memory_bytes - point.memory_bytes) <= 2
         assert abs(plan.predicted.breakdown.total - plan.predicted.memory_bytes) <= 8

@@ -326,7 +326,9 @@ def _assert_scalar_loss(ep: torch.export.ExportedProgram) -> None:
     assert out[0].meta["val"].shape == ()
 
 
-@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny", "bert-base", "vit-base", "resnet50"])
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny",
+                                  # ~1.5 s each; test_capture.py exports them too (capture_model)
+                                  *(pytest.param(n, marks=pytest.mark.slow) for n in ("bert-base", "vit-base", "resnet50"))])
 def test_export_on_meta(name: str) -> None:
     spec = get_model(name)
     model = _meta_build(spec)
@@ -384,6 +386,7 @@ def test_hf_gpt2_config(tmp_path: Path) -> None:
     _export_and_run(spec)
 
 
+@pytest.mark.slow  # builds and exports an HF Llama from a config directory: ~2 s
 def test_hf_llama_config_directory(tmp_path: Path) -> None:
     path = _write_llama(tmp_path)
     spec = model_from_hf_config(path.parent)  # a directory holding config.json

@@ -8,15 +8,10 @@ suite is skipped with a message saying so, or fails when PARETOPLAN_REQUIRE_POST
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from svchelp import BACKENDS, Databases, Live, start_server, start_worker  # noqa: E402
+from tests.service.svchelp import BACKENDS, Databases, Live, start_server, start_worker
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +21,8 @@ def databases(tmp_path_factory):
     dbs.drop_all()
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(scope="session", params=[pytest.param(b, marks=pytest.mark.postgres) if b == "postgresql" else b
+                                        for b in BACKENDS])
 def backend(request) -> str:
     return request.param
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
@@ -26,12 +26,11 @@ from service.models import utcnow
 from service.settings import normalise_database_url
 
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ["sqlite", "postgresql"]
 TABLES = ["profiles", "searches", "strategies", "jobs", "runs", "resizes", "events"]
 
 
-def _pg_admin():
+def _pg_admin() -> tuple[Engine | None, str, str | None]:
     url = normalise_database_url(os.environ.get("TEST_DATABASE_URL", PG_DEFAULT))
     engine = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args={"connect_timeout": 5})
     try:
@@ -49,7 +48,7 @@ class Databases:
         self.root = root
         self.counter = itertools.count()
         self.created: list[str] = []
-        self._admin = None
+        self._admin: tuple[Engine | None, str, str | None] | None = None  # (engine, url, error), on first use
 
     def fresh(self, backend: str) -> str:
         n = next(self.counter)
@@ -151,9 +150,7 @@ class Proc:
 
 
 def _env(**extra: str) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
 
 
 def _wait_for(proc: Proc, pattern: str, what: str, timeout: float = 120.0) -> re.Match:

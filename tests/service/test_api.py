@@ -10,10 +10,10 @@ from contextlib import contextmanager
 
 import pytest
 from fastapi.testclient import TestClient
-from svchelp import Clock, count_rows, query, run_report
 
 from service.app import create_app
 from service.settings import Settings
+from tests.service.svchelp import Clock, count_rows, query, run_report
 
 TINY = {"model": "gpt2-tiny", "device": "cpu", "devices": 2}
 

@@ -6,7 +6,7 @@ import json
 import re
 import time
 
-from svchelp import count_rows, query, start_worker, wait_job
+from tests.service.svchelp import count_rows, query, start_worker, wait_job
 
 TINY = {"model": "gpt2-tiny", "device": "cpu", "devices": 2}
 

@@ -10,7 +10,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from svchelp import query, start_server, start_worker, wait_job, wait_ready
+import pytest
+
+from tests.service.svchelp import query, start_server, start_worker, wait_job, wait_ready
+
+pytestmark = pytest.mark.processes
 
 # a search of seconds (capture ~3 s, FT ~3 s, plans ~3 s on one core); no pipeline stages: they take minutes
 # a search that takes seconds, so a worker can be stopped inside it (the flat search of gpt2-medium

@@ -33,6 +33,7 @@ def _operations(schema) -> list:
     return [result.ok() for result in schema.get_all_operations()]
 
 
+@pytest.mark.slow  # hundreds of generated requests: ~8 s per mode
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=lambda m: m.value)
 def test_no_server_errors(api_schema, mode):
     ops = _operations(api_schema)

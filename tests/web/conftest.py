@@ -11,14 +11,10 @@ PARETOPLAN_WEB_ARTIFACTS.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from webhelp import NO_CHROMIUM, Page, Shots, chromium_path, launch_chromium, start_service, stop_service  # noqa: E402
+from tests.web.webhelp import NO_CHROMIUM, Page, Shots, chromium_path, launch_chromium, start_service, stop_service
 
 
 @pytest.fixture(scope="session")

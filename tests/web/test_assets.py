@@ -36,7 +36,8 @@ def test_the_page_is_served_at_the_root_with_its_modules(client):
     for js in (STATIC / "js").glob("*.js"):
         for dep in re.findall(r'from "\./([\w.]+)"', js.read_text()):
             assert (STATIC / "js" / dep).is_file(), f"{js.name} imports missing {dep}"
-            assert client.get(f"/static/js/{dep}").headers["content-type"].startswith(("text/javascript", "application/javascript"))
+            content_type = client.get(f"/static/js/{dep}").headers["content-type"]
+            assert content_type.startswith(("text/javascript", "application/javascript"))
 
 
 def test_plotly_is_its_basic_bundle_served_by_the_app(client):

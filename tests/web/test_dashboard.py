@@ -9,8 +9,12 @@ import json
 import re
 import time
 
-from svchelp import count_rows, start_worker, wait_job
-from webhelp import start_service, stop_service
+import pytest
+
+from tests.service.svchelp import count_rows, start_worker, wait_job
+from tests.web.webhelp import start_service, stop_service
+
+pytestmark = [pytest.mark.browser, pytest.mark.processes]
 
 TINY = {"model": "gpt2-tiny", "device": "cpu", "devices": 2}
 RUN_TIMEOUT_MS = 300_000

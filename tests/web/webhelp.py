@@ -1,23 +1,20 @@
-"""Helpers of the dashboard's browser tests and bench/dashboard_render.py (importable as `webhelp`):
-finding Chromium, a real service with real workers, numbered screenshots, pages that record
-their requests and errors."""
+"""Helpers of the dashboard's browser tests: finding Chromium, a real service with real workers
+(started by the service suite's own helpers), numbered screenshots, pages that record their
+requests and errors."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from tests.service.svchelp import Proc, start_server, start_worker
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "service"))
-
-from svchelp import Proc, start_server, start_worker  # noqa: E402
-
 ARTIFACTS = Path(os.environ.get("PARETOPLAN_WEB_ARTIFACTS") or HERE / "artifacts")
 VIEWPORT = {"width": 1400, "height": 1000}
 NO_CHROMIUM = ("no Chromium at /usr/bin/chromium: the dashboard's browser tests need Debian's chromium "
@@ -97,9 +94,12 @@ class Page:
         self.errors: list[str] = []
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", self._console)
+
+    def _console(self, message) -> None:
         # a 4xx answer the page shows to its user is logged as "Failed to load resource": not an error of the page
-        self.page.on("console", lambda m: m.type == "error" and not m.text.startswith("Failed to load resource")
-                     and self.errors.append(f"console: {m.text}"))
+        if message.type == "error" and not message.text.startswith("Failed to load resource"):
+            self.errors.append(f"console: {message.text}")
 
     def close(self) -> None:
         self.context.close()

@@ -4,21 +4,13 @@ group), so the suite pays the process start-up once."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-STEPS = 3
-COMM_FAMILIES = ("tp", "tp+sp")
+from tests.worker.families import COMM_FAMILIES, STEPS, families
 
 
 @pytest.fixture(scope="session")
 def family_plans():
-    from families import families
-
     return families()
 
 
@@ -32,4 +24,4 @@ def family_runs(family_plans):
     jobs = {name: Job(spec=analyze(plan), settings=RunSettings(steps=STEPS, warmup=1, comm_debug=name in COMM_FAMILIES))
             for name, plan in family_plans.items()}
     raws = run_jobs(list(jobs.values()), timeout=400)
-    return {name: (job, raw) for (name, job), raw in zip(jobs.items(), raws)}
+    return {name: (job, raw) for (name, job), raw in zip(jobs.items(), raws, strict=True)}

@@ -7,6 +7,7 @@ PipelineSpec set by hand (the search does not emit pipeline plans yet).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 
 from search.plans.api import SearchRequest, run_search
@@ -51,23 +52,31 @@ def cnn(name: str) -> Plan:
     return baseline("cnn-tiny", name)
 
 
+GPT, LLAMA = "gpt2-tiny", "llama-tiny"
+
+# name -> how to build its Plan on 4 processes. Builders, not Plans: the tests are parametrised
+# by these names at collection, and building the Plans takes five searches (seconds).
+FAMILIES: dict[str, Callable[[], Plan]] = {
+    "dp": lambda: baseline(GPT, "data-parallel"),
+    "fsdp": lambda: baseline(GPT, "fsdp"),
+    "zero1": lambda: with_zero(baseline(GPT, "data-parallel"), 1),
+    "zero2": lambda: with_zero(baseline(LLAMA, "data-parallel"), 2),
+    "tp": lambda: baseline(GPT, "megatron-tp4-dp"),
+    "tp+sp": lambda: baseline(GPT, "megatron-tp4-sp-dp"),
+    "dp x tp": lambda: baseline(LLAMA, "megatron-tp2-dp"),
+    "dp x tp+sp fsdp": lambda: with_zero(baseline(LLAMA, "megatron-tp2-sp-dp"), 3),
+    "pp gpipe": lambda: pipelined(baseline(GPT, "data-parallel", 2), 2, "gpipe", 2),
+    "pp 1f1b": lambda: pipelined(baseline(GPT, "data-parallel", 2), 2, "1f1b", 2),
+    "pp x tp": lambda: pipelined(baseline(GPT, "megatron-tp2-dp", 2), 2, "1f1b", 2),
+    "pp x fsdp": lambda: pipelined(baseline(LLAMA, "fsdp", 2), 2, "1f1b", 2),
+    "recompute": lambda: baseline(GPT, "fsdp+recompute"),
+    "tp+recompute": lambda: baseline(GPT, "megatron-tp4-dp+recompute"),
+    "cnn dp": lambda: cnn("data-parallel"),
+}
+STEPS = 3  # training steps of every family in the shared launch
+COMM_FAMILIES = ("tp", "tp+sp")  # the families whose collectives are counted (CommDebugMode)
+
+
 def families() -> dict[str, Plan]:
     """name -> Plan on 4 processes."""
-    g, l = "gpt2-tiny", "llama-tiny"
-    return {
-        "dp": baseline(g, "data-parallel"),
-        "fsdp": baseline(g, "fsdp"),
-        "zero1": with_zero(baseline(g, "data-parallel"), 1),
-        "zero2": with_zero(baseline(l, "data-parallel"), 2),
-        "tp": baseline(g, "megatron-tp4-dp"),
-        "tp+sp": baseline(g, "megatron-tp4-sp-dp"),
-        "dp x tp": baseline(l, "megatron-tp2-dp"),
-        "dp x tp+sp fsdp": with_zero(baseline(l, "megatron-tp2-sp-dp"), 3),
-        "pp gpipe": pipelined(baseline(g, "data-parallel", 2), 2, "gpipe", 2),
-        "pp 1f1b": pipelined(baseline(g, "data-parallel", 2), 2, "1f1b", 2),
-        "pp x tp": pipelined(baseline(g, "megatron-tp2-dp", 2), 2, "1f1b", 2),
-        "pp x fsdp": pipelined(baseline(l, "fsdp", 2), 2, "1f1b", 2),
-        "recompute": baseline(g, "fsdp+recompute"),
-        "tp+recompute": baseline(g, "megatron-tp4-dp+recompute"),
-        "cnn dp": cnn("data-parallel"),
-    }
+    return {name: build() for name, build in FAMILIES.items()}

@@ -6,10 +6,10 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
-from families import baseline, pipelined
 
 from search.plans.api import SearchRequest, run_search
 from search.plans.plan import Plan
+from tests.worker.families import baseline, pipelined
 from worker.analyze import Unsupported, analyze
 from worker.launch import check_capacity
 

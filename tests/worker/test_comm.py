@@ -10,8 +10,8 @@ Two checks per tensor-parallel family:
 from __future__ import annotations
 
 import pytest
-from conftest import COMM_FAMILIES
 
+from tests.worker.families import COMM_FAMILIES
 from worker.commcheck import expected_counts, measured_counts, mismatches
 
 

@@ -6,16 +6,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import STEPS
-from families import families
 
+from tests.worker.families import FAMILIES, STEPS
 from worker.reference import reference_losses
 
 TOL = 2e-5  # fp32, losses ~6: collectives reorder float sums, nothing more
-FAMILIES = list(families())
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", list(FAMILIES))
 def test_loss_matches_single_process(name, family_runs):
     job, raw = family_runs[name]
     spec = job.spec
@@ -27,7 +25,7 @@ def test_loss_matches_single_process(name, family_runs):
     got = raw["losses"]
     assert len(got) == STEPS and all(math.isfinite(x) for x in got)
     assert abs(got[-1] - got[0]) > 1e-4, "the loss did not move: no training happened"
-    diffs = [abs(a - b) for a, b in zip(got, ref)]
+    diffs = [abs(a - b) for a, b in zip(got, ref, strict=True)]
     assert max(diffs) < TOL, f"{name} ({spec.summary}): losses {got} vs single-process {ref}"
 
 
@@ -47,7 +45,7 @@ def test_the_families_cover_the_parallelisms(family_runs):
 
 
 def test_ranks_report_time_and_memory(family_runs):
-    for name, (job, raw) in family_runs.items():
+    for name, (_, raw) in family_runs.items():
         for r in raw["ranks"]:
             assert r["time_s"] > 0, name
             assert r["memory_bytes"] and r["memory_bytes"] > 0, name

@@ -8,9 +8,9 @@ from datetime import UTC
 from pathlib import Path
 
 import pytest
-from families import baseline
 
 from search import RunReport
+from tests.worker.families import baseline
 from worker.analyze import analyze
 from worker.launch import RunFailed, format_table, make_report, run_jobs
 from worker.spec import Job, RunSettings
@@ -28,6 +28,7 @@ def _processes_mentioning(text: str) -> list[int]:
     return out
 
 
+@pytest.mark.processes
 def test_a_crashing_rank_ends_the_run_with_its_error_and_no_orphans(tmp_path):
     spec = analyze(baseline("gpt2-tiny", "data-parallel"))
     job = Job(spec=spec, settings=RunSettings(steps=5, warmup=1, fail_rank=2, fail_step=1, measure_memory=False))
@@ -59,6 +60,7 @@ def test_report_from_a_run(family_runs):
 
 
 
+@pytest.mark.processes
 def test_a_run_past_its_time_limit_is_stopped_with_all_its_ranks(tmp_path):
     """The launcher's own way out (time limit; Ctrl-C takes the same path) kills torchrun and every
     rank it started, though torchrun starts each rank in a session of its own."""
