@@ -32,6 +32,16 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the model zoo with parameter counts")
     sub.add_parser("devices", help="list the device catalog")
 
+    _add_search(sub)
+    _add_profile(sub)
+    _add_run(sub)
+    _add_serve(sub)
+    _add_worker(sub)
+    return p
+
+
+def _add_search(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`search`: the model, the cluster, the job and what to write."""
     s = sub.add_parser("search", help="search the time/memory Pareto frontier of a model on a cluster")
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="zoo model name (see `paretoplan models`)")
@@ -63,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--all", action="store_true", help="print every frontier point, not a sample")
     s.add_argument("--profile", help="a DeviceProfile JSON from `paretoplan profile`: price from measured costs")
 
+
+def _add_profile(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`profile`: what to time on this machine, or a calibration."""
     pr = sub.add_parser("profile", help="measure op and collective costs on this machine (a DeviceProfile)",
                         description="Time every op signature a search of --model on --devices devices will price, "
                                     "and the collectives its meshes use, on this machine (CUDA GPUs with NCCL, "
@@ -82,6 +95,10 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--threads", type=int, default=None, help="torch threads while timing ops (default: cores / devices)")
     pr.add_argument("--calibrate", nargs="+", metavar="REPORT", help="RunReport JSON files to calibrate --profile with")
     pr.add_argument("--profile", help="with --calibrate: the profile to calibrate")
+
+
+def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`run`: the plan to launch (searched or from a file) and how to train it."""
     r = sub.add_parser("run", help="launch a plan with torchrun and compare measured with predicted time and memory",
                        description="Search --model for this machine and launch the picked plan, or launch a plan "
                                    "saved by `search --json` (--plan); train on synthetic data with torchrun (gloo "
@@ -113,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+
+def _add_serve(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`serve`: the service with its dashboard and local workers."""
     sv = sub.add_parser("serve", help="run the REST API (jobs, frontiers, runs) with a local worker",
                         description="Serve the REST API and dashboard; settings also come from PARETOPLAN_* "
                                     "environment variables and .env (DATABASE_URL for the database).")
@@ -124,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--lease", type=float, default=None, help="seconds a task stays claimed without a heartbeat (default 30)")
     sv.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
 
+
+def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`worker`: a worker claiming tasks from a service over REST."""
     wk = sub.add_parser("worker", help="claim searches and runs from a paretoplan service and execute them")
     wk.add_argument("--api", required=True, help="the service's URL, e.g. http://127.0.0.1:8000")
     wk.add_argument("--name", default=None, help="this worker's name in the service (default host:pid)")
@@ -131,8 +154,6 @@ def _parser() -> argparse.ArgumentParser:
     wk.add_argument("--poll", type=float, default=1.0, help="seconds between claims when there is nothing to do")
     wk.add_argument("--max-tasks", type=int, default=None, help="exit after this many tasks")
     wk.add_argument("--exit-with-parent", action="store_true", help="exit when the process that started it exits")
-    return p
-
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
