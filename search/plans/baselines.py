@@ -149,6 +149,11 @@ def _mesh(cluster: Cluster, tp: int) -> Mesh:
     return Mesh(pp=1, axes=(MeshAxis(DP, n // tp, tp, DATA), MeshAxis(TP, tp, 1, TENSOR)))
 
 
+def _tp_only_mesh(tp: int) -> Mesh:
+    """A mesh of `tp` devices on the tensor axis and none on the data axis."""
+    return Mesh(pp=1, axes=(MeshAxis(DP, 1, tp, DATA), MeshAxis(TP, tp, 1, TENSOR)))
+
+
 def _block_ops(graph: OpGraph) -> list[list[str]]:
     return [list(layer) for b in graph.blocks for layer in b.layers]
 
@@ -433,8 +438,10 @@ def megatron_3d(pr: _Pricer, budget: float) -> list[Baseline]:
     g = math.gcd(pr.cluster.num_devices, pr.cluster.devices_per_node)
     labels = megatron_tp_labels(pr.graph)
     block = {name for layer in _block_ops(pr.graph) for name in layer}
+    # whether Megatron's split divides every block op is a question of tp alone: ask it on a mesh
+    # of the tp axis only, as the grid's data-parallel size is chosen later (and may not be n // tp)
     tps = [1] + [t for t in range(2, g + 1) if g % t == 0
-                 and not block.intersection(pr.assign(_mesh(pr.cluster, t), _batch_on_dp(pr.graph), labels)[1])]
+                 and not block.intersection(pr.assign(_tp_only_mesh(t), {}, labels)[1])]
     grid = [_GridPoint(tp, p, m, "1f1b", MEGATRON_ZERO, rc, labels) for tp, p, m, rc in _pipeline_grid(pr, tps, (False, True))]
 
     def describe(gp: _GridPoint, split: tuple[int, ...]) -> str:

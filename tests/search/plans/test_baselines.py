@@ -225,3 +225,16 @@ def test_pipeline_planners_price_their_grid_choice_and_lose_to_the_frontier():
     for b in (bs["megatron-3d"], bs["pipedream-2bw"]):
         fitting = [p for p in result.points if p.memory_bytes <= b.memory_bytes * (1 + 1e-9)]
         assert fitting and min(p.time_s for p in fitting) <= b.time_s * (1 + 1e-9), b.name
+
+
+def test_megatron_3d_on_a_cluster_whose_flat_data_parallel_size_does_not_split_the_batch():
+    """Megatron 3-D asks which tp sizes Megatron's split allows independently of data parallelism:
+    with 16 devices and a batch of 4, the flat meshes dp8 x tp2 and dp4 x tp4 cannot place the batch,
+    yet tp 2 and 4 are Megatron sizes on a pipeline (it used to end in a KeyError)."""
+    graph = capture_model(get_model("gpt2-tiny"), 4, 64)
+    cluster, job = make_cluster("h100-80gb", 16), TrainingJob(global_batch=4, seq_len=64)
+    out = baselines(graph, cluster, job, pipelines=True)
+    names = {b.name for b in out}
+    assert "megatron-tp4-dp" in names and "data-parallel" not in names  # 4 samples do not split 16 ways
+    for b in out:
+        assert 0 < b.time_s < 1 and 0 < b.memory_bytes < GIB, b.name  # priced, not an infeasible sentinel
