@@ -245,7 +245,7 @@ def _search(args: argparse.Namespace) -> int:
     _print_table(result, o.best, o.budget, o.capture_seconds, args.all)
     if "profile" in result.stats:
         _print_profile_use(result.stats["profile"], o.plans)
-    if o.baselines:
+    if o.baselines or result.stats.get("infeasible_baselines"):
         _print_baselines(result, o.baselines)
     if args.json_out:
         _write(args.json_out, o.report.model_dump_json(indent=1))
@@ -490,6 +490,8 @@ def _print_baselines(result, bases) -> None:
         faster = f"#{d['faster_point']} {d['speedup']:.2f}x faster" if d["speedup"] else "-"
         leaner = f"#{d['leaner_point']} {d['memory_ratio']:.2f}x less memory" if d["memory_ratio"] else "-"
         print(f"{b.name:<30} {_ms(b.time_s):>8} ms {format_size(int(b.memory_bytes)):>10}   {faster} / {leaner}")
+    for b in result.stats.get("infeasible_baselines", []):
+        print(f"{b['name']:<30} {'infeasible':>11} {'':>10}   {b['reason']}")
 
 
 def _write(path: str, text: str) -> None:

@@ -210,10 +210,17 @@ def baseline_points(result, budget: float, profile=None) -> list:
         piped = b.point.stages is not None
         return b.solution.zero in stages and (recompute or not rc) and (not piped or result.stats.get("pipeline"))
 
-    return [b for b in baselines(result.graph, result.cluster, result.job, budget=budget, result=result,
-                                 profile=profile, pipelines=bool(result.stats.get("pipeline")),
-                                 allow_async=bool(result.stats.get("allow_async_pipeline")))
-            if inside(b)]
+    found = [b for b in baselines(result.graph, result.cluster, result.job, budget=budget, result=result,
+                                  profile=profile, pipelines=bool(result.stats.get("pipeline")),
+                                  allow_async=bool(result.stats.get("allow_async_pipeline")))
+             if inside(b)]
+    # a baseline whose layout breaks a placement rule has no price to compare: it is named, not drawn
+    result.stats["infeasible_baselines"] = [
+        {"name": b.name, "description": b.description,
+         "reason": "its layout changes a placement where torch cannot (a module-boundary rule of the executor), "
+                   "so no program runs it as priced"}
+        for b in found if not b.feasible]
+    return [b for b in found if b.feasible]
 
 
 def baselines_json(result, bases: list, profile=None) -> list[BaselineEntry]:

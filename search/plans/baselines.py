@@ -53,6 +53,7 @@ from search.algorithm.pipeline import MAX_STAGES, MICRO_BATCH_FACTORS
 from search.algorithm.results import FrontierPoint, MeshSolution, PipeSolution, SearchResult, Solution
 from search.models.graph import Op, OpGraph
 from search.plans.plan import pick
+from search.prices.boundaries import INFEASIBLE
 from search.prices.cluster import Cluster
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
 from search.prices.mesh import DATA, TENSOR, Config, Mesh, MeshAxis, op_configs
@@ -79,6 +80,12 @@ class Baseline:
     breakdown: dict[str, float] = field(default_factory=dict)   # params, grads, optimizer, activations, buffers
     comm_bytes: dict[str, float] = field(default_factory=dict)  # bytes sent per device per iteration, per axis
     fallbacks: list[str] = field(default_factory=list)          # ops that could not take the planned config
+
+    @property
+    def feasible(self) -> bool:
+        """False when the layout breaks a rule of where placements may change (a pair priced
+        INFEASIBLE, search/prices/boundaries.py): no torch program runs it as priced."""
+        return self.time_s < INFEASIBLE and self.memory_bytes < INFEASIBLE
 
     @property
     def mesh(self) -> Mesh:

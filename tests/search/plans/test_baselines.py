@@ -238,3 +238,18 @@ def test_megatron_3d_on_a_cluster_whose_flat_data_parallel_size_does_not_split_t
     assert "megatron-tp4-dp" in names and "data-parallel" not in names  # 4 samples do not split 16 ways
     for b in out:
         assert 0 < b.time_s < 1 and 0 < b.memory_bytes < GIB, b.name  # priced, not an infeasible sentinel
+
+
+def test_a_baseline_whose_layout_breaks_a_placement_rule_is_named_infeasible_not_priced():
+    """HF GPT-2's Conv1D layers: Megatron's column/row split of them changes placements where the
+    executor cannot, so those baselines cost INFEASIBLE; the search reports them by name with the
+    reason, and every baseline in the report has a real price (the report refused 1e30 bytes)."""
+    from search import SearchRequest, run_search
+
+    hf = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 512, "n_positions": 128}
+    out = run_search(SearchRequest(hf_config=hf, devices=8, seq_len=64))
+    infeasible = out.result.stats["infeasible_baselines"]
+    assert infeasible and all(b["name"].startswith("megatron") and b["reason"] for b in infeasible)
+    assert {b.name for b in out.baselines}.isdisjoint(b["name"] for b in infeasible)
+    assert all(b.feasible for b in out.baselines) and out.report.baselines
+    assert out.report.stats["infeasible_baselines"] == infeasible
