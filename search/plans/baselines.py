@@ -204,10 +204,10 @@ def megatron_tp_labels(graph: OpGraph, sequence_parallel: bool = False) -> dict[
     # (partial sums, reduced as they leave it)
     inner = {name for layer in _block_ops(graph) for name in layer}
     head_weights: set[str] = set()
-    for op in graph.ops:
-        if op.name not in inner and op.kind == "linear":
-            tp[op.name] = column_label(op, batch)
-            head_weights.update(p.name for p in op.params if tp[op.name] in p.dims)
+    head = next((op for op in reversed(graph.topological()) if op.kind == "linear" and op.name not in inner), None)
+    if head is not None and inner and order[head.name] > max(order[n] for n in inner):  # the last Linear: logits
+        tp[head.name] = column_label(head, batch)
+        head_weights.update(p.name for p in head.params if tp[head.name] in p.dims)
     for op in graph.ops:
         if op.name not in inner and op.kind == "embedding" and head_weights.intersection(p.name for p in op.params):
             tp[op.name] = row_label(op, batch)

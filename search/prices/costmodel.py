@@ -261,7 +261,7 @@ class CostModel:
             out_local = out_numel / shard_factor(output_placement(cfg, op), mesh)
             in_locals = [t.numel / shard_factor(input_placement(cfg, t), mesh) for t in op.inputs]
             moved = out_local * self.esize(op.output) + sum(n * self.esize(t) for n, t in zip(in_locals, op.inputs, strict=True))
-            t_sync = 0.0
+            t_sync = t_gather = t_after = 0.0  # backward's collectives; ZeRO-3's forward all-gather; after the step
             for p in op.params:
                 local = p.numel / shard_factor(param_placement(cfg, p.dims), mesh)
                 moved += local * b.param
@@ -284,8 +284,14 @@ class CostModel:
                         steps = [(ALL_REDUCE, g)]
                     else:  # reduce-scatter gradients, all-gather updated (stage 3: also used) params
                         steps = [(REDUCE_SCATTER, g)] + [(ALL_GATHER, w)] * (2 if zero == 3 else 1)
-                    for kind, nbytes in steps:
-                        t_sync += self.bucketed_time(mesh, ai, kind, nbytes)
+                    for i, (kind, nbytes) in enumerate(steps):
+                        t = self.bucketed_time(mesh, ai, kind, nbytes)
+                        if zero == 3 and i == 1 and ai in sharded:
+                            t_gather += t  # FSDP2 gathers the parameters before the forward uses them
+                        elif i == 1 and ai in sharded:
+                            t_after += t  # ZeRO-1/2 gathers the updated shards after the step: nothing to hide behind
+                        else:
+                            t_sync += t
                         comm[ci, ai] += (2.0 if kind == ALL_REDUCE else 1.0) * nbytes * (n - 1) / n
                 parts[ci, 0] += local * b.param / (r if zero >= 3 else 1)
                 parts[ci, 1] += local * b.grad / (r if zero >= 2 else 1)
@@ -309,10 +315,11 @@ class CostModel:
                     t_fwd, t_fb = f * t_fwd, f * t_fb
                 if ok_opt:
                     t_opt *= self.contention
-                measured &= ok and ok_opt and (t_sync == 0.0 or comm_ok)
-            # DDP's bucketed all-reduce and FSDP's reduce-scatter run while backward computes: only
-            # what outlasts this op's own backward is exposed (per op, so still a sum)
-            t_sync = max(0.0, t_sync - (t_fb - t_fwd))
+                measured &= ok and ok_opt and (t_sync + t_gather + t_after == 0.0 or comm_ok)
+            # DDP's bucketed all-reduce and FSDP's reduce-scatter (and re-gather) run while backward
+            # computes, FSDP2's prefetched all-gather while the forward does: only what outlasts
+            # this op's own compute is exposed (per op, so still a sum)
+            t_sync = max(0.0, t_sync - (t_fb - t_fwd)) + max(0.0, t_gather - t_fwd) + t_after
             time[ci] = t_fb + t_sync + t_opt
             step[ci] = t_sync + t_opt
             fwd[ci] = t_fwd
