@@ -1,15 +1,16 @@
 """Calibration: fit correction factors to measured runs and write a calibrated profile.
 
 A RunReport (`search.RunReport`, what `paretoplan run --report` writes and a worker posts) holds
-the Plan that ran, its prediction and what was measured. Each plan is re-costed with the profile,
-and its predicted iteration time split into the parts the factors scale - compute per op kind (and
-the optimizer step), communication per mesh axis - by pricing it with one factor at 1 and the
-others at 0 (the cost model is linear in them). The factors then solve a least-squares problem on
-the relative time error of every run, pulled gently towards the profile's current factors so that
-a part no run exercises, or a single run, cannot swing them far; they stay within [1/50, 50]. The
-memory overhead per rank is the median of measured minus predicted peak memory (the framework and
-allocator the model does not see). The errors before and after are in-sample: the runs fitted are
-the runs scored.
+the Plan that ran, its prediction and what was measured. Each plan is re-costed with the
+profile, and its predicted iteration time split into the parts the factors scale - compute per
+op kind (and the optimizer step), communication per mesh axis - by what the prediction loses
+with one factor at 0 and the others at 1 (a local linearisation: communication hidden behind
+backward makes the model piecewise linear in the factors, and the parts add up to the prediction
+exactly). The factors then solve a least-squares problem on the relative time error of every
+run, pulled gently towards the profile's current factors so that a part no run exercises, or a
+single run, cannot swing them far; they stay within [1/50, 50]. The memory overhead per rank is
+the median of measured minus predicted peak memory (the framework and allocator the model does
+not see). The errors before and after are in-sample: the runs fitted are the runs scored.
 """
 
 from __future__ import annotations
@@ -101,15 +102,15 @@ class Recoster:
         return key, self._resolved[key]
 
     def _price(self, key, resolved, mesh, zero: int, setting: tuple[str, str], kinds, axes):
-        """Cost tables with every factor at 0 but the one `setting` names (("", "") : none)."""
+        """Cost tables with every factor at 1 but the one `setting` names at 0 (("", ""): none)."""
         from search.algorithm.evaluate import tables
         from search.prices.costmodel import CostModel
 
         tkey = (key, mesh, zero, setting)
         if tkey not in self._tables:
             graph, cluster, job, lookup = resolved
-            lookup.compute_factors = {k: float(setting == ("c", k)) for k in kinds}
-            lookup.comm_factors = {a: float(setting == ("a", a)) for a in axes}
+            lookup.compute_factors = {k: float(setting != ("c", k)) for k in kinds}
+            lookup.comm_factors = {a: float(setting != ("a", a)) for a in axes}
             lookup.memory_overhead = 0.0
             cm = CostModel(graph, cluster, job, profile=lookup)
             ops, edges = tables(graph, cm, mesh, zero)
@@ -145,12 +146,18 @@ class Recoster:
             ops, edges, buffers = self._price(key, resolved, mesh, zero, setting, kinds, axes)
             return evaluate(ops, edges, buffers, assignment, layer_of)
 
-        none = run(("", ""))
-        base = float(none["time"][0])
-        compute = {k: float(run(("c", k))["time"][0]) - base for k in kinds}
-        comm = {a: float(run(("a", a))["time"][0]) - base for a in axes}
-        return PlanParts(base=base, compute={k: v for k, v in compute.items() if v > 0},
-                         comm={a: v for a, v in comm.items() if v > 0}, memory=float(none["memory"][0]))
+        # each factor's part is what the time loses without it, at the prediction itself (all
+        # factors 1): communication that backward hides (search/prices/costmodel.py) makes the time
+        # no sum of parts priced alone, so the split is the prediction's local linearisation, and
+        # the parts add up to the prediction exactly
+        whole = run(("", ""))
+        total = float(whole["time"][0])
+        compute = {k: total - float(run(("c", k))["time"][0]) for k in kinds}
+        comm = {a: total - float(run(("a", a))["time"][0]) for a in axes}
+        compute = {k: v for k, v in compute.items() if v > 0}
+        comm = {a: v for a, v in comm.items() if v > 0}
+        return PlanParts(base=total - sum(compute.values()) - sum(comm.values()), compute=compute, comm=comm,
+                         memory=float(whole["memory"][0]))
 
 
 def _assignment(plan: dict[str, Any], graph, mesh, op_configs) -> dict[str, np.ndarray | int]:

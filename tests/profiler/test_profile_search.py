@@ -204,7 +204,7 @@ def test_the_enumeration_is_exactly_what_the_search_looks_up() -> None:
     graph, cluster, job, _ = resolve(req)
     lookup = ProfileLookup(DeviceProfile(device="cpu"), job.precision)
     result = search(graph, cluster, job, SearchOptions(profile=lookup, pipeline=True))
-    assert result.stats["pipeline_shapes"] > 0
+    assert result.stats["pipeline"]  # the stage search ran (whether or not a pipeline reaches the frontier)
     baselines(graph, cluster, job, profile=lookup)
     pipes = pipeline_graphs(graph, cluster, job)
     sigs = enumerate_signatures(graph, cluster, job.precision, pipelines=pipes)
