@@ -273,6 +273,8 @@ class _TensorAxis:
                 spec.sequence_dim = op.inputs[0].dims.index(self.label(op))
             if style == "rowwise":
                 spec.output_layout = "Partial()"  # kept partial unless an edge below says otherwise
+                if op.kind == "embedding":  # a vocabulary-parallel embedding reads whole ids, not a shard
+                    spec.input_layout = "Replicate()"
             self.styles[op.name] = spec
         for v in self.g.ops:
             for i, t in enumerate(v.inputs):
@@ -453,7 +455,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
         ta.build()
         styles, expected = ta.style_list(), ta.expected(_unit_namer(graph))
     ties = _ties(model)
-    _check_ties(ties, styles, graph)
+    _check_ties(ties, styles, graph, pipe.stages)
     mode, reshard, dp_notes = _data_parallel(plan, mesh, tensor_axis is not None, pipe)
     notes = _tie_notes(ties, pipe) + dp_notes + _batchnorm_notes(plan, graph, cfgs, roles, modules, mesh)
     for r in plan.recompute:
@@ -509,11 +511,16 @@ def _unit_namer(graph: OpGraph) -> Callable[[str], str]:
     return unit
 
 
-def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph) -> None:
+def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph, stages: int = 1) -> None:
     """A tied parameter must be placed alike by every module that holds it."""
     for group in ties:
         owners = [st for st in styles if st.style in ("colwise", "rowwise")
                   and any(g.rsplit(".", 1)[0] == st.module for g in group)]
+        if owners and stages > 1:
+            # its two copies on the first and last stage would sum sharded gradients across stages;
+            # the executor's exchange mismatches there (a collective of the wrong size), so refuse
+            raise Unsupported(f"tied parameter {' = '.join(group)} is split over the tensor axis and held by the "
+                              f"first and last of {stages} pipeline stages: the executor does not run that yet")
         if owners and len(owners) != len(group):
             raise Unsupported(f"tied parameter {' = '.join(group)} is sharded by one of its modules and replicated "
                               f"by another on the tensor axis")

@@ -67,7 +67,7 @@ FAMILIES: dict[str, Callable[[], Plan]] = {
     "dp x tp+sp fsdp": lambda: with_zero(baseline(LLAMA, "megatron-tp2-sp-dp"), 3),
     "pp gpipe": lambda: pipelined(baseline(GPT, "data-parallel", 2), 2, "gpipe", 2),
     "pp 1f1b": lambda: pipelined(baseline(GPT, "data-parallel", 2), 2, "1f1b", 2),
-    "pp x tp": lambda: pipelined(baseline(GPT, "megatron-tp2-dp", 2), 2, "1f1b", 2),
+    "pp x tp": lambda: pipelined(baseline(LLAMA, "megatron-tp2-dp", 2), 2, "1f1b", 2),
     "pp x fsdp": lambda: pipelined(baseline(LLAMA, "fsdp", 2), 2, "1f1b", 2),
     "recompute": lambda: baseline(GPT, "fsdp+recompute"),
     "tp+recompute": lambda: baseline(GPT, "megatron-tp4-dp+recompute"),

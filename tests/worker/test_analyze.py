@@ -123,3 +123,13 @@ def test_too_much_memory_is_refused_before_launch():
     spec = spec.model_copy(update={"predicted_memory_bytes": 2**50})
     with pytest.raises(Unsupported, match="of memory .* available"):
         check_capacity(spec, "cpu")
+
+
+def test_a_tied_parameter_split_over_tp_across_pipeline_stages_is_refused():
+    """GPT's vocabulary-parallel head and embedding share a weight; pipelined, they are two copies
+    on the first and last stage, and the executor's exchange of their sharded gradients mismatches
+    (a collective of the wrong size): refused before launch, naming the parameter."""
+
+    plan = pipelined(baseline("gpt2-tiny", "megatron-tp2-dp", 2), 2, "1f1b", 2)
+    with pytest.raises(Unsupported, match="tied parameter .*lm_head.weight.* pipeline stages"):
+        analyze(plan)
