@@ -240,7 +240,8 @@ def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape, min_layers: int
         return None  # the micro-batch does not split over the stage's data-parallel ranks
     # layers 2.. are priced with the template layer's tables (identical ops, identical costs)
     base = mesh_costs(graph, cm, sub, shape.zero, chain)
-    base.update(_tied_copies(graph, cm, sub, shape, chain))
+    if shape.stages > 1:  # one stage (gradient accumulation) holds a tied parameter once
+        base.update(_tied_copies(graph, cm, sub, shape, chain))
     edges = _all_edges(graph, cm, sub, base, chain, skip={n for layer in chain.layers[2:] for n in layer})
     template = set(chain.template)
     template_edges = {k: ec for k, ec in edges.items() if k[1] in template}

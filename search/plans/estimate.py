@@ -374,9 +374,10 @@ def compare(points: Sequence[Priced], est: Priced) -> AgainstFrontier:
                            on_frontier=same is not None, message=message)
 
 
-def estimate(req: EstimateRequest, frontier: Sequence[Priced] | None = None) -> Estimate:
+def estimate(req: EstimateRequest, frontier: Sequence[Priced] | None = None,
+             via: Literal["cli", "api"] = "cli") -> Estimate:
     """Price the plan `req` describes (InputError for anything that cannot be planned), and place it
-    against `frontier` when one is given."""
+    against `frontier` when one is given; `via` words the hint on how to get a profile."""
     from search.prices.profile import ProfileLookup
 
     cluster = request_cluster(req, check_batch=False)
@@ -445,7 +446,7 @@ def estimate(req: EstimateRequest, frontier: Sequence[Priced] | None = None) -> 
         virtual_stages=shape.virtual_stages, schedule=schedule if shape.pp > 1 else "none", zero=req.zero,
         recompute=req.recompute, sequence_parallel=sp, description=b.description, plan=plan,
         launchable=not blockers, not_launchable_reason="; ".join(blockers) or None, priced_from=pred.priced_from,
-        confidence=confidence(pred.priced_from, req.model, n), notes=notes, fallbacks=b.fallbacks,
+        confidence=confidence(pred.priced_from, req.model, n, via), notes=notes, fallbacks=b.fallbacks,
         memory_budget_bytes=int(budget), fits_budget=pred.memory_bytes <= budget,
     )
     if frontier is not None:
