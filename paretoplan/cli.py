@@ -140,7 +140,8 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
                                    "iteration time and peak memory per rank.")
     rsrc = r.add_mutually_exclusive_group(required=True)
     rsrc.add_argument("--model", help="zoo model to search and run (see `paretoplan models`)")
-    rsrc.add_argument("--plan", help="a Plan JSON, or a frontier JSON from `search --json` (choose with --pick)")
+    rsrc.add_argument("--plan", help="a Plan JSON, a frontier JSON from `search --json` (choose with --pick), or an "
+                                     "estimate JSON from `estimate --json`")
     r.add_argument("--pick", default=None,
                    help="fastest | leanest | budget (fastest within --memory-budget) | N (frontier index) | a "
                         "baseline's name (default: budget with --model, the frontier's pick with a frontier JSON)")
@@ -494,6 +495,8 @@ def _run_plan_from_file(args: argparse.Namespace):
         return _pick(data, args.pick if args.pick is not None else "budget")
     if args.pick is not None:
         raise InputError("--pick chooses from a frontier JSON; --plan names a single Plan")
+    if isinstance(data, dict) and isinstance(data.get("plan"), dict) and "launchable" in data:  # `estimate --json`
+        return _as_plan(data["plan"], f"{args.plan}: the estimate's plan")
     return _as_plan(data, args.plan)
 
 

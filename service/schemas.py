@@ -12,9 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
-from search import FrontierReport, RunReport, SearchRequest, SearchSummary
-from search.plans.estimate import EstimateRequest
-from search.prices.accuracy import Confidence
+from search import Confidence, EstimateRequest, FrontierReport, RunReport, SearchRequest, SearchSummary
 
 
 def _utc(dt: datetime | None) -> str | None:

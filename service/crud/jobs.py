@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased, undefer
 
-from search import InputError, SearchRequest
-from search.prices.accuracy import confidence
+from search import InputError, SearchRequest, confidence
 from service import validation
 from service.crud import events, searches
 from service.crud.errors import Conflict, NotFound, get_or_404

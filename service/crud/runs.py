@@ -5,8 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session, undefer
 
-from search import InputError, RunReport
-from search.prices.accuracy import confidence
+from search import InputError, RunReport, confidence
 from service.crud import events, jobs, searches
 from service.crud.errors import Conflict, get_or_404
 from service.models import DONE, QUEUED, Run, Strategy

@@ -112,3 +112,19 @@ def test_process_level_bad_input_has_no_traceback(tmp_path):
     proc = run_cli("estimate", *TINY, "--tp", "3", cwd=tmp_path)
     assert_clean_error(proc.returncode, proc.stderr)
     assert proc.stdout == ""
+
+
+def test_run_takes_the_plan_of_an_estimate_json(tmp_path, capsys):
+    """`paretoplan run --plan est.json` launches the estimate's Plan (the launch itself is the
+    worker suite's)."""
+    import argparse
+
+    from paretoplan.cli import _run_plan_from_file
+
+    out = tmp_path / "est.json"
+    assert main(["estimate", *TINY, "--tp", "2", "--pp", "2", "--json", str(out)]) == 0
+    capsys.readouterr()
+    plan = _run_plan_from_file(argparse.Namespace(plan=str(out), pick=None))
+    assert plan == Plan.model_validate(json.loads(out.read_text())["plan"])
+    with pytest.raises(Exception, match="--pick chooses from a frontier JSON"):
+        _run_plan_from_file(argparse.Namespace(plan=str(out), pick="fastest"))

@@ -6,8 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from search import InputError
-from search.plans.estimate import Estimate, estimate, same_job
+from search import Estimate, InputError, estimate
+from search.plans.estimate import same_job
 from service.api.deps import DB
 from service.api.errors import StrictJSONRoute
 from service.crud import jobs, profiles
