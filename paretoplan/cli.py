@@ -367,11 +367,9 @@ def _estimate(args: argparse.Namespace) -> int:
 
 
 def _mfu(m: float | None) -> str:
-    """MFU as a percentage people read: 41.2%, 0.034%; '-' when unknown."""
-    if m is None:
-        return "-"
-    pct = 100 * m
-    return f"{pct:.1f}%" if pct >= 1 else f"{pct:.2g}%"
+    from search.plans.flops import format_mfu
+
+    return format_mfu(m)
 
 
 def _print_profile_use(use: dict, plans: list) -> None:

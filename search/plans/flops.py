@@ -37,3 +37,11 @@ def mfu(flops: float, time_s: float, cluster: Cluster, precision: str) -> float 
     if not time_s > 0.0:
         return None
     return flops / (time_s * cluster.num_devices * peak_flops(cluster, precision))
+
+
+def format_mfu(m: float | None) -> str:
+    """MFU as a percentage people read: '41.2%', '0.034%'; '-' when unknown."""
+    if m is None:
+        return "-"
+    pct = 100 * m
+    return f"{pct:.1f}%" if pct >= 1 else f"{pct:.2g}%"
