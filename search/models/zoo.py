@@ -218,6 +218,8 @@ class Attention(nn.Module):
         bias: bool = True,
         causal: bool = False,
         rope_theta: float | None = None,
+        eager: bool = False,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         if dim % n_heads:
@@ -228,6 +230,8 @@ class Attention(nn.Module):
         self.head_dim = dim // n_heads
         self.causal = causal
         self.rope_theta = rope_theta
+        self.eager = eager  # scores, softmax, dropout and the value product as separate kernels
+        self.dropout = dropout
         self.q = nn.Linear(dim, n_heads * self.head_dim, bias=bias)
         self.k = nn.Linear(dim, n_kv_heads * self.head_dim, bias=bias)
         self.v = nn.Linear(dim, n_kv_heads * self.head_dim, bias=bias)
@@ -246,10 +250,24 @@ class Attention(nn.Module):
         if n_rep > 1:  # GQA: kv head j serves query heads j*n_rep .. (j+1)*n_rep-1
             k = k.repeat_interleave(n_rep, dim=2)
             v = v.repeat_interleave(n_rep, dim=2)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=self.causal
-        )
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.eager:
+            out = _eager_attention(q, k, v, self.causal, self.dropout if self.training else 0.0)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.o(out.transpose(1, 2).reshape(b, t, -1))
+
+
+def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dropout: float) -> torch.Tensor:
+    """Attention as Megatron-LM ran it before fused kernels: the score product, a scaled and masked
+    softmax over the full [seq, seq] scores, dropout on the probabilities, then the value product."""
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-2, -1))
+    if causal:
+        t = q.shape[-2]
+        mask = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+    probs = F.dropout(torch.softmax(scores, dim=-1), p=dropout)
+    return torch.matmul(probs, v)
 
 
 class MLP(nn.Module):
@@ -282,17 +300,23 @@ class PreLNBlock(nn.Module):
     """Pre-LayerNorm transformer block (GPT-2/GPT-3, ViT): ``x + attn(ln1(x))``, ``x + mlp(ln2(x))``."""
 
     def __init__(
-        self, dim: int, n_heads: int, mlp_hidden: int, *, causal: bool, eps: float, gelu_approximate: str
+        self, dim: int, n_heads: int, mlp_hidden: int, *, causal: bool, eps: float, gelu_approximate: str,
+        eager_attention: bool = False, dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(dim, eps=eps)
-        self.attn = Attention(dim, n_heads, causal=causal)
+        self.attn = Attention(dim, n_heads, causal=causal, eager=eager_attention, dropout=dropout)
         self.ln2 = nn.LayerNorm(dim, eps=eps)
         self.mlp = MLP(dim, mlp_hidden, gelu_approximate=gelu_approximate)
+        self.dropout = dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        if not self.dropout:
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+        p = self.dropout if self.training else 0.0
+        x = x + F.dropout(self.attn(self.ln1(x)), p=p)
+        return x + F.dropout(self.mlp(self.ln2(x)), p=p)
 
 
 class PostLNBlock(nn.Module):
@@ -342,12 +366,14 @@ class GPT(ZooModule):
     locally-banded sparse attention is parameter-free and is modelled as dense causal.
     """
 
-    def __init__(self, vocab_size: int, n_ctx: int, dim: int, n_layers: int, n_heads: int) -> None:
+    def __init__(self, vocab_size: int, n_ctx: int, dim: int, n_layers: int, n_heads: int, *,
+                 eager_attention: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
         self.tok_emb = nn.Embedding(vocab_size, dim)
         self.pos_emb = nn.Embedding(n_ctx, dim)
         self.blocks = nn.ModuleList(
-            PreLNBlock(dim, n_heads, 4 * dim, causal=True, eps=1e-5, gelu_approximate="tanh")
+            PreLNBlock(dim, n_heads, 4 * dim, causal=True, eps=1e-5, gelu_approximate="tanh",
+                       eager_attention=eager_attention, dropout=dropout)
             for _ in range(n_layers)
         )
         self.norm = nn.LayerNorm(dim, eps=1e-5)
@@ -622,6 +648,25 @@ def _gpt(name: str, family: str, title: str, n_layers: int, dim: int, n_heads: i
         description=f"{title}: {n_layers} layers, d={dim}, {n_heads} heads",
         blocks_attr="blocks",
         max_seq_len=n_ctx,
+    )
+
+
+def megatron_gpt(config: dict, label: str = "megatron-gpt") -> ModelSpec:
+    """Megatron-LM's GPT as its SC21 runs trained it, from a GPT-2-style config (n_embd, n_layer,
+    n_head, vocab_size, n_positions): the zoo's GPT (separate q/k/v projections, which is what
+    Megatron's head-interleaved fused QKV splits like) with hidden and attention dropout 0.1 and
+    attention run as separate kernels (no fused attention kernel existed in 2021)."""
+    try:
+        dim, layers, heads = int(config["n_embd"]), int(config["n_layer"]), int(config["n_head"])
+        vocab, ctx = int(config["vocab_size"]), int(config["n_positions"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"not a GPT-2-style config (n_embd, n_layer, n_head, vocab_size, n_positions): {e}") from None
+    return ModelSpec(
+        name=label, family="gpt", kind="lm",
+        build=partial(GPT, vocab, ctx, dim, layers, heads, eager_attention=True, dropout=0.1),
+        default_seq_len=ctx, image_size=None, vocab_size=vocab,
+        description=f"Megatron-LM GPT: {layers} layers, d={dim}, {heads} heads, unfused attention, dropout 0.1",
+        blocks_attr="blocks", max_seq_len=ctx,
     )
 
 

@@ -180,8 +180,10 @@ def megatron_tp_labels(graph: OpGraph, sequence_parallel: bool = False) -> dict[
     row-parallel (o, fc2, down); any other Linear is column-parallel (q, k, v, fc1, gate, up) and
     its output label joins the layer's split span; attention splits heads; any other op that can
     split a label of the span does (gelu, the SwiGLU product, rotary embeddings, unfused attention
-    matmuls and softmax). Everything else - and everything outside the stack - replicates, or
-    with `sequence_parallel`, norms and pointwise ops split the sequence label where they can."""
+    matmuls and softmax). Outside the stack the vocabulary splits (Megatron's LM head, and
+    the input embedding tied to it). Everything else
+    replicates, or with `sequence_parallel`, norms and pointwise ops split the sequence label
+    where they can."""
     batch = graph.batch_label
     order = {op.name: i for i, op in enumerate(graph.topological())}
     tp: dict[str, str | None] = {op.name: None for op in graph.ops}
@@ -203,6 +205,19 @@ def megatron_tp_labels(graph: OpGraph, sequence_parallel: bool = False) -> dict[
                     span.add(heads)
             else:
                 tp[name] = next((lab for lab in op.splittable if lab in span), None)
+    # outside the stack, Megatron splits the vocabulary: the LM head's output columns (gathered
+    # where the head's module ends: the loss reads whole logits, as the graph has no
+    # vocab-parallel cross-entropy) and, when it shares the head's weight, the input embedding
+    # (partial sums, reduced as they leave it)
+    inner = {name for layer in _block_ops(graph) for name in layer}
+    head_weights: set[str] = set()
+    head = next((op for op in reversed(graph.topological()) if op.kind == "linear" and op.name not in inner), None)
+    if head is not None and inner and order[head.name] > max(order[n] for n in inner):  # the last Linear: logits
+        tp[head.name] = column_label(head, batch)
+        head_weights.update(p.name for p in head.params if tp[head.name] in p.dims)
+    for op in graph.ops:
+        if op.name not in inner and op.kind == "embedding" and head_weights.intersection(p.name for p in op.params):
+            tp[op.name] = row_label(op, batch)
     if sequence_parallel:
         for op in graph.ops:
             if tp[op.name] is None and op.kind in SP_KINDS and SEQ_LABEL in op.splittable:

@@ -143,8 +143,8 @@ class Boundaries:
 def exit_allowed(src: str, dst: str, same_shape: bool) -> bool:
     """Whether a placement may change from src to dst as the tensor leaves its producer's module
     (codes 'R', 'P', 'S:label'; `same_shape`: the reader takes the tensor with no view between)."""
-    if src == dst or (src == "P" and dst == "R"):
-        return True
+    if src == dst or (dst == "R" and (src == "P" or src.startswith("S:"))):
+        return True  # reduced or gathered whole: the reader gets the full tensor, whatever it views
     return same_shape and src in ("P", "R") and dst.startswith("S:")
 
 

@@ -90,6 +90,21 @@ class DeviceSpec(BaseModel):
     """Seconds per collective step across nodes."""
     devices_per_node: int
     """The usual node size for this part (8 for DGX/HGX)."""
+    # ---- achievable fractions (search/prices/compute.py): what kernels and NCCL reach, not peak ----
+    gemm_efficiency: float = 0.75
+    """Fraction of dense peak a large GEMM reaches (cuBLAS on big fp16/bf16 shapes)."""
+    attention_efficiency: float = 0.5
+    """Fraction of dense peak the fused attention kernel reaches (forward)."""
+    memory_efficiency: float = 0.8
+    """Fraction of memory bandwidth streaming (memory-bound) kernels reach."""
+    kernel_overhead: float = 5e-6
+    """Seconds each kernel costs beyond its work: launch, dispatch, the gap between kernels."""
+    sm_count: int = 0
+    """Streaming multiprocessors, for GEMM wave quantization (0: not modelled)."""
+    intra_node_efficiency: float = 0.8
+    """Fraction of the intra-node link NCCL's collectives reach (bus bandwidth / link)."""
+    inter_node_efficiency: float = 0.9
+    """Fraction of the NIC line rate NCCL's collectives reach across nodes."""
     source: str
     """Where the numbers come from (datasheet title + URL) and which are assumptions."""
 
@@ -105,6 +120,29 @@ class DeviceSpec(BaseModel):
     def _positive_int(cls, value: int) -> int:
         if value <= 0:
             raise ValueError(f"must be positive, got {value}")
+        return value
+
+    @field_validator("gemm_efficiency", "attention_efficiency", "memory_efficiency", "intra_node_efficiency",
+                     "inter_node_efficiency")
+    @classmethod
+    def _fraction(cls, value: float) -> float:
+        _positive_finite(value, "an efficiency")
+        if value > 1:
+            raise ValueError(f"an efficiency is a fraction of peak in (0, 1], got {value}")
+        return value
+
+    @field_validator("kernel_overhead")
+    @classmethod
+    def _overhead(cls, value: float) -> float:
+        if isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"kernel_overhead must be a finite number of seconds >= 0, got {value!r}")
+        return value
+
+    @field_validator("sm_count")
+    @classmethod
+    def _sms(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(f"sm_count must be >= 0, got {value}")
         return value
 
     @field_validator(
@@ -182,6 +220,9 @@ _CATALOG_LIST: list[DeviceSpec] = [
         intra_node_latency=3e-6,
         inter_node_latency=10e-6,
         devices_per_node=8,
+        # achievable, not datasheet: see search/prices/compute.py and docs/cost-model.md
+        gemm_efficiency=0.72, attention_efficiency=0.45, memory_efficiency=0.85,
+        kernel_overhead=4e-06, sm_count=132,
         source=(
             f"{_H100_DATASHEET}. H100 SXM column: 80GB HBM3 3.35TB/s, NVLink 900GB/s "
             f"({_NVLINK_NOTE}); sparse tensor figures halved. Inter-node: DGX H100 has "
@@ -203,6 +244,9 @@ _CATALOG_LIST: list[DeviceSpec] = [
         intra_node_latency=5e-6,
         inter_node_latency=10e-6,
         devices_per_node=8,
+        # achievable, not datasheet: see search/prices/compute.py and docs/cost-model.md
+        gemm_efficiency=0.72, attention_efficiency=0.45, memory_efficiency=0.85,
+        kernel_overhead=4e-06, sm_count=114,
         source=(
             f"{_H100_DATASHEET}. H100 PCIe column: 80GB HBM2e 2TB/s, PCIe Gen5 128GB/s; "
             "sparse tensor figures halved. Intra-node uses PCIe Gen5 x16 (64e9 B/s one "
@@ -224,6 +268,9 @@ _CATALOG_LIST: list[DeviceSpec] = [
         intra_node_latency=3e-6,
         inter_node_latency=10e-6,
         devices_per_node=8,
+        # achievable, not datasheet: see search/prices/compute.py and docs/cost-model.md
+        gemm_efficiency=0.72, attention_efficiency=0.45, memory_efficiency=0.85,
+        kernel_overhead=4e-06, sm_count=132,
         source=(
             "NVIDIA H200 Tensor Core GPU datasheet / product page, "
             "https://www.nvidia.com/en-us/data-center/h200/ : H200 SXM 141GB HBM3e, "
@@ -246,6 +293,9 @@ _CATALOG_LIST: list[DeviceSpec] = [
         intra_node_latency=3e-6,
         inter_node_latency=10e-6,
         devices_per_node=8,
+        # achievable, not datasheet: see search/prices/compute.py and docs/cost-model.md
+        gemm_efficiency=0.8, attention_efficiency=0.6, memory_efficiency=0.85,
+        kernel_overhead=4e-06, sm_count=108,
         source=(
             f"{_A100_DATASHEET}. A100 80GB SXM column: HBM2e 2,039GB/s, FP32 19.5, TF32 156, "
             f"BF16/FP16 312 TFLOPS dense, NVLink 600GB/s ({_NVLINK_NOTE}). Inter-node: DGX "
@@ -265,6 +315,9 @@ _CATALOG_LIST: list[DeviceSpec] = [
         intra_node_latency=3e-6,
         inter_node_latency=10e-6,
         devices_per_node=8,
+        # achievable, not datasheet: see search/prices/compute.py and docs/cost-model.md
+        gemm_efficiency=0.8, attention_efficiency=0.6, memory_efficiency=0.85,
+        kernel_overhead=4e-06, sm_count=108,
         source=(
             f"{_A100_DATASHEET}. A100 40GB SXM column: HBM2 1,555GB/s, same compute as the "
             f"80GB part (FP32 19.5, TF32 156, BF16/FP16 312 TFLOPS dense), NVLink 600GB/s "
@@ -285,6 +338,9 @@ _CATALOG_LIST: list[DeviceSpec] = [
         intra_node_latency=3e-6,
         inter_node_latency=10e-6,
         devices_per_node=8,
+        # achievable, not datasheet: see search/prices/compute.py and docs/cost-model.md
+        gemm_efficiency=0.75, attention_efficiency=0.4, memory_efficiency=0.85,
+        kernel_overhead=5e-06, sm_count=80,
         source=(
             f"{_V100_DATASHEET}. V100 SXM2 column: 32/16GB HBM2 900GB/s, FP32 15.7, Tensor "
             f"125 TFLOPS, NVLink 300GB/s ({_NVLINK_NOTE}). Volta has no BF16/TF32 tensor "
@@ -305,6 +361,9 @@ _CATALOG_LIST: list[DeviceSpec] = [
         intra_node_latency=3e-6,
         inter_node_latency=10e-6,
         devices_per_node=8,
+        # achievable, not datasheet: see search/prices/compute.py and docs/cost-model.md
+        gemm_efficiency=0.75, attention_efficiency=0.4, memory_efficiency=0.85,
+        kernel_overhead=5e-06, sm_count=80,
         source=(
             f"{_V100_DATASHEET}. V100 SXM2 16GB: same figures as the 32GB part (HBM2 "
             f"900GB/s, FP32 15.7, Tensor 125 TFLOPS, NVLink 300GB/s, {_NVLINK_NOTE}); "
@@ -325,6 +384,9 @@ _CATALOG_LIST: list[DeviceSpec] = [
         intra_node_latency=5e-6,
         inter_node_latency=25e-6,
         devices_per_node=8,
+        # achievable, not datasheet: see search/prices/compute.py and docs/cost-model.md
+        gemm_efficiency=0.65, attention_efficiency=0.4, memory_efficiency=0.8,
+        kernel_overhead=5e-06, sm_count=58,
         source=(
             "NVIDIA L4 Tensor Core GPU datasheet, "
             "https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet "
@@ -350,6 +412,9 @@ _CATALOG_LIST: list[DeviceSpec] = [
         intra_node_latency=20e-6,
         inter_node_latency=50e-6,
         devices_per_node=1,
+        # achievable, not datasheet: see search/prices/compute.py and docs/cost-model.md
+        gemm_efficiency=0.6, attention_efficiency=0.3, memory_efficiency=0.6,
+        kernel_overhead=2e-05, sm_count=0,
         source=(
             "Assumed generic CPU socket, modelled on Intel Xeon Platinum 8462Y+ (4th gen Xeon "
             "Scalable): 32 cores, 2.8 GHz base, 8 channels DDR5-4800, "
@@ -569,9 +634,11 @@ class Cluster(BaseModel):
 
         The group lies inside one node when ``stride * group_size <= devices_per_node`` and
         ``devices_per_node % (stride * group_size) == 0`` (then every group of this layout
-        tiles a node exactly); otherwise at least one group crosses nodes and, since a ring
-        runs at the pace of its slowest hop, it runs at the inter-node figures. A group of
-        one never communicates; it gets the intra-node figures so costs stay finite.
+        tiles a node exactly); otherwise at least one group crosses nodes and runs at the
+        inter-node figures, through as many NICs at once as it has members in a node (NCCL's
+        rings, one per NIC). Bandwidths are achievable ones: the link times the device's
+        NCCL efficiency. A group of one never communicates; it gets the intra-node figures
+        so costs stay finite.
         Bad arguments are a planner bug, not user input, hence plain ValueError.
         """
         if group_size < 1 or stride < 1:
@@ -582,9 +649,14 @@ class Cluster(BaseModel):
                 f"{self.num_devices} devices"
             )
         span = stride * group_size
+        intra = self.intra_node_bandwidth * self.device.intra_node_efficiency
         if group_size == 1 or (span <= self.devices_per_node and self.devices_per_node % span == 0):
-            return (self.intra_node_bandwidth, self.intra_node_latency)
-        return (self.inter_node_bandwidth, self.inter_node_latency)
+            return (intra, self.intra_node_latency)
+        # NCCL runs one ring per NIC: a group with k members in a node crosses nodes through
+        # their k NICs at once (hierarchical), capped by the intra-node link the rings also use
+        members = max(1, self.devices_per_node // stride) if stride < self.devices_per_node else 1
+        inter = self.inter_node_bandwidth * self.device.inter_node_efficiency * min(members, group_size)
+        return (min(intra, inter), self.inter_node_latency)
 
     def describe(self) -> str:
         """One line for logs and reports, e.g. ``"128 nodes x 8 h100-80gb (80 GiB)"``."""

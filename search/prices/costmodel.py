@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from search.models.graph import Op, OpGraph, TensorRef
 from search.prices.boundaries import INFEASIBLE, Boundaries, Pair, exit_allowed
 from search.prices.cluster import Cluster
+from search.prices.compute import Kernel, gemm_shape, op_time
 from search.prices.mesh import (
     DATA,
     TENSOR,
@@ -151,8 +152,9 @@ class CostModel:
         self.contention = self.profile.contention(cluster.devices_per_node) if self.profile is not None else 1.0
         self._coef: dict[tuple[Mesh, int], tuple[np.ndarray, np.ndarray]] = {}
         self.bytes = PRECISION_BYTES[job.precision]
+        self.device = cluster.device
         self.peak = cluster.device.peak(self.bytes.compute_dtype)
-        self.mem_bw = cluster.device.memory_bandwidth
+        self.mem_bw = cluster.device.memory_bandwidth * cluster.device.memory_efficiency
         consumers = graph.consumers()
         self.bounds = Boundaries(graph)
         self._output_saved = {
@@ -259,7 +261,7 @@ class CostModel:
             out_local = out_numel / shard_factor(output_placement(cfg, op), mesh)
             in_locals = [t.numel / shard_factor(input_placement(cfg, t), mesh) for t in op.inputs]
             moved = out_local * self.esize(op.output) + sum(n * self.esize(t) for n, t in zip(in_locals, op.inputs, strict=True))
-            t_sync = 0.0
+            t_sync = t_gather = t_after = 0.0  # backward's collectives; ZeRO-3's forward all-gather; after the step
             for p in op.params:
                 local = p.numel / shard_factor(param_placement(cfg, p.dims), mesh)
                 moved += local * b.param
@@ -282,26 +284,43 @@ class CostModel:
                         steps = [(ALL_REDUCE, g)]
                     else:  # reduce-scatter gradients, all-gather updated (stage 3: also used) params
                         steps = [(REDUCE_SCATTER, g)] + [(ALL_GATHER, w)] * (2 if zero == 3 else 1)
-                    for kind, nbytes in steps:
-                        t_sync += self.bucketed_time(mesh, ai, kind, nbytes)
+                    for i, (kind, nbytes) in enumerate(steps):
+                        t = self.bucketed_time(mesh, ai, kind, nbytes)
+                        if zero == 3 and i == 1 and ai in sharded:
+                            t_gather += t  # FSDP2 gathers the parameters before the forward uses them
+                        elif i == 1 and ai in sharded:
+                            t_after += t  # ZeRO-1/2 gathers the updated shards after the step: nothing to hide behind
+                        else:
+                            t_sync += t
                         comm[ci, ai] += (2.0 if kind == ALL_REDUCE else 1.0) * nbytes * (n - 1) / n
                 parts[ci, 0] += local * b.param / (r if zero >= 3 else 1)
                 parts[ci, 1] += local * b.grad / (r if zero >= 2 else 1)
                 parts[ci, 2] += local * b.optimizer / (r if zero >= 1 else 1)
-            t_fwd = max(op.flops / shards / self.peak, moved / self.mem_bw)
+            out_pl = output_placement(cfg, op)
+            cols = op.output.shape[-1] / shard_factor(tuple(pl if pl == f"S:{op.output.dims[-1]}" else "R"
+                                                            for pl in out_pl), mesh) if op.output.shape else 1.0
+            rows, cols = gemm_shape(out_local, cols)
+            kt = op_time(op, Kernel(flops=op.flops / shards, bytes=moved, rows=rows, cols=cols), self.device, self.peak)
+            t_fwd = kt.forward
             updated = parts[ci, 2] / b.optimizer  # parameters this rank's optimizer step updates
             t_opt = updated * 2 * (b.param + b.grad + b.optimizer) / self.mem_bw
-            if self.profile is None:
-                time[ci] = 3.0 * t_fwd + t_sync + t_opt
-            else:  # measured forward and forward + backward, optimizer step, calibrated
-                t_fwd, t_fb, ok = self.profile.compute(op, mesh, cfg, t_fwd)
+            t_fwd, t_fb = kt.forward, kt.forward + kt.backward
+            if self.profile is not None:  # measured forward and forward + backward, optimizer step, calibrated
+                m_fwd, m_fb, ok = self.profile.compute(op, mesh, cfg, t_fwd)
                 t_opt, ok_opt = self.profile.optimizer(updated, t_opt)
                 if ok:  # timed alone, run beside the host's other ranks
-                    t_fwd, t_fb = t_fwd * self.contention, t_fb * self.contention
+                    t_fwd, t_fb = m_fwd * self.contention, m_fb * self.contention
+                elif t_fwd > 0:  # not profiled: the catalog's figure, with the op kind's calibration
+                    f = m_fwd / t_fwd
+                    t_fwd, t_fb = f * t_fwd, f * t_fb
                 if ok_opt:
                     t_opt *= self.contention
-                measured &= ok and ok_opt and (t_sync == 0.0 or comm_ok)
-                time[ci] = t_fb + t_sync + t_opt
+                measured &= ok and ok_opt and (t_sync + t_gather + t_after == 0.0 or comm_ok)
+            # DDP's bucketed all-reduce and FSDP's reduce-scatter (and re-gather) run while backward
+            # computes, FSDP2's prefetched all-gather while the forward does: only what outlasts
+            # this op's own compute is exposed (per op, so still a sum)
+            t_sync = max(0.0, t_sync - (t_fb - t_fwd)) + max(0.0, t_gather - t_fwd) + t_after
+            time[ci] = t_fb + t_sync + t_opt
             step[ci] = t_sync + t_opt
             fwd[ci] = t_fwd
             parts[ci, 3] = self._saved_bytes(op, cfg, mesh, out_local, in_locals)

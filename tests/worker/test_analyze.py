@@ -89,7 +89,10 @@ def test_megatron_sp_maps_onto_parallelize_module_styles():
     assert by_module[("blocks.0.ln1", "sequence")].sequence_dim == 1
     gather = by_module[("blocks.0.attn", "prepare_input")]  # one all-gather for q, k and v
     assert (gather.input_layout, gather.desired_input_layout, gather.use_local_output) == ("Shard(1)", "Replicate()", False)
-    assert by_module[("tok_emb", "prepare_output")].desired_output_layout == "Shard(1)"
+    # the vocabulary splits (Megatron's vocab-parallel embedding, tied to the LM head): the embedding's
+    # partial sums are reduce-scattered into the sequence split, the head's logits gathered whole
+    assert by_module[("tok_emb", "rowwise")].output_layout == "Shard(1)"
+    assert by_module[("lm_head", "colwise")].output_layout == "Replicate()"
     assert [d.name for d in spec.mesh] == ["tp"] and spec.data_parallel == "none"
 
 

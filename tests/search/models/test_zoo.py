@@ -433,3 +433,17 @@ def test_hf_bad_inputs(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"model_type": "no-such-model"}))
     with pytest.raises(InputError, match="invalid"):
         model_from_hf_config(bad)
+
+
+def test_megatron_gpt_runs_attention_as_separate_kernels_with_dropout():
+    """bench/published.py's model: Megatron's 2021 GPT (no fused attention kernel, dropout 0.1)."""
+    from search.models.capture import capture_model
+    from search.models.zoo import megatron_gpt
+
+    spec = megatron_gpt({"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128, "n_positions": 32})
+    graph = capture_model(spec, 2, 32)
+    kinds = [graph.op(n).kind for n in graph.blocks[0].layers[0]]
+    assert "attention" not in kinds and kinds.count("matmul") == 2 and "softmax" in kinds
+    assert sum(1 for n in graph.blocks[0].layers[0] if "dropout" in n) == 3  # probabilities, two residuals
+    with pytest.raises(InputError, match="GPT-2-style config"):
+        megatron_gpt({"n_embd": 64})

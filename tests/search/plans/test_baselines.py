@@ -55,7 +55,8 @@ def test_every_planner_applies_and_uses_valid_configs():
     for i, b in enumerate(baselines(*setup(), pipelines=False)):
         assert b.solution.mesh in meshes and b.solution.mesh.num_devices == N
         assert b.point.mesh_index == i and b.point.row == 0
-        assert not b.fallbacks
+        # GPT-2's vocabulary (50257) splits over no tp: only its head and tied embedding replicate
+        assert set(b.fallbacks) <= {"tok_emb:embedding", "lm_head:linear"}
         for op in graph.ops:
             idx = b.point.configs[op.name]
             assert idx.shape == (1,) and 0 <= int(idx[0]) < len(op_configs(op, b.solution.mesh))

@@ -181,7 +181,7 @@ def test_make_cluster_partial_node() -> None:
     c = make_cluster("h100-80gb", 4)
     assert (c.num_devices, c.devices_per_node, c.nodes) == (4, 4, 1)
     assert c.describe() == "1 node x 4 h100-80gb (80 GiB)"
-    assert c.link(4, 1)[0] == c.intra_node_bandwidth
+    assert c.link(4, 1)[0] == c.intra_node_bandwidth * c.device.intra_node_efficiency
 
 
 def test_make_cluster_explicit_node_size_and_memory() -> None:
@@ -227,28 +227,44 @@ def test_cluster_direct_construction_fills_defaults_and_validates() -> None:
 # ---------------------------------------------------------------- link
 
 
+def _intra(c) -> float:
+    return c.intra_node_bandwidth * c.device.intra_node_efficiency
+
+
+def _nic(c) -> float:
+    return c.inter_node_bandwidth * c.device.inter_node_efficiency
+
+
 def test_link_tp_group_in_node_is_intra() -> None:
     c = make_cluster("h100-80gb", 16)
-    assert c.link(8, 1) == (c.intra_node_bandwidth, c.intra_node_latency)
-    assert c.link(4, 2) == (c.intra_node_bandwidth, c.intra_node_latency)
+    assert c.link(8, 1) == (_intra(c), c.intra_node_latency)
+    assert c.link(4, 2) == (_intra(c), c.intra_node_latency)
 
 
 def test_link_dp_group_across_nodes_is_inter() -> None:
+    # one member per node (stride 8): each crossing goes through that member's one NIC
     c = make_cluster("h100-80gb", 128)
-    assert c.link(16, 8) == (c.inter_node_bandwidth, c.inter_node_latency)
+    assert c.link(16, 8) == (_nic(c), c.inter_node_latency)
 
 
 def test_link_pair_with_node_stride_is_inter() -> None:
     c = make_cluster("h100-80gb", 16)
-    assert c.link(2, 8) == (c.inter_node_bandwidth, c.inter_node_latency)
+    assert c.link(2, 8) == (_nic(c), c.inter_node_latency)
 
 
 def test_link_group_that_does_not_tile_a_node_is_inter() -> None:
-    # stride 3 x 2 = span 6: the group {6, 9} straddles the node boundary
+    # stride 3 x 2 = span 6: the group {6, 9} straddles the node boundary, 2 members a node
     c = make_cluster("h100-80gb", 16)
-    assert c.link(2, 3)[0] == c.inter_node_bandwidth
+    assert c.link(2, 3)[0] == 2 * _nic(c)
     # a tp group larger than a node crosses nodes too
-    assert c.link(16, 1)[0] == c.inter_node_bandwidth
+
+
+def test_link_crosses_nodes_through_every_members_nic() -> None:
+    """NCCL runs a ring per NIC: 8 members a node cross through 8 NICs, up to the NVLink rate."""
+    c = make_cluster("a100-80gb", 32)
+    assert c.link(32, 1)[0] == min(_intra(c), 8 * _nic(c))
+    assert c.link(16, 2)[0] == min(_intra(c), 4 * _nic(c))
+    assert c.link(4, 8)[0] == _nic(c)
 
 
 def test_link_single_member_group_is_finite() -> None:
@@ -266,7 +282,7 @@ def test_link_rejects_bad_groups(size: int, stride: int) -> None:
 
 def test_link_uses_overrides() -> None:
     c = make_cluster("h100-80gb", 16, inter_node_bandwidth=12.5e9)
-    assert c.link(2, 8)[0] == 12.5e9
+    assert c.link(2, 8)[0] == 12.5e9 * c.device.inter_node_efficiency
 
 
 # ---------------------------------------------------------------- load_cluster
@@ -320,8 +336,9 @@ def test_load_cluster_inline_device(tmp_path: Path) -> None:
     assert c.device.name == "my-npu"
     assert c.device.memory_bytes == 64 * GiB
     assert (c.nodes, c.devices_per_node) == (2, 4)
-    assert c.link(4, 1) == (200e9, 4e-6)
-    assert c.link(2, 4) == (25e9, 12e-6)
+    # efficiencies not given: the defaults apply (a custom part states only what it knows)
+    assert c.link(4, 1) == (200e9 * c.device.intra_node_efficiency, 4e-6)
+    assert c.link(2, 4) == (25e9 * c.device.inter_node_efficiency, 12e-6)
     assert "cluster.json" in c.device.source  # defaulted source names the file
 
 
