@@ -209,7 +209,7 @@ def megatron_tp_labels(graph: OpGraph, sequence_parallel: bool = False) -> dict[
     # where the head's module ends: the loss reads whole logits, as the graph has no
     # vocab-parallel cross-entropy) and, when it shares the head's weight, the input embedding
     # (partial sums, reduced as they leave it)
-    inner = {name for layer in _block_ops(graph) for name in layer}
+    inner = {name for layer in block_ops(graph) for name in layer}
     head_weights: set[str] = set()
     head = next((op for op in reversed(graph.topological()) if op.kind == "linear" and op.name not in inner), None)
     if head is not None and inner and order[head.name] > max(order[n] for n in inner):  # the last Linear: logits
