@@ -312,8 +312,6 @@ def _price(req: EstimateRequest, pr: Pricer, shape: Shape, labels: dict[str, str
     c = pipeline_candidate(pr, gp, adjust=adjust, min_layers=PIPELINE_MIN_LAYERS)
     if c is None:
         raise InputError(f"cannot price this plan: {_why_no_pipeline(pr, shape)}")
-    if c.fallbacks:
-        description += f"; {len(c.fallbacks)} ops replicate where the planned split does not divide"
     return Baseline(name="estimate", description=description, time_s=c.time_s, memory_bytes=c.memory_bytes,
                     point=FrontierPoint(time_s=c.time_s, memory_bytes=c.memory_bytes, mesh_index=-1, configs=c.configs,
                                         row=0, stages=c.split),
@@ -444,7 +442,7 @@ def estimate(req: EstimateRequest, frontier: Sequence[Priced] | None = None,
         model_flops=pred.model_flops or 0.0, mfu=pred.mfu, peak_flops=peak_flops(cluster, job.precision), devices=n,
         tp=shape.tp, pp=shape.pp, dp=shape.dp, micro_batch=shape.micro_batch, micro_batches=shape.micro_batches,
         virtual_stages=shape.virtual_stages, schedule=schedule if shape.pp > 1 else "none", zero=req.zero,
-        recompute=req.recompute, sequence_parallel=sp, description=b.description, plan=plan,
+        recompute=req.recompute, sequence_parallel=sp, description=description, plan=plan,
         launchable=not blockers, not_launchable_reason="; ".join(blockers) or None, priced_from=pred.priced_from,
         confidence=confidence(pred.priced_from, req.model, n, via), notes=notes, fallbacks=b.fallbacks,
         memory_budget_bytes=int(budget), fits_budget=pred.memory_bytes <= budget,
