@@ -32,7 +32,7 @@ from pathlib import Path
 
 from search.models.capture import capture_model
 from search.models.zoo import megatron_gpt
-from search.plans.baselines import _GridPoint, _pipeline_candidate, _Pricer, megatron_tp_labels
+from search.plans.baselines import GridPoint, Pricer, megatron_tp_labels, pipeline_candidate
 from search.prices.cluster import format_size, make_cluster
 from search.prices.costmodel import TrainingJob
 
@@ -50,9 +50,9 @@ def price_row(row: dict) -> dict:
     tp, pp = row["tp"], row["pp"]
     dp = row["devices"] // (tp * pp)
     micro_batches = row["global_batch"] // dp  # micro-batch size 1
-    pricer = _Pricer(graph, cluster, job)
-    point = _GridPoint(tp, pp, micro_batches, "1f1b", 0, row["recompute"] == "full", megatron_tp_labels(graph))
-    priced = _pipeline_candidate(pricer, point)
+    pricer = Pricer(graph, cluster, job)
+    point = GridPoint(tp, pp, micro_batches, "1f1b", 0, row["recompute"] == "full", megatron_tp_labels(graph))
+    priced = pipeline_candidate(pricer, point)
     if priced is None:
         raise SystemExit(f"{row['config']}: the cost model cannot build Megatron's plan tp{tp} pp{pp}")
     peak = cluster.device.peak(job.precision)

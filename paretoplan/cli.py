@@ -33,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("devices", help="list the device catalog")
 
     _add_search(sub)
+    _add_estimate(sub)
     _add_profile(sub)
     _add_run(sub)
     _add_serve(sub)
@@ -40,9 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_search(sub: argparse._SubParsersAction[_Parser]) -> None:
-    """`search`: the model, the cluster, the job and what to write."""
-    s = sub.add_parser("search", help="search the time/memory Pareto frontier of a model on a cluster")
+def _add_job_flags(s: argparse.ArgumentParser) -> None:
+    """The model, the cluster and the job: the flags `search` and `estimate` share (a
+    search.plans.api.JobRequest)."""
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="zoo model name (see `paretoplan models`)")
     src.add_argument("--hf-config", help="a HuggingFace transformers config.json (random init, no download)")
@@ -56,6 +57,13 @@ def _add_search(sub: argparse._SubParsersAction[_Parser]) -> None:
     s.add_argument("--global-batch", type=int, default=None, help="samples per iteration (default: max(8, devices))")
     s.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
     s.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="bf16")
+    s.add_argument("--profile", help="a DeviceProfile JSON from `paretoplan profile`: price from measured costs")
+
+
+def _add_search(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`search`: the model, the cluster, the job and what to write."""
+    s = sub.add_parser("search", help="search the time/memory Pareto frontier of a model on a cluster")
+    _add_job_flags(s)
     s.add_argument("--eps", type=float, default=0.0, help="approximate mode: keep one point per (1+eps) cell")
     s.add_argument("--exhaustive", action="store_true", help="enumerate every plan (the exact reference; small graphs)")
     s.add_argument("--no-block-reuse", action="store_true", help="solve every layer separately")
@@ -71,7 +79,33 @@ def _add_search(sub: argparse._SubParsersAction[_Parser]) -> None:
     s.add_argument("--html", dest="html_out", help="write an interactive offline Plotly chart of the frontier")
     s.add_argument("--dump-graph", help="write the captured OpGraph as JSON")
     s.add_argument("--all", action="store_true", help="print every frontier point, not a sample")
-    s.add_argument("--profile", help="a DeviceProfile JSON from `paretoplan profile`: price from measured costs")
+
+
+def _add_estimate(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`estimate`: the model, the cluster, the job, and one plan in Megatron-LM's terms."""
+    e = sub.add_parser("estimate", help="price one plan you write Megatron-style (tp, pp, micro-batch, ...) and "
+                                        "place it against the frontier",
+                       description="Price the plan Megatron-LM's flags describe with the search's cost model: "
+                                   "time per iteration, memory per device, model FLOPs and MFU, whether the "
+                                   "executor runs it, and (with --frontier or --compare) where it lands against "
+                                   "the Pareto frontier. dp = devices / (tp x pp); micro-batches per iteration = "
+                                   "global batch / (dp x micro-batch).")
+    _add_job_flags(e)
+    e.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    e.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
+    e.add_argument("--micro-batch", type=int, default=1,
+                   help="samples per micro-batch per data-parallel rank, Megatron's --micro-batch-size (default 1)")
+    e.add_argument("--virtual-stages", type=int, default=1,
+                   help="chunks of layers per device: > 1 is interleaved 1F1B (priced, not executed; default 1)")
+    e.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage over dp (default 0)")
+    e.add_argument("--recompute", choices=["none", "selective", "full"], default="none",
+                   help="activation recomputation: full layers or the attention core (default none)")
+    e.add_argument("--sequence-parallel", action="store_true", help="sequence-parallel norms and residuals (tp > 1)")
+    e.add_argument("--schedule", choices=["1f1b", "gpipe", "2bw"], default="1f1b", help="pipeline schedule (default 1f1b)")
+    cmp = e.add_mutually_exclusive_group()
+    cmp.add_argument("--frontier", help="a frontier JSON written by `paretoplan search --json` to compare with")
+    cmp.add_argument("--compare", action="store_true", help="search the same model and cluster, and compare")
+    e.add_argument("--json", dest="json_out", help="write the estimate (time, memory, MFU, the Plan, ...) as JSON")
 
 
 def _add_profile(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -106,7 +140,8 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
                                    "iteration time and peak memory per rank.")
     rsrc = r.add_mutually_exclusive_group(required=True)
     rsrc.add_argument("--model", help="zoo model to search and run (see `paretoplan models`)")
-    rsrc.add_argument("--plan", help="a Plan JSON, or a frontier JSON from `search --json` (choose with --pick)")
+    rsrc.add_argument("--plan", help="a Plan JSON, a frontier JSON from `search --json` (choose with --pick), or an "
+                                     "estimate JSON from `estimate --json`")
     r.add_argument("--pick", default=None,
                    help="fastest | leanest | budget (fastest within --memory-budget) | N (frontier index) | a "
                         "baseline's name (default: budget with --model, the frontier's pick with a frontier JSON)")
@@ -164,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             return _devices()
         if args.command == "search":
             return _search(args)
+        if args.command == "estimate":
+            return _estimate(args)
         if args.command == "serve":
             return _serve(args)
         if args.command == "worker":
@@ -245,6 +282,9 @@ def _search(args: argparse.Namespace) -> int:
     _print_table(result, o.best, o.budget, o.capture_seconds, args.all)
     if "profile" in result.stats:
         _print_profile_use(result.stats["profile"], o.plans)
+    from search.prices.accuracy import confidence
+
+    print(confidence("profile" if "profile" in result.stats else "catalog", req.model, result.cluster.num_devices).message)
     if o.baselines or result.stats.get("infeasible_baselines"):
         _print_baselines(result, o.baselines)
     if args.json_out:
@@ -259,6 +299,77 @@ def _search(args: argparse.Namespace) -> int:
             f"no plan fits the memory budget of {format_size(int(o.budget))} per device; the leanest plan needs "
             f"{format_size(int(least))}", int(least))
     return 0
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    """`paretoplan estimate`: price one Megatron-style plan, and place it against a frontier."""
+    from pydantic import ValidationError
+
+    from search import FrontierReport, format_size, run_search
+    from search.plans.estimate import EstimateRequest, compare, compare_request, estimate, same_job
+
+    fields = _job_fields(args)
+    fields.update(tp=args.tp, pp=args.pp, micro_batch=args.micro_batch, virtual_stages=args.virtual_stages,
+                  zero=args.zero, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
+                  schedule=args.schedule)
+    try:
+        req = EstimateRequest(**fields)
+    except ValidationError as e:
+        raise invalid(e, "arguments", _as_flag) from None
+    if args.json_out and not Path(args.json_out).resolve().parent.is_dir():
+        raise InputError(f"cannot write {args.json_out!r}: folder {str(Path(args.json_out).parent)!r} does not exist")
+    frontier = None
+    if args.frontier:
+        try:
+            report = FrontierReport.model_validate(_read_json(args.frontier, "frontier"))
+        except ValidationError as e:
+            raise invalid(e, f"{args.frontier}: not a frontier JSON of `paretoplan search --json`") from None
+        frontier = report
+    est = estimate(req, frontier.frontier if frontier is not None else None)
+    if frontier is not None:
+        same_job(frontier, est.plan, f"the frontier in {args.frontier}")
+    elif args.compare:
+        o = run_search(compare_request(req))
+        frontier = o.report
+        est.against_frontier = compare(frontier.frontier, est)
+    plan, b = est.plan, est.breakdown
+    print(f"{plan.model} on {plan.cluster}, global batch {plan.global_batch}"
+          + (f", seq {plan.seq_len}" if plan.seq_len else "") + f", {plan.precision}")
+    print(f"plan: {est.description}")
+    print(f"      {plan.summary}")
+    fits = (f"fits the {format_size(est.memory_budget_bytes)} budget" if est.fits_budget
+            else f"OVER the {format_size(est.memory_budget_bytes)} budget")
+    print(f"time per iteration   {_ms(est.time_s)} ms")
+    print(f"memory per device    {format_size(est.memory_bytes)} ({fits})")
+    print(f"  params {format_size(b.params)}, grads {format_size(b.grads)}, optimizer {format_size(b.optimizer)}, "
+          f"activations {format_size(b.activations)}, buffers {format_size(b.buffers)}")
+    print(f"model FLOPs          {est.model_flops:.4g} per iteration (3 x forward, recomputation not counted)")
+    print(f"MFU                  {_mfu(est.mfu)} of {est.devices} x {est.peak_flops / 1e12:.4g} TFLOP/s "
+          f"({plan.precision} peak)")
+    print(est.confidence.message)
+    print("launchable: yes" if est.launchable else f"launchable: no: {est.not_launchable_reason}")
+    for note in est.notes:
+        print(f"note: {note}")
+    if est.fallbacks:
+        print(f"note: {len(est.fallbacks)} ops replicate where the planned split does not divide: "
+              f"{', '.join(est.fallbacks[:5])}{', ...' if len(est.fallbacks) > 5 else ''}")
+    if est.against_frontier is not None and frontier is not None:
+        a = est.against_frontier
+        print(f"against the frontier ({a.points} points): {a.message}")
+        if a.dominated_by is not None:
+            dom = frontier.frontier[a.dominated_by]
+            print(f"  #{a.dominated_by}: {_ms(dom.time_s)} ms, {format_size(dom.memory_bytes)}, MFU {_mfu(dom.mfu)}  "
+                  f"{dom.plan['summary']}")
+    if args.json_out:
+        _write(args.json_out, est.model_dump_json(indent=1))
+        print(f"wrote {args.json_out}")
+    return 0
+
+
+def _mfu(m: float | None) -> str:
+    from search.plans.flops import format_mfu
+
+    return format_mfu(m)
 
 
 def _print_profile_use(use: dict, plans: list) -> None:
@@ -330,6 +441,10 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(f"cannot write {args.report!r}: folder {str(Path(args.report).parent)!r} does not exist")
     device = default_device()
     plan = _run_plan_from_search(args, device) if args.model else _run_plan_from_file(args)
+    if plan.predicted.priced_from == "catalog":  # the prediction it will be measured against is a roofline's
+        from search.prices.accuracy import confidence
+
+        print(f"note: {confidence('catalog', plan.model, plan.num_devices).message}")
     settings = RunSettings(steps=args.steps, warmup=min(args.warmup, max(args.steps - 1, 0)), seed=args.seed,
                            lr=args.lr, device=device)
     try:
@@ -378,6 +493,8 @@ def _run_plan_from_file(args: argparse.Namespace):
         return _pick(data, args.pick if args.pick is not None else "budget")
     if args.pick is not None:
         raise InputError("--pick chooses from a frontier JSON; --plan names a single Plan")
+    if isinstance(data, dict) and isinstance(data.get("plan"), dict) and "launchable" in data:  # `estimate --json`
+        return _as_plan(data["plan"], f"{args.plan}: the estimate's plan")
     return _as_plan(data, args.plan)
 
 
@@ -429,19 +546,11 @@ def _read_json(path: str, what: str) -> object:
     return read_json(p, f"{what} file")
 
 
-def _request(args: argparse.Namespace):
-    """The CLI's flags as the SearchRequest the service takes too (one validation path)."""
-    from pydantic import ValidationError
-
-    from search import SearchRequest
-
+def _job_fields(args: argparse.Namespace) -> dict:
+    """The model, cluster and job flags (`_add_job_flags`) as JobRequest fields."""
     fields: dict = dict(devices=args.devices, devices_per_node=args.devices_per_node,
                         memory_budget=args.memory_budget, global_batch=args.global_batch, seq_len=args.seq_len,
-                        precision=args.precision, eps=args.eps, zero_stages=list(_zero_stages(args.zero)),
-                        recompute=not args.no_recompute, baselines=not args.no_baselines,
-                        pipeline=args.pipeline or args.allow_async_pipeline,
-                        allow_async_pipeline=args.allow_async_pipeline,
-                        exhaustive=args.exhaustive, reuse_blocks=not args.no_block_reuse)
+                        precision=args.precision)
     if args.device is not None:
         fields["device"] = args.device
     if args.profile:
@@ -458,6 +567,20 @@ def _request(args: argparse.Namespace):
         fields["name"] = p.name if p.is_dir() else (p.parent.name or p.stem) if p.name == "config.json" else p.stem
     else:
         fields["graph"] = _read_json(args.graph, "graph")
+    return fields
+
+
+def _request(args: argparse.Namespace):
+    """The CLI's flags as the SearchRequest the service takes too (one validation path)."""
+    from pydantic import ValidationError
+
+    from search import SearchRequest
+
+    fields = _job_fields(args)
+    fields.update(eps=args.eps, zero_stages=list(_zero_stages(args.zero)), recompute=not args.no_recompute,
+                  baselines=not args.no_baselines, pipeline=args.pipeline or args.allow_async_pipeline,
+                  allow_async_pipeline=args.allow_async_pipeline, exhaustive=args.exhaustive,
+                  reuse_blocks=not args.no_block_reuse)
     try:
         return SearchRequest(**fields)
     except ValidationError as e:
@@ -519,7 +642,7 @@ def _sample(points, k: int) -> list[int]:
 
 
 def _print_table(result, best, budget: float, capture_s: float, show_all: bool) -> None:
-    from search import format_size
+    from search import build_plans, format_size
 
     pts = result.points
     rows = list(range(len(pts))) if show_all else _sample(pts, 20)
@@ -528,12 +651,13 @@ def _print_table(result, best, budget: float, capture_s: float, show_all: bool) 
         rows = sorted(rows + [best_i])
     print(f"{result.graph.name}: {result.graph.param_count():,} parameters, {len(result.graph.ops)} ops, "
           f"global batch {result.job.global_batch}, {result.job.precision}, on {result.cluster.describe()}")
-    print(f"{'':2}{'#':>5} {'time/iter':>12} {'memory/device':>14}  plan")
-    summaries = _summaries(result, [pts[i] for i in rows])
-    for i, s in zip(rows, summaries, strict=True):
+    print(f"{'':2}{'#':>5} {'time/iter':>12} {'memory/device':>14} {'MFU':>7}  plan")
+    plans = build_plans(result, [pts[i] for i in rows])
+    for i, plan in zip(rows, plans, strict=True):
         p = pts[i]
         mark = "*" if i == best_i else (" " if p.memory_bytes <= budget else "!")
-        print(f"{mark:2}{i:>5} {_ms(p.time_s):>9} ms {format_size(int(p.memory_bytes)):>14}  {s}")
+        print(f"{mark:2}{i:>5} {_ms(p.time_s):>9} ms {format_size(int(p.memory_bytes)):>14} {_mfu(plan.predicted.mfu):>7}  "
+              f"{plan.summary}")
     shown = "" if len(rows) == len(pts) else f" (showing {len(rows)}; --all for every point)"
     print(f"{len(pts)} Pareto-optimal plans{shown}; '*' fastest that fits {format_size(int(budget))}, "
           f"'!' over budget")
@@ -543,12 +667,6 @@ def _print_table(result, best, budget: float, capture_s: float, show_all: bool) 
     print(f"search ({mode}) took {result.search_seconds:.3f} s over {n_meshes} mesh{'es' if n_meshes != 1 else ''} "
           f"x ZeRO stages {zeros}{' with per-layer recomputation' if result.stats.get('recompute') else ''}; "
           f"capture {capture_s:.2f} s")
-
-
-def _summaries(result, points) -> list[str]:
-    from search import build_plans
-
-    return [p.summary for p in build_plans(result, points)]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 
 from search import Plan, format_size
 from search.algorithm.results import FrontierPoint, SearchResult
+from search.plans.flops import format_mfu as _mfu
 
 GIB = 2**30
 
@@ -22,7 +23,8 @@ def frontier_html(result: SearchResult, plans: list[Plan], budget: float, best: 
             y=[result.points[i].time_s * 1e3 for i in idxs],
             mode="markers", name=mesh,
             text=[f"#{i}: {plans[i].summary}<br>params {format_size(plans[i].predicted.breakdown.params)}, "
-                  f"activations {format_size(plans[i].predicted.breakdown.activations)}" for i in idxs],
+                  f"activations {format_size(plans[i].predicted.breakdown.activations)}, MFU {_mfu(plans[i].predicted.mfu)}"
+                  for i in idxs],
             hovertemplate="%{y:.2f} ms, %{x:.2f} GiB<br>%{text}<extra></extra>",
         ))
     for b in baselines or []:

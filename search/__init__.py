@@ -16,7 +16,8 @@ numpy and pydantic only.
 """
 
 from search.errors import InputError, NoFeasiblePlan, read_json
-from search.plans.api import SearchRequest, request_cluster, resolve, run_search
+from search.plans.api import JobRequest, SearchRequest, request_cluster, resolve, run_search
+from search.plans.estimate import Estimate, EstimateRequest, estimate
 from search.plans.plan import PLAN_VERSION, Plan, build_plans, pick
 from search.plans.reports import (
     BaselineEntry,
@@ -30,6 +31,7 @@ from search.plans.reports import (
     SearchSummary,
     rel_error,
 )
+from search.prices.accuracy import Confidence, confidence
 from search.prices.cluster import CATALOG, Cluster, DeviceSpec, format_size, get_device, make_cluster, parse_size
 from search.prices.costmodel import TrainingJob
 from search.prices.profile import DeviceProfile, ProfileLookup, load_profile, parse_profile
@@ -39,12 +41,16 @@ __all__ = [
     "PLAN_VERSION",
     "BaselineEntry",
     "Cluster",
+    "Confidence",
     "DeviceProfile",
     "DeviceSpec",
     "Errors",
+    "Estimate",
+    "EstimateRequest",
     "FrontierEntry",
     "FrontierReport",
     "InputError",
+    "JobRequest",
     "Measured",
     "NoFeasiblePlan",
     "Plan",
@@ -56,6 +62,8 @@ __all__ = [
     "SearchSummary",
     "TrainingJob",
     "build_plans",
+    "confidence",
+    "estimate",
     "format_size",
     "get_device",
     "load_profile",

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
 from service.api import errors
-from service.api.routes import catalog, jobs, profiles, runs, strategies, tasks
+from service.api.routes import catalog, estimate, jobs, profiles, runs, strategies, tasks
 from service.db import Database
 from service.models import Clock, utcnow
 from service.settings import Settings
@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True, clock:
     errors.install(app)
     app.add_middleware(errors.BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        max_inflated_bytes=settings.max_inflated_bytes)
-    for r in (jobs, strategies, runs, profiles, catalog, tasks):
+    for r in (jobs, strategies, runs, profiles, catalog, tasks, estimate):
         app.include_router(r.router)
 
     @app.get("/api/health", tags=["service"], summary="Liveness and the database in use")

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
-from search import FrontierReport, RunReport, SearchRequest, SearchSummary
+from search import Confidence, EstimateRequest, FrontierReport, RunReport, SearchRequest, SearchSummary
 
 
 def _utc(dt: datetime | None) -> str | None:
@@ -42,6 +42,22 @@ class JobCreate(SearchRequest):
     def search_request(self) -> SearchRequest:
         # exclude_unset: which fields were given matters (a profile sets the device unless one is given)
         return SearchRequest.model_validate(self.model_dump(exclude={"profile_id", "device_counts"}, exclude_unset=True))
+
+
+class EstimateIn(EstimateRequest):
+    """One plan in Megatron-LM's terms on a model, cluster and job (as a job's), to price; with
+    `job_id`, placed against that job's stored frontier (the same model, devices and job)."""
+
+    job_id: int | None = Field(default=None, gt=0, le=2**31 - 1,
+                               description="compare with this job's frontier (it must be done)")
+    profile_id: int | None = Field(default=None, gt=0, le=2**31 - 1,
+                                   description="price with this stored DeviceProfile instead of an inline `profile`")
+
+    def estimate_request(self, profile: dict[str, Any] | None = None) -> EstimateRequest:
+        fields = self.model_dump(exclude={"job_id", "profile_id"}, exclude_unset=True)
+        if profile is not None:
+            fields["profile"] = profile
+        return EstimateRequest.model_validate(fields)
 
 
 class Alternate(BaseModel):
@@ -87,6 +103,8 @@ class PointOut(BaseModel):
     index: int
     time_s: float
     memory_bytes: int
+    mfu: float | None = Field(default=None, description="model FLOPs utilisation of the plan (None: stored "
+                                                        "before plans recorded it)")
     fits: bool = Field(description="within the job's memory budget")
     summary: str
 
@@ -97,6 +115,7 @@ class BaselineOut(BaseModel):
     description: str
     time_s: float
     memory_bytes: int
+    mfu: float | None = None
     summary: str
     against_frontier: dict[str, Any]
 
@@ -109,6 +128,8 @@ class FrontierOut(SearchSummary):
     picked_index: int | None
     picked_strategy_id: int | None
     least_memory_bytes: int | None
+    confidence: Confidence = Field(description="whether the catalog or a profile priced the plans, and the "
+                                               "held-out error band of that pricing")
     points: list[PointOut]
     baselines: list[BaselineOut]
 

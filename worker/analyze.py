@@ -606,7 +606,13 @@ def _ties(model: nn.Module) -> list[list[str]]:
 
 def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
     pl = plan.pipeline
+    if pl.virtual_stages > 1:
+        raise Unsupported(f"interleaved 1F1B ({pl.virtual_stages} virtual stages per device) is not executed here; "
+                          f"re-plan with virtual_stages 1")
     if plan.mesh.pp == 1 and pl.stages == 1:
+        if pl.micro_batches > 1:
+            raise Unsupported(f"gradient accumulation ({pl.micro_batches} micro-batches without a pipeline) is not "
+                              f"executed here: a one-stage plan runs its whole batch per step")
         return PipelineExec()
     if pl.stages != plan.mesh.pp:
         raise Unsupported(f"plan has {pl.stages} pipeline stages on a mesh with pp={plan.mesh.pp}; the executor "

@@ -61,15 +61,16 @@ def _signature(op: Op) -> tuple[object, ...]:
     return (op.kind, op.output.shape, op.flops, len(op.inputs), len(op.splittable))
 
 
-def find_chain(graph: OpGraph) -> Chain | None:
+def find_chain(graph: OpGraph, min_layers: int = 3) -> Chain | None:
     """The graph's block stack, if its wiring lets one template stand for every layer: layer i
     reads only its own ops, the previous layer's output op and graph inputs; only its output op
-    is read from outside it (by the next layer, or after the stack by the ops that follow)."""
+    is read from outside it (by the next layer, or after the stack by the ops that follow).
+    Block reuse needs at least 3 layers; a pipeline of one given plan can cut 2 (`min_layers`)."""
     if not graph.blocks:
         return None
     layers = list(graph.blocks[0].layers)
     n = len(layers)
-    if n < 3:
+    if n < max(min_layers, 2):
         return None
     consumers = graph.consumers()
     member = {name: i for i, layer in enumerate(layers) for name in layer}

@@ -101,14 +101,22 @@ def evaluate(op_costs: dict[str, OpCosts], edge_costs: dict[tuple[str, str], Edg
 @dataclass(frozen=True)
 class Weights:
     """How one stage's per-op costs scale: per-micro-batch time x slots, weights x copies,
-    activations x in-flight micro-batches."""
+    activations x in-flight micro-batches (an interleaved schedule makes slots and in-flight
+    micro-batches fractional: a stage's v chunks each hold 1/v of its layers)."""
 
-    slots: int
+    slots: float
     copies: int
-    inflight: int
+    inflight: float
 
 
-def stage_weights(p: int, m: int, schedule: ScheduleName) -> list[Weights]:
+def stage_weights(p: int, m: int, schedule: ScheduleName, virtual_stages: int = 1) -> list[Weights]:
+    """Per stage: with `virtual_stages` v > 1 (Megatron-LM's interleaved 1F1B, each device
+    holding v chunks of layers) the bubble shrinks to (p - 1) / v slots, and stage s holds the
+    activations of min(m v, 2 (p - s - 1) + (v - 1) p + 1) chunk micro-batches (Megatron-LM's
+    warm-up count plus the one in flight), each 1/v of a full stage's."""
+    if virtual_stages > 1:
+        v = virtual_stages
+        return [Weights(m + (p - 1) / v, 1, min(m * v, 2 * (p - s - 1) + (v - 1) * p + 1) / v) for s in range(p)]
     slots = m if schedule == "2bw" else m + p - 1
     return [Weights(slots, weight_copies(schedule), in_flight(s, p, m, schedule)) for s in range(p)]
 
@@ -150,10 +158,10 @@ def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
     return out
 
 
-def unsupported(graph: OpGraph, chain: Chain | None) -> str | None:
+def unsupported(graph: OpGraph, chain: Chain | None, min_layers: int = 3) -> str | None:
     """Why this graph cannot be pipelined (None if it can)."""
     if chain is None:
-        return "no stack of at least 3 identical layers"
+        return f"no stack of at least {min_layers} identical layers"
     tail = after_stack(graph, chain)
     last = chain.layers[-1][-1]
     for name in tail:
@@ -169,13 +177,15 @@ class PipeShape:
     zero: int
     micro_batches: int
     schedule: ScheduleName
+    virtual_stages: int = 1  # > 1: interleaved 1F1B (priced by `paretoplan estimate`; the search does not search it)
 
     @property
     def stages(self) -> int:
         return self.mesh.pp
 
     def describe(self) -> str:
-        return f"{self.mesh.describe()} zero{self.zero} {self.schedule} m{self.micro_batches}"
+        v = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
+        return f"{self.mesh.describe()} zero{self.zero} {self.schedule}{v} m{self.micro_batches}"
 
 
 @dataclass
@@ -217,11 +227,12 @@ def p2p_costs(graph: OpGraph, cm: CostModel, shape: PipeShape, boundary: str,
     return 2.0 * (alpha + beta * nbytes), nbytes
 
 
-def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape) -> PipeTables | None:
+def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape, min_layers: int = 3) -> PipeTables | None:
     """Unweighted cost tables of one micro-batch on the stage sub-mesh, and the boundary
     transfers. `graph` and `cm` are the micro-batch graph and its cost model. None if it cannot
-    pipeline."""
-    chain = find_chain(graph)
+    pipeline. The search asks for a stack of at least 3 layers (the chain it reuses blocks
+    along); pricing one given plan may take a stack of 2 (`min_layers`)."""
+    chain = find_chain(graph, min_layers)
     if chain is None or unsupported(graph, chain) is not None or len(chain.layers) < shape.stages:
         return None
     sub = Mesh(pp=1, axes=shape.mesh.axes)
@@ -229,7 +240,8 @@ def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape) -> PipeTables |
         return None  # the micro-batch does not split over the stage's data-parallel ranks
     # layers 2.. are priced with the template layer's tables (identical ops, identical costs)
     base = mesh_costs(graph, cm, sub, shape.zero, chain)
-    base.update(_tied_copies(graph, cm, sub, shape, chain))
+    if shape.stages > 1:  # one stage (gradient accumulation) holds a tied parameter once
+        base.update(_tied_copies(graph, cm, sub, shape, chain))
     edges = _all_edges(graph, cm, sub, base, chain, skip={n for layer in chain.layers[2:] for n in layer})
     template = set(chain.template)
     template_edges = {k: ec for k, ec in edges.items() if k[1] in template}
@@ -317,8 +329,8 @@ def evaluate_pipeline(tabs: PipeTables, assignment: Assignment, layers_per_stage
     """Time, memory and the max-memory stage's parts for many assignments at once, straight from
     the unweighted tables: an independent check of the stage DP, and how plans are re-costed."""
     shape, graph, chain = tabs.shape, tabs.graph, tabs.chain
-    p = shape.stages
-    weights = stage_weights(p, shape.micro_batches, shape.schedule)
+    p, v = shape.stages, shape.virtual_stages
+    weights = stage_weights(p, shape.micro_batches, shape.schedule, v)
     layer_of = layer_index(graph)
     n = np.size(next(iter(assignment.values())))
     b = np.asarray(assignment[chain.boundary]).reshape(-1)
@@ -328,7 +340,10 @@ def evaluate_pipeline(tabs: PipeTables, assignment: Assignment, layers_per_stage
         ops = {k: weigh_op(oc, w) for k, oc in tabs.op_costs.items() if k in names}
         edges = {k: weigh_edge(ec, w) for k, ec in tabs.edge_costs.items() if k[1] in names}
         res = evaluate(ops, edges, tabs.buffers, assignment, layer_of)
-        t = res["time"] + (w.slots * tabs.p2p[b] if s < p - 1 else 0.0)
+        # per micro-batch a stage sends its boundary on once, or once per chunk when interleaved
+        # (the last stage's last chunk ends the model)
+        sends = v if s < p - 1 else v - 1
+        t = res["time"] + (w.slots * sends * tabs.p2p[b] if sends else 0.0)
         per_t.append(t)
         per_m.append(res["memory"])
         per_parts.append(res["parts"])
@@ -339,4 +354,4 @@ def evaluate_pipeline(tabs: PipeTables, assignment: Assignment, layers_per_stage
     return {"time": T.max(axis=0), "memory": M.max(axis=0), "stage_time": T.T, "stage_memory": M.T,
             "parts": np.stack(per_parts)[worst, cols], "buffers": np.full(n, tabs.buffers),
             "comm": np.stack(per_comm).max(axis=0),
-            "pp_bytes": 2.0 * shape.micro_batches * tabs.p2p_bytes[b]}
+            "pp_bytes": 2.0 * v * shape.micro_batches * tabs.p2p_bytes[b]}

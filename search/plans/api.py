@@ -20,9 +20,11 @@ from search.plans.reports import BaselineEntry, FrontierEntry, FrontierReport
 Progress = Callable[..., None]  # (stage, fraction done in [0, 1], message=None)
 
 
-class SearchRequest(BaseModel):
-    """What to search: a model (exactly one of zoo name, HF config contents, OpGraph JSON), a
-    cluster (a catalog device and counts, or a cluster JSON object) and the training job."""
+class JobRequest(BaseModel):
+    """What is trained and where: a model (exactly one of zoo name, HF config contents, OpGraph
+    JSON), a cluster (a catalog device and counts, or a cluster JSON object), the training job
+    and an optional DeviceProfile. A search (`SearchRequest`) and a priced plan
+    (`search.plans.estimate.EstimateRequest`) both start from these fields."""
 
     model_config = ConfigDict(extra="forbid")
     model: str | None = Field(default=None, description="zoo model name (see GET /api/models)")
@@ -37,6 +39,20 @@ class SearchRequest(BaseModel):
     global_batch: int | None = Field(default=None, gt=0, le=10_000_000)
     seq_len: int | None = Field(default=None, gt=0, le=10_000_000)
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+    profile: dict[str, Any] | None = Field(default=None, description="a DeviceProfile (paretoplan.profile/1): price "
+                                           "ops and collectives from measured costs; sets the device unless given")
+
+    @model_validator(mode="after")
+    def _one_model(self) -> JobRequest:
+        given = [k for k in ("model", "hf_config", "graph") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of model, hf_config, graph (got {', '.join(given) or 'none'})")
+        return self
+
+
+class SearchRequest(JobRequest):
+    """What to search: the model, cluster and job (`JobRequest`), and the space to search."""
+
     eps: float = Field(default=0.0, ge=0.0, le=1.0, description="approximate mode: one point per (1+eps) cell")
     zero_stages: list[int] = Field(default=[0, 1, 2, 3], min_length=1)
     recompute: bool = True
@@ -45,23 +61,19 @@ class SearchRequest(BaseModel):
     baselines: bool = True
     exhaustive: bool = False
     reuse_blocks: bool = True
-    profile: dict[str, Any] | None = Field(default=None, description="a DeviceProfile (paretoplan.profile/1): price "
-                                           "ops and collectives from measured costs; sets the device unless given")
 
     @model_validator(mode="after")
     def _check(self) -> SearchRequest:
-        given = [k for k in ("model", "hf_config", "graph") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of model, hf_config, graph (got {', '.join(given) or 'none'})")
         if any(z not in (0, 1, 2, 3) for z in self.zero_stages):
             raise ValueError(f"zero_stages must be among 0-3, got {self.zero_stages}")
         self.zero_stages = sorted(set(self.zero_stages))
         return self
 
 
-def request_cluster(req: SearchRequest):
+def request_cluster(req: JobRequest, check_batch: bool = True):
     """The cluster a request names (a profile sets the device unless the request does), checked
-    against the profile's device; cheap: the service runs it before storing a job."""
+    against the profile's device and (with `check_batch`) that the global batch splits over some
+    data-parallel size the search offers; cheap: the service runs it before storing a job."""
     from search.prices.cluster import cluster_from_dict, make_cluster
 
     prof = request_profile(req)
@@ -71,7 +83,7 @@ def request_cluster(req: SearchRequest):
     if prof is not None and cluster.device.name != prof.device:
         raise InputError(f"the profile was measured on {prof.device!r}, but the cluster is of {cluster.device.name!r}; "
                          f"search {prof.device!r} devices with it (or profile {cluster.device.name!r})")
-    if req.global_batch is not None:
+    if check_batch and req.global_batch is not None:
         from search.prices.mesh import data_ways, mesh_candidates
 
         ways = sorted({data_ways(m) for m in mesh_candidates(cluster)})
@@ -81,15 +93,16 @@ def request_cluster(req: SearchRequest):
     return cluster
 
 
-def resolve(req: SearchRequest, progress: Progress | None = None):
-    """The graph, cluster, job and budget a request names (InputError on anything invalid)."""
+def resolve(req: JobRequest, progress: Progress | None = None, check_batch: bool = True):
+    """The graph, cluster, job and budget a request names (InputError on anything invalid);
+    `check_batch` as for `request_cluster` (a priced plan checks its own data-parallel size)."""
     from search.models.capture import capture_model
     from search.models.graph import parse_graph
     from search.models.zoo import get_model, spec_from_hf_config
     from search.prices.cluster import parse_size
     from search.prices.costmodel import TrainingJob
 
-    cluster = request_cluster(req)
+    cluster = request_cluster(req, check_batch)
     budget = parse_size(req.memory_budget) if req.memory_budget is not None else cluster.memory_per_device
     if budget <= 0:
         raise InputError(f"memory budget must be positive, got {req.memory_budget!r}")
@@ -164,7 +177,8 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
         job=job.model_dump(), memory_budget_bytes=int(budget), search_seconds=result.search_seconds,
         capture_seconds=capture_s, eps=result.eps, stats=result.stats,
         picked=result.points.index(best) if best is not None else None,
-        frontier=[FrontierEntry(time_s=p.time_s, memory_bytes=int(round(p.memory_bytes)), plan=plan.model_dump())
+        frontier=[FrontierEntry(time_s=p.time_s, memory_bytes=int(round(p.memory_bytes)), mfu=plan.predicted.mfu,
+                                plan=plan.model_dump())
                   for p, plan in zip(result.points, plans, strict=True)],
         baselines=baselines_json(result, bases, profile),
     )
@@ -173,7 +187,7 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
     return SearchOutcome(result, bases, plans, best, budget, capture_s, report)
 
 
-def request_profile(req: SearchRequest):
+def request_profile(req: JobRequest):
     """The request's DeviceProfile, parsed (InputError when it is not a valid one)."""
     if req.profile is None:
         return None
@@ -183,12 +197,14 @@ def request_profile(req: SearchRequest):
 
 
 def mark_estimated(result, plans: list, profile=None) -> list:
-    """Each plan's `predicted.estimated`: False only when every cost table of its mesh (every
+    """Each plan's `predicted.priced_from` ("profile" when the search had one) and
+    `predicted.estimated`: False only when every cost table of its mesh (every
     op in every configuration, every edge) was priced from measured costs - and, for a
     pipeline, the profile has a send/recv fit for the stage-to-stage transfers."""
     if profile is None:
         return plans
     for plan, p in zip(plans, result.points, strict=True):
+        plan.predicted.priced_from = "profile"
         sol = result.solutions[p.mesh_index]
         est = any(oc.estimated for oc in sol.op_costs.values()) or any(ec.estimated for ec in sol.edge_costs.values())
         if plan.mesh.pp > 1:
@@ -232,5 +248,6 @@ def baselines_json(result, bases: list, profile=None) -> list[BaselineEntry]:
     as_res = as_result(result.graph, result.cluster, result.job, bases)
     plans = mark_estimated(as_res, build_plans(as_res), profile)
     return [BaselineEntry(name=b.name, description=b.description, time_s=b.time_s,
-                          memory_bytes=int(round(b.memory_bytes)), against_frontier=against_frontier(result.points, b),
+                          memory_bytes=int(round(b.memory_bytes)), mfu=plan.predicted.mfu,
+                          against_frontier=against_frontier(result.points, b),
                           plan=plan.model_dump()) for b, plan in zip(bases, plans, strict=True)]

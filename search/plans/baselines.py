@@ -39,10 +39,12 @@ fall back to replication on that axis; the baseline lists those ops in ``fallbac
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -65,6 +67,11 @@ MEGATRON_ZERO = 0          # Megatron-LM's default DDP; its distributed optimize
 SP_KINDS = ("norm", "elementwise")  # ops sequence parallelism moves into the sequence-split region
 
 DP, TP = "dp", "tp"
+
+# rewrites one plan's op and edge cost tables before pricing (`paretoplan estimate`'s selective
+# recomputation); it returns new dicts and leaves the given ones as they are
+AdjustTables = Callable[[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts]],
+                        tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts]]]
 
 
 @dataclass
@@ -156,12 +163,12 @@ def _mesh(cluster: Cluster, tp: int) -> Mesh:
     return Mesh(pp=1, axes=(MeshAxis(DP, n // tp, tp, DATA), MeshAxis(TP, tp, 1, TENSOR)))
 
 
-def _tp_only_mesh(tp: int) -> Mesh:
+def tp_only_mesh(tp: int) -> Mesh:
     """A mesh of `tp` devices on the tensor axis and none on the data axis."""
     return Mesh(pp=1, axes=(MeshAxis(DP, 1, tp, DATA), MeshAxis(TP, tp, 1, TENSOR)))
 
 
-def _block_ops(graph: OpGraph) -> list[list[str]]:
+def block_ops(graph: OpGraph) -> list[list[str]]:
     return [list(layer) for b in graph.blocks for layer in b.layers]
 
 
@@ -180,7 +187,7 @@ def megatron_tp_labels(graph: OpGraph, sequence_parallel: bool = False) -> dict[
     batch = graph.batch_label
     order = {op.name: i for i, op in enumerate(graph.topological())}
     tp: dict[str, str | None] = {op.name: None for op in graph.ops}
-    for layer in _block_ops(graph):
+    for layer in block_ops(graph):
         span: set[str] = set()
         for name in sorted(layer, key=order.__getitem__):
             op = graph.op(name)
@@ -202,7 +209,7 @@ def megatron_tp_labels(graph: OpGraph, sequence_parallel: bool = False) -> dict[
     # where the head's module ends: the loss reads whole logits, as the graph has no
     # vocab-parallel cross-entropy) and, when it shares the head's weight, the input embedding
     # (partial sums, reduced as they leave it)
-    inner = {name for layer in _block_ops(graph) for name in layer}
+    inner = {name for layer in block_ops(graph) for name in layer}
     head_weights: set[str] = set()
     head = next((op for op in reversed(graph.topological()) if op.kind == "linear" and op.name not in inner), None)
     if head is not None and inner and order[head.name] > max(order[n] for n in inner):  # the last Linear: logits
@@ -219,7 +226,7 @@ def megatron_tp_labels(graph: OpGraph, sequence_parallel: bool = False) -> dict[
 
 
 # ---- costing ----------------------------------------------------------------------------------
-class _Pricer:
+class Pricer:
     """Cost tables per (mesh, zero), built once per `baselines` call."""
 
     def __init__(self, graph: OpGraph, cluster: Cluster, job: TrainingJob,
@@ -260,8 +267,12 @@ class _Pricer:
         return out, fallbacks
 
     def price(self, name: str, description: str, mesh: Mesh, zero: int, assignment: dict[str, int],
-              recompute: bool, fallbacks: list[str]) -> Baseline:
+              recompute: bool, fallbacks: list[str], adjust: AdjustTables | None = None) -> Baseline:
+        """One plan on `mesh` priced from its tables (through `adjust` first, when given: e.g. a
+        recomputation the per-layer choice cannot express)."""
         ops, edges, buffers = self.tables(mesh, zero)
+        if adjust is not None:
+            ops, edges = adjust(ops, edges)
         configs = {k: np.array([v]) for k, v in assignment.items()}
         for i in range(self.n_layers):
             configs[recompute_var(i)] = np.array([int(recompute)])
@@ -282,7 +293,7 @@ class _Pricer:
 
 
 # ---- the planners -------------------------------------------------------------------------------
-def _batch_on_dp(graph: OpGraph) -> dict[str, str | None]:
+def batch_on_dp(graph: OpGraph) -> dict[str, str | None]:
     return {op.name: graph.batch_label for op in graph.ops}
 
 
@@ -290,13 +301,13 @@ def _batch_divides(job: TrainingJob, dp: int) -> bool:
     return job.global_batch % dp == 0
 
 
-def data_parallel(pr: _Pricer) -> list[Baseline]:
+def data_parallel(pr: Pricer) -> list[Baseline]:
     graph, cluster = pr.graph, pr.cluster
     n = cluster.num_devices
     if not _batch_divides(pr.job, n):
         return []
     mesh = _mesh(cluster, 1)
-    assignment, fallbacks = pr.assign(mesh, _batch_on_dp(graph), {})
+    assignment, fallbacks = pr.assign(mesh, batch_on_dp(graph), {})
     out = [pr.price("data-parallel", f"DDP: batch split {n} ways, parameters replicated, ZeRO 0", mesh, 0,
                     assignment, False, fallbacks),
            pr.price("fsdp", f"FSDP (ZeRO-3): batch split {n} ways, parameters, gradients and optimizer "
@@ -309,7 +320,7 @@ def data_parallel(pr: _Pricer) -> list[Baseline]:
     return out
 
 
-def megatron_tp_size(pr: _Pricer) -> int | None:
+def megatron_tp_size(pr: Pricer) -> int | None:
     """The largest tensor-parallel size a Megatron-LM user can set: it divides the devices per
     node and the device count (tp stays inside a node) and every op of the block stack can take
     its Megatron split (Megatron-LM requires the heads, the hidden and the FFN sizes to divide
@@ -317,25 +328,25 @@ def megatron_tp_size(pr: _Pricer) -> int | None:
     graph, cluster = pr.graph, pr.cluster
     n = cluster.num_devices
     g = math.gcd(n, cluster.devices_per_node)
-    block = {name for layer in _block_ops(graph) for name in layer}
+    block = {name for layer in block_ops(graph) for name in layer}
     tp = megatron_tp_labels(graph)
     for t in sorted((d for d in range(2, g + 1) if g % d == 0), reverse=True):
         if not _batch_divides(pr.job, n // t):
             continue
-        _, fallbacks = pr.assign(_mesh(cluster, t), _batch_on_dp(graph), tp)
+        _, fallbacks = pr.assign(_mesh(cluster, t), batch_on_dp(graph), tp)
         if not block.intersection(fallbacks):
             return t
     return None
 
 
-def megatron(pr: _Pricer) -> list[Baseline]:
+def megatron(pr: Pricer) -> list[Baseline]:
     graph, cluster = pr.graph, pr.cluster
     n = cluster.num_devices
     t = megatron_tp_size(pr) if graph.blocks else None
     if t is None:
         return []
     mesh = _mesh(cluster, t)
-    dp = _batch_on_dp(graph)
+    dp = batch_on_dp(graph)
     out = []
     for sp in (False, True):
         tp = megatron_tp_labels(graph, sequence_parallel=sp)
@@ -353,13 +364,13 @@ def megatron(pr: _Pricer) -> list[Baseline]:
 
 
 # ---- pipeline planners: a grid search over (tp, pp, micro-batches), as practitioners tune them ----
-def _uniform_split(n_layers: int, p: int) -> tuple[int, ...]:
+def uniform_split(n_layers: int, p: int) -> tuple[int, ...]:
     """Megatron-LM's split: equal layers per stage (the remainder on the first stages)."""
     return tuple(n_layers // p + (1 if s < n_layers % p else 0) for s in range(p))
 
 
 @dataclass(frozen=True)
-class _GridPoint:
+class GridPoint:
     """One pipeline configuration a planner's grid tries."""
 
     tp: int
@@ -369,10 +380,11 @@ class _GridPoint:
     zero: int
     recompute: bool
     tp_labels: dict[str, str | None]
+    virtual_stages: int = 1  # > 1: interleaved 1F1B (no planner's grid has it; `paretoplan estimate` prices it)
 
 
 @dataclass
-class _Candidate:
+class Candidate:
     """A grid point priced: one plan, as a PipeSolution with one point."""
 
     time_s: float
@@ -384,15 +396,21 @@ class _Candidate:
     fallbacks: list[str]
 
 
-def _pipeline_candidate(pr: _Pricer, gp: _GridPoint) -> _Candidate | None:
-    """One pipeline plan on the grid, priced stage by stage; None if it cannot be built."""
+def pipeline_candidate(pr: Pricer, gp: GridPoint, adjust: AdjustTables | None = None,
+                       min_layers: int = 3) -> Candidate | None:
+    """One pipeline plan on the grid, priced stage by stage; None if it cannot be built.
+    `adjust` rewrites the unweighted tables before pricing; `min_layers` is the shortest block
+    stack to cut (pipe_tables)."""
     g, cm = pr.micro_batch(gp.m)
     n = pr.cluster.num_devices
     sub = Mesh(pp=1, axes=(MeshAxis(DP, n // (gp.tp * gp.p), gp.tp, DATA), MeshAxis(TP, gp.tp, 1, TENSOR)))
-    shape = PipeShape(Mesh(pp=gp.p, axes=sub.axes), gp.zero, gp.m, gp.schedule)
-    tabs = pipe_tables(g, cm, shape)
+    shape = PipeShape(Mesh(pp=gp.p, axes=sub.axes), gp.zero, gp.m, gp.schedule, gp.virtual_stages)
+    tabs = pipe_tables(g, cm, shape, min_layers)
     if tabs is None:
         return None
+    if adjust is not None:
+        ops, edges = adjust(tabs.op_costs, tabs.edge_costs)
+        tabs = dataclasses.replace(tabs, op_costs=ops, edge_costs=edges)
     cfg_cache: dict[str, list[Config]] = {}
     configs: dict[str, np.ndarray] = {}
     fallbacks = []
@@ -405,22 +423,22 @@ def _pipeline_candidate(pr: _Pricer, gp: _GridPoint) -> _Candidate | None:
         configs[layer[-1]] = configs[tabs.chain.boundary]
     for i in range(len(tabs.chain.layers)):
         configs[recompute_var(i)] = np.array([int(gp.recompute)])
-    split = _uniform_split(len(tabs.chain.layers), gp.p)
+    split = uniform_split(len(tabs.chain.layers), gp.p)
     res = evaluate_pipeline(tabs, configs, split)
     t, mem = float(res["time"][0]), float(res["memory"][0])
     root = Factor(scope=(), keys=np.zeros((1, 0), dtype=np.int32), t=np.array([t]), m=np.array([mem]))
     parts = res["parts"][0]
     breakdown = {"params": float(parts[0]), "grads": float(parts[1]), "optimizer": float(parts[2]),
                  "activations": float(parts[3]), "buffers": float(tabs.buffers)}
-    return _Candidate(t, mem, PipeSolution.of(tabs, root, [split], configs), configs, split, breakdown, fallbacks)
+    return Candidate(t, mem, PipeSolution.of(tabs, root, [split], configs), configs, split, breakdown, fallbacks)
 
 
-def _grid_pick(pr: _Pricer, name: str, describe: Callable[[_GridPoint, tuple[int, ...]], str],
-               grid: list[_GridPoint], budget: float) -> list[Baseline]:
+def _grid_pick(pr: Pricer, name: str, describe: Callable[[GridPoint, tuple[int, ...]], str],
+               grid: list[GridPoint], budget: float) -> list[Baseline]:
     """Price every grid point, keep the fastest that fits the budget (else the leanest)."""
     priced = []
     for gp in grid:
-        got = _pipeline_candidate(pr, gp)
+        got = pipeline_candidate(pr, gp)
         if got is not None:
             priced.append((gp, got))
     if not priced:
@@ -435,7 +453,7 @@ def _grid_pick(pr: _Pricer, name: str, describe: Callable[[_GridPoint, tuple[int
                      solution=c.solution, breakdown=c.breakdown, fallbacks=c.fallbacks)]
 
 
-def _pipeline_grid(pr: _Pricer, tps: list[int], recompute: tuple[bool, ...]) -> Iterator[tuple[int, int, int, bool]]:
+def _pipeline_grid(pr: Pricer, tps: list[int], recompute: tuple[bool, ...]) -> Iterator[tuple[int, int, int, bool]]:
     """(tp, pp, micro-batches, recompute) wherever the devices and the global batch divide."""
     n, B = pr.cluster.num_devices, pr.job.global_batch
     for tp in tps:
@@ -451,7 +469,7 @@ def _pipeline_grid(pr: _Pricer, tps: list[int], recompute: tuple[bool, ...]) -> 
                     yield tp, p, m, rc
 
 
-def megatron_3d(pr: _Pricer, budget: float) -> list[Baseline]:
+def megatron_3d(pr: Pricer, budget: float) -> list[Baseline]:
     """Megatron-LM 3-D parallelism (TP x PP x DP, 1F1B, equal layers per stage), tuned the way
     practitioners do: a grid over tp (inside a node), pp and the micro-batch count, with and
     without full recomputation, keeping the fastest configuration that fits the budget."""
@@ -459,14 +477,14 @@ def megatron_3d(pr: _Pricer, budget: float) -> list[Baseline]:
         return []
     g = math.gcd(pr.cluster.num_devices, pr.cluster.devices_per_node)
     labels = megatron_tp_labels(pr.graph)
-    block = {name for layer in _block_ops(pr.graph) for name in layer}
+    block = {name for layer in block_ops(pr.graph) for name in layer}
     # whether Megatron's split divides every block op is a question of tp alone: ask it on a mesh
     # of the tp axis only, as the grid's data-parallel size is chosen later (and may not be n // tp)
     tps = [1] + [t for t in range(2, g + 1) if g % t == 0
-                 and not block.intersection(pr.assign(_tp_only_mesh(t), {}, labels)[1])]
-    grid = [_GridPoint(tp, p, m, "1f1b", MEGATRON_ZERO, rc, labels) for tp, p, m, rc in _pipeline_grid(pr, tps, (False, True))]
+                 and not block.intersection(pr.assign(tp_only_mesh(t), {}, labels)[1])]
+    grid = [GridPoint(tp, p, m, "1f1b", MEGATRON_ZERO, rc, labels) for tp, p, m, rc in _pipeline_grid(pr, tps, (False, True))]
 
-    def describe(gp: _GridPoint, split: tuple[int, ...]) -> str:
+    def describe(gp: GridPoint, split: tuple[int, ...]) -> str:
         dp = pr.cluster.num_devices // (gp.tp * gp.p)
         return (f"Megatron-LM 3-D: tp {gp.tp} x pp {gp.p} x dp {dp}, 1F1B with {gp.m} micro-batches, layers "
                 f"{'/'.join(map(str, split))}, ZeRO {gp.zero}{', every layer recomputed' if gp.recompute else ''} "
@@ -475,15 +493,15 @@ def megatron_3d(pr: _Pricer, budget: float) -> list[Baseline]:
     return _grid_pick(pr, "megatron-3d", describe, grid, budget)
 
 
-def pipedream_2bw(pr: _Pricer, budget: float) -> list[Baseline]:
+def pipedream_2bw(pr: Pricer, budget: float) -> list[Baseline]:
     """PipeDream-2BW's planner: equi-replicated stages (every stage data-parallel over the same
     number of devices, no tensor parallelism), double-buffered weights, the depth and micro-batch
     count chosen for throughput within memory, with or without recomputation."""
     if not pr.graph.blocks or pr.n_layers < 2:
         return []
-    grid = [_GridPoint(1, p, m, "2bw", 0, rc, {}) for _, p, m, rc in _pipeline_grid(pr, [1], (False, True))]
+    grid = [GridPoint(1, p, m, "2bw", 0, rc, {}) for _, p, m, rc in _pipeline_grid(pr, [1], (False, True))]
 
-    def describe(gp: _GridPoint, split: tuple[int, ...]) -> str:
+    def describe(gp: GridPoint, split: tuple[int, ...]) -> str:
         dp = pr.cluster.num_devices // gp.p
         return (f"PipeDream-2BW: {gp.p} stages each replicated {dp} ways, {gp.m} micro-batches per update, 1-stale "
                 f"weights, layers {'/'.join(map(str, split))}{', every layer recomputed' if gp.recompute else ''}")
@@ -522,7 +540,7 @@ def baselines(graph: OpGraph, cluster: Cluster, job: TrainingJob, budget: float 
         result, frontier = frontier, None
     if frontier is not None and result is None and budget is not None:
         raise ValueError("min-time@budget needs the SearchResult its frontier points index into: pass result=")
-    pr = _Pricer(graph, cluster, job, profile)
+    pr = Pricer(graph, cluster, job, profile)
     out = data_parallel(pr) + megatron(pr)
     fit = budget if budget is not None else float(cluster.memory_per_device)
     if pipelines:
@@ -545,16 +563,26 @@ def as_result(graph: OpGraph, cluster: Cluster, job: TrainingJob, bs: list[Basel
                         search_seconds=0.0, eps=0.0, stats={"baselines": [b.name for b in bs]})
 
 
-def against_frontier(points: list[FrontierPoint], b: Baseline) -> dict:
+class Priced(Protocol):
+    """Anything with a predicted time and memory: a FrontierPoint, a Baseline, a stored
+    frontier entry, an estimate."""
+
+    @property
+    def time_s(self) -> float: ...
+    @property
+    def memory_bytes(self) -> float: ...
+
+
+def against_frontier(points: Sequence[Priced], b: Priced) -> dict:
     """The frontier point that beats baseline b at its memory (fastest within it) and at its
     time (leanest within it), and by how much (None where no frontier point qualifies)."""
-    at_mem = min((p for p in points if p.memory_bytes <= b.memory_bytes * (1 + 1e-9)), key=lambda p: p.time_s,
-                 default=None)
-    at_time = min((p for p in points if p.time_s <= b.time_s * (1 + 1e-9)), key=lambda p: p.memory_bytes,
-                  default=None)
+    at_mem = min((i for i, p in enumerate(points) if p.memory_bytes <= b.memory_bytes * (1 + 1e-9)),
+                 key=lambda i: points[i].time_s, default=None)
+    at_time = min((i for i, p in enumerate(points) if p.time_s <= b.time_s * (1 + 1e-9)),
+                  key=lambda i: points[i].memory_bytes, default=None)
     return {
-        "faster_point": points.index(at_mem) if at_mem else None,
-        "speedup": b.time_s / at_mem.time_s if at_mem else None,
-        "leaner_point": points.index(at_time) if at_time else None,
-        "memory_ratio": b.memory_bytes / at_time.memory_bytes if at_time else None,
+        "faster_point": at_mem,
+        "speedup": b.time_s / points[at_mem].time_s if at_mem is not None else None,
+        "leaner_point": at_time,
+        "memory_ratio": b.memory_bytes / points[at_time].memory_bytes if at_time is not None else None,
     }

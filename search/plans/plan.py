@@ -20,6 +20,8 @@ from search.algorithm.chain import recompute_var
 from search.algorithm.evaluate import PipeShape
 from search.algorithm.results import FrontierPoint, SearchResult, Solution, Split
 from search.models.graph import Op, OpGraph
+from search.plans.flops import mfu, model_flops
+from search.prices.accuracy import PricedFrom
 from search.prices.mesh import Config, Mesh, default_role, format_placement, op_configs, output_placement, param_placement
 
 PLAN_VERSION = 2  # 2: mesh axes carry a role; one role per axis
@@ -84,7 +86,25 @@ class Prediction(BaseModel):
     memory_bytes: int
     breakdown: MemoryBreakdown
     comm_bytes: dict[str, float] = Field(description="bytes sent per device per iteration, per mesh axis")
-    estimated: bool = Field(default=True, description="priced from the device catalog's roofline, not a profile")
+    estimated: bool = Field(default=True, description="some op or collective priced from the device catalog's "
+                                                      "roofline (a profile lacked it, or there was no profile)")
+    priced_from: PricedFrom = Field(default="catalog", description="catalog: the device catalog's roofline; "
+                                    "profile: a DeviceProfile measured on the device (search/prices/accuracy.json "
+                                    "holds the held-out error of each)")
+    model_flops: float | None = Field(default=None, ge=0.0, description="forward + backward FLOPs of the model per "
+                                      "iteration (3 x forward, recomputation not counted); None in plans written "
+                                      "before it was recorded")
+    mfu: float | None = Field(default=None, ge=0.0, description="model FLOPs utilisation: model_flops / (time_s x "
+                              "devices x peak FLOP/s at the job's precision)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _priced_from_estimated(cls, data: Any) -> Any:
+        """Plans written before `priced_from` was recorded: a plan with no estimated cost was
+        priced from a profile."""
+        if isinstance(data, dict) and "priced_from" not in data and data.get("estimated") is False:
+            return {**data, "priced_from": "profile"}
+        return data
 
 
 class PipelineSpec(BaseModel):
@@ -102,6 +122,8 @@ class PipelineSpec(BaseModel):
                                       description="predicted iteration time per stage (its slots and its step)")
     stage_memory_bytes: list[int] = Field(default_factory=list, description="predicted peak memory per stage")
     async_weights: bool = Field(default=False, description="PipeDream-2BW: weight updates are 1-stale")
+    virtual_stages: int = Field(default=1, ge=1, description="> 1: Megatron-LM's interleaved 1F1B, each device "
+                                "holding this many chunks of layers (priced by `paretoplan estimate`; not executed)")
 
 
 class Plan(BaseModel):
@@ -164,7 +186,10 @@ def summarize(graph: OpGraph, mesh: Mesh, configs: dict[str, tuple[str | None, .
     the parameter-carrying ops use it (by weight count)."""
     head = mesh.describe()
     if pipe is not None and pipe.stages > 1:
-        head += f" {pipe.schedule} m{pipe.micro_batches} layers {'/'.join(str(b - a) for a, b in pipe.stage_layers)}"
+        v = f" interleaved v{pipe.virtual_stages}" if pipe.virtual_stages > 1 else ""
+        head += f" {pipe.schedule}{v} m{pipe.micro_batches} layers {'/'.join(str(b - a) for a, b in pipe.stage_layers)}"
+    elif pipe is not None and pipe.micro_batches > 1:  # one stage, m micro-batches: gradient accumulation
+        head += f" accumulate m{pipe.micro_batches}"
     if zero:
         head += f" zero{zero}"
     if graph.blocks:
@@ -227,10 +252,12 @@ def _solution_plans(result: SearchResult, sol: Solution, points: list[FrontierPo
     op_plan = _OpPlans(graph, sol)
     block_names = {n for b in graph.blocks for layer in b.layers for n in layer}
     weighted = weighted_ops(graph)
+    flops = model_flops(graph)
     plans = []
     for j, point in enumerate(points):
         configs = {op.name: op_plan.config(op.name, int(assign[op.name][j])) for op, _ in weighted}
         pred, pipe = _prediction(sol, costs, j, point.stages, job.global_batch)
+        pred.model_flops, pred.mfu = flops, mfu(flops, pred.time_s, cluster, job.precision)
         recomputed = [f"{b.prefix}.{k}" for b in graph.blocks[:1] for k in range(len(b.layers))
                       if recompute_var(k) in assign and assign[recompute_var(k)][j]]
         plans.append(Plan(
@@ -294,7 +321,7 @@ def _pipeline_spec(shape: PipeShape, split: Split | None, costs: dict[str, np.nd
                         micro_batch_size=max(1, global_batch // shape.micro_batches // dp), stage_layers=bounds,
                         stage_time_s=[float(x) for x in costs["stage_time"][j]],
                         stage_memory_bytes=[int(round(x)) for x in costs["stage_memory"][j]],
-                        async_weights=shape.schedule == "2bw")
+                        async_weights=shape.schedule == "2bw", virtual_stages=shape.virtual_stages)
 
 
 def pick(points: list[FrontierPoint], budget_bytes: float) -> FrontierPoint | None:

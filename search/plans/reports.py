@@ -52,6 +52,7 @@ class _Report(BaseModel):
 class FrontierEntry(_Report):
     time_s: Seconds
     memory_bytes: Bytes
+    mfu: float | None = Field(default=None, ge=0.0, description="the plan's predicted.mfu (model FLOPs utilisation)")
     plan: PlanJSON
 
 
@@ -60,6 +61,7 @@ class BaselineEntry(_Report):
     description: str
     time_s: Seconds
     memory_bytes: Bytes
+    mfu: float | None = Field(default=None, ge=0.0, description="the plan's predicted.mfu (model FLOPs utilisation)")
     against_frontier: dict[str, Any]
     plan: PlanJSON
 

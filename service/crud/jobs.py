@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased, undefer
 
-from search import InputError, SearchRequest
+from search import InputError, SearchRequest, confidence
 from service import validation
 from service.crud import events, searches
 from service.crud.errors import Conflict, NotFound, get_or_404
@@ -145,19 +145,20 @@ def search_frontier(s: Session, search: Search, job_id: int) -> FrontierOut:
         raise RuntimeError(f"search {search.id} is {search.status} but has no summary")
     budget = summ.memory_budget_bytes
     points, bases, picked_id = [], [], None
-    for st in searches.strategies(s, search.id):
+    for st, mfu in searches.strategies_with_mfu(s, search.id):
         if st.kind == "frontier":
-            points.append(PointOut(id=st.id, index=st.idx, time_s=st.time_s, memory_bytes=st.memory_bytes,
+            points.append(PointOut(id=st.id, index=st.idx, time_s=st.time_s, memory_bytes=st.memory_bytes, mfu=mfu,
                                    fits=st.memory_bytes <= budget, summary=st.summary))
             if st.idx == search.picked_index:
                 picked_id = st.id
         else:
             bases.append(BaselineOut(id=st.id, name=st.name or "", description=st.description or "",
-                                     time_s=st.time_s, memory_bytes=st.memory_bytes, summary=st.summary,
+                                     time_s=st.time_s, memory_bytes=st.memory_bytes, mfu=mfu, summary=st.summary,
                                      against_frontier=st.against_frontier or {}))
+    sure = confidence("profile" if "profile" in summ.stats else "catalog", summ.model, summ.num_devices, via="api")
     return FrontierOut(job_id=job_id, search_id=search.id, status=search.status, feasible=search.picked_index is not None,
                        picked_index=search.picked_index, picked_strategy_id=picked_id,
-                       least_memory_bytes=search.least_memory_bytes, points=points, baselines=bases,
+                       least_memory_bytes=search.least_memory_bytes, confidence=sure, points=points, baselines=bases,
                        **summ.model_dump())
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session, undefer
 
-from search import InputError, RunReport
+from search import InputError, RunReport, confidence
 from service.crud import events, jobs, searches
 from service.crud.errors import Conflict, get_or_404
 from service.models import DONE, QUEUED, Run, Strategy
@@ -33,6 +33,12 @@ def launch(s: Session, job_id: int, strategy_id: int | None, steps: int) -> Run:
     s.flush()
     events.add(s, "status", run_id=run.id, job_id=job_id, stage=QUEUED,
                message=f"run {run.id} of strategy {strategy_id} ({st.summary}) queued for a worker")
+    plan = st.plan or {}
+    predicted = plan.get("predicted") or {}
+    # plans stored before they recorded priced_from: a plan with no estimated cost had a profile
+    if predicted.get("priced_from", "catalog" if predicted.get("estimated", True) else "profile") == "catalog":
+        sure = confidence("catalog", plan.get("model"), plan.get("num_devices"), via="api")
+        events.add(s, "info", run_id=run.id, job_id=job_id, message=f"run {run.id}'s prediction was {sure.message}")
     return run
 
 

@@ -55,6 +55,15 @@ def strategies(s: Session, search_id: int) -> list[Strategy]:
     return list(s.scalars(q))
 
 
+def strategies_with_mfu(s: Session, search_id: int) -> list[tuple[Strategy, float | None]]:
+    """As `strategies`, each with its plan's predicted MFU (read from the stored plan's JSON in the
+    database, without loading the plans; None for plans stored before they recorded it)."""
+    mfu = Strategy.plan[("predicted", "mfu")].as_float()
+    q = (select(Strategy, mfu).where(Strategy.search_id == search_id)
+         .order_by(Strategy.kind.desc(), Strategy.idx))
+    return [(st, m) for st, m in s.execute(q).all()]
+
+
 def picked(s: Session, search: Search, *, with_plan: bool = False) -> Strategy | None:
     if search.picked_index is None:
         return None

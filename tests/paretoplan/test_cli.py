@@ -20,10 +20,10 @@ from paretoplan.cli import main
 from search.models.graph import Op, OpGraph, ParamRef, TensorRef
 from search.prices.cluster import format_size
 
-# A table row: mark (2 chars), index, "x.xx ms", "x.x MiB", two spaces, the plan summary.
+# A table row: mark (2 chars), index, "x.xx ms", "x.x MiB", MFU "x.x%", two spaces, the plan summary.
 ROW = re.compile(r"^(?P<mark>[*! ]) +(?P<idx>\d+) +(?P<time>\d+\.\d{2,4}) ms +"
-                 r"(?P<mem>\d+(?:\.\d)? [KMGTPE]?i?B)  (?P<plan>\S.*)$")
-HEADER = re.compile(r"^\s+#\s+time/iter\s+memory/device\s+plan$")
+                 r"(?P<mem>\d+(?:\.\d)? [KMGTPE]?i?B) +(?P<mfu>\d+(?:\.\d+)?(?:e-\d+)?%)  (?P<plan>\S.*)$")
+HEADER = re.compile(r"^\s+#\s+time/iter\s+memory/device\s+MFU\s+plan$")
 
 TINY_SEARCH = ["search", "--model", "gpt2-tiny", "--devices", "4", "--device", "h100-80gb", "--global-batch", "8"]
 

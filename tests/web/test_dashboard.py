@@ -477,3 +477,38 @@ def test_one_colour_per_device_count(web, http, shot):
     assert page.inner_text("#panel-title") == "Point #0 · 4 devices"
     shot(page, "four-device-point")
     assert web.errors == []
+
+
+def test_your_config_is_priced_and_drawn_against_the_frontier(web, http, shot):
+    """The "your config" form posts the job's model, cluster and job with a Megatron-style plan to
+    /api/estimate; the answer is drawn as its own marker, its card says MFU and which frontier
+    point dominates it, and a refusal is shown under the form, naming the flag."""
+    page = web.page
+    r = http.post("/api/jobs", json={"model": "gpt2-tiny", "device": "cpu", "devices": 4, "global_batch": 8})
+    job_id = r.json()["id"]
+    assert wait_job(http, job_id)["status"] == "done"
+    fr = http.get(f"/api/jobs/{job_id}/frontier").json()
+    page.goto(f"/?job={job_id}")
+    wait_chart(page, len(fr["points"]))
+    assert "priced from the catalog" in page.inner_text("#confidence")
+    page.fill("#e-tp", "2")
+    page.fill("#e-pp", "2")
+    page.click("#estimate-submit")
+    page.wait_for_selector("#estimate-card")
+    want = http.post("/api/estimate", json={"model": "gpt2-tiny", "device": "cpu", "devices": 4, "global_batch": 8,
+                                            "tp": 2, "pp": 2, "job_id": job_id}).json()
+    card = page.inner_text("#estimate-card")
+    assert want["description"] in card and want["against_frontier"]["message"] in card
+    assert page.inner_text("#estimate-mfu").endswith("%")
+    trace = page.evaluate("document.getElementById('chart').data.find(t => t.name === 'your config')")
+    assert trace is not None and len(trace["x"]) == 1 and "MFU" in trace["hovertext"][0]
+    frontier = page.evaluate("document.getElementById('chart').data[0].text")
+    assert all("MFU" in t for t in frontier)
+    shot(page, "your-config", full_page=True)
+    page.fill("#e-tp", "3")
+    page.click("#estimate-submit")
+    page.wait_for_selector("#eerr-form:not([hidden])")
+    assert "--tp 3 x --pp 2" in page.inner_text("#eerr-form")
+    assert page.get_attribute("#e-tp", "aria-invalid") == "true"
+    assert page.evaluate("document.getElementById('chart').data.some(t => t.name === 'your config')")  # kept
+    assert web.errors == []

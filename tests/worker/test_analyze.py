@@ -133,3 +133,47 @@ def test_a_tied_parameter_split_over_tp_across_pipeline_stages_is_refused():
     plan = pipelined(baseline("gpt2-tiny", "megatron-tp2-dp", 2), 2, "1f1b", 2)
     with pytest.raises(Unsupported, match="tied parameter .*lm_head.weight.* pipeline stages"):
         analyze(plan)
+    # and `paretoplan estimate` says so for the same layout
+    from search.plans.estimate import EstimateRequest, estimate
+
+    e = estimate(EstimateRequest(model="gpt2-tiny", device="cpu", devices=4, global_batch=8, precision="fp32",
+                                 tp=2, pp=2, micro_batch=2))
+    assert not e.launchable and "tied parameter lm_head.weight" in (e.not_launchable_reason or "")
+
+
+def test_interleaved_1f1b_is_refused():
+    plan = pipelined(baseline("gpt2-tiny", "data-parallel", 2), 2, "1f1b", 2)
+    plan = plan.model_copy(update={"pipeline": plan.pipeline.model_copy(update={"virtual_stages": 2})})
+    with pytest.raises(Unsupported, match="interleaved 1F1B"):
+        analyze(plan)
+
+
+def test_gradient_accumulation_without_a_pipeline_is_refused():
+    """A one-stage plan with micro-batches would run its whole batch per step: not what was priced."""
+    plan = baseline("gpt2-tiny", "data-parallel")
+    plan = plan.model_copy(update={"pipeline": plan.pipeline.model_copy(update={"micro_batches": 2})})
+    with pytest.raises(Unsupported, match="gradient accumulation"):
+        analyze(plan)
+
+
+@pytest.mark.parametrize(("tp", "pp", "micro_batch"), [(2, 2, 2), (2, 1, 4), (1, 2, 1)])
+def test_estimates_called_launchable_are_executable(tp, pp, micro_batch):
+    """`paretoplan estimate` flags only what it knows the executor refuses: what it calls launchable
+    passes the worker's own analysis."""
+    from search.plans.estimate import EstimateRequest, estimate
+
+    # Llama: its head and embedding are not tied (GPT's, split over tp across stages, are refused below)
+    e = estimate(EstimateRequest(model="llama-tiny", device="cpu", devices=4, global_batch=8, precision="fp32",
+                                 tp=tp, pp=pp, micro_batch=micro_batch))
+    assert e.launchable, e.not_launchable_reason
+    spec = analyze(e.plan)
+    assert spec.pipeline.stages == pp
+
+
+def test_estimates_not_launchable_are_refused_by_the_worker_too():
+    from search.plans.estimate import EstimateRequest, estimate
+
+    e = estimate(EstimateRequest(model="gpt2-tiny", device="cpu", devices=4, global_batch=8, precision="fp32", tp=2))
+    assert not e.launchable and "gradient accumulation" in (e.not_launchable_reason or "")
+    with pytest.raises(Unsupported, match="gradient accumulation"):
+        analyze(e.plan)

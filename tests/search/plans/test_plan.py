@@ -56,3 +56,35 @@ def test_pick_fastest_fitting():
     assert best is not None and best.memory_bytes <= mid
     assert all(p.time_s >= best.time_s for p in pts if p.memory_bytes <= mid)
     assert pick(pts, min(p.memory_bytes for p in pts) - 1) is None
+
+
+def test_every_plan_carries_model_flops_and_mfu():
+    """Model FLOPs: 3 x the forward FLOPs of every op of every layer (block reuse solves the stack
+    once but the graph keeps all 12 layers); MFU = model FLOPs / (time x devices x peak)."""
+    from search.plans.flops import model_flops
+
+    r = result()
+    graph = r.graph
+    layers = graph.blocks[0].layers
+    assert len(layers) == 12
+    per_layer = [sum(graph.op(n).flops for n in layer) for layer in layers]
+    assert per_layer == [per_layer[0]] * 12 and per_layer[0] > 0
+    outside = sum(op.flops for op in graph.ops if not any(op.name in layer for layer in layers))
+    assert model_flops(graph) == pytest.approx(3 * (12 * per_layer[0] + outside), rel=1e-12)
+    peak = r.cluster.device.peak("bf16")
+    for plan in build_plans(r):
+        pred = plan.predicted
+        assert pred.model_flops == model_flops(graph)
+        assert pred.mfu == pytest.approx(pred.model_flops / (pred.time_s * r.cluster.num_devices * peak), rel=1e-12)
+        assert 0 < pred.mfu < 1
+        assert pred.priced_from == "catalog"
+
+
+def test_plans_stored_before_mfu_and_priced_from_still_validate():
+    plan = build_plans(result())[0].model_dump(mode="json")
+    for key in ("mfu", "model_flops", "priced_from"):
+        del plan["predicted"][key]
+    old = Plan.model_validate(plan)
+    assert old.predicted.mfu is None and old.predicted.priced_from == "catalog"
+    plan["predicted"]["estimated"] = False  # every cost measured: a profile priced it
+    assert Plan.model_validate(plan).predicted.priced_from == "profile"

@@ -82,6 +82,7 @@ export const api = {
     const r = await post(`/api/jobs/${jobId}/resize?wait=${wait}`, body);
     return { status: r.status, body: r.body, location: r.headers.get("Location") };
   },
+  estimate: async (body) => (await post("/api/estimate", body)).body,
   resizeAnswer: async (location, wait = 20) => {
     const r = await request("GET", `${location}?wait=${wait}`);
     return { status: r.status, body: r.body, location };

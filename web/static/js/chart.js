@@ -2,9 +2,10 @@
 //
 // Traces, in this order (tests and the bench find points by it): one frontier trace per device
 // count (the first is the job's own), the baselines (one trace each, labelled), the picked point,
-// the selected point, measured runs with their error, a resize target.
+// the selected point, measured runs with their error, a resize target, the user's own config
+// ("your config", priced by POST /api/estimate).
 
-import { byteUnit, timeUnit, bytes, seconds, pct } from "./format.js";
+import { byteUnit, timeUnit, bytes, seconds, pct, mfu, esc } from "./format.js";
 
 export const PALETTE = ["#2459c6", "#e45756", "#54a24b", "#f58518", "#b279a2", "#72b7b2", "#9d755d", "#eeca3b"];
 const BASELINE_SYMBOLS = ["diamond", "square", "triangle-up", "cross", "pentagon", "hexagon", "triangle-down", "star-square"];
@@ -30,18 +31,20 @@ function range(scale, lo, hi) {
 }
 
 // model: {series: [{devices, color, points}], baselines, memoryPerDevice, budget, pickedId,
-//         selectedId, runs, resizeTarget, xScale, yScale}
+//         selectedId, runs, resizeTarget, estimate, xScale, yScale}
 export function figure(model) {
   const pts = model.series.flatMap((s) => s.points);
+  const est = model.estimate || null;
   // a run that measured no memory is drawn at its predicted memory (only its time is known)
   const measured = (model.runs || []).filter((r) => r.measured && r.measured.time_s)
     .map((r) => ({ ...r, measured: { ...r.measured, memory_bytes: r.measured.memory_bytes ?? r.predicted.memory_bytes,
       memoryKnown: r.measured.memory_bytes != null } }));
   const target = model.resizeTarget && model.resizeTarget.strategy;
   const mems = [...pts.map((p) => p.memory_bytes), ...model.baselines.map((b) => b.memory_bytes),
-    ...measured.map((r) => r.measured.memory_bytes), ...(target ? [target.memory_bytes] : [])];
+    ...measured.map((r) => r.measured.memory_bytes), ...(target ? [target.memory_bytes] : []),
+    ...(est ? [est.memory_bytes] : [])];
   const times = [...pts.map((p) => p.time_s), ...model.baselines.map((b) => b.time_s),
-    ...measured.map((r) => r.measured.time_s), ...(target ? [target.time_s] : [])];
+    ...measured.map((r) => r.measured.time_s), ...(target ? [target.time_s] : []), ...(est ? [est.time_s] : [])];
   const maxMem = Math.max(...mems, 1);
   // the device memory and budget lines: drawn where they sit near the points, else named at the edge
   const lines = [];
@@ -71,7 +74,7 @@ export function figure(model) {
     const trace = {
       type: "scatter", mode: "lines+markers", name: `${s.devices} devices: frontier`,
       x: sorted.map((p) => X(p.memory_bytes)), y: sorted.map((p) => Y(p.time_s)),
-      text: sorted.map((p) => p.summary), customdata: sorted.map((p) => [p.id, p.index, s.devices]),
+      text: sorted.map((p) => `${esc(p.summary)}<br>MFU ${mfu(p.mfu)}`), customdata: sorted.map((p) => [p.id, p.index, s.devices]),
       marker: { color: s.color, size: 8, symbol: allFit ? "circle" : sorted.map((p) => (p.fits ? "circle" : "circle-open")),
         line: { width: 1.5, color: s.color } },
       line: { color: s.color, width: 1, shape: "linear" }, opacity: 0.95,
@@ -84,7 +87,8 @@ export function figure(model) {
     traces.push({
       type: "scatter", mode: "markers+text", name: `baseline: ${b.name}`,
       x: [X(b.memory_bytes)], y: [Y(b.time_s)], text: [b.name], textposition: b.memory_bytes > 0.85 * xMax ? "top left" : LABEL_POS[i % LABEL_POS.length],
-      textfont: { size: 11, color: "#333" }, cliponaxis: false, customdata: [[b.id, b.name]], hovertext: [b.summary],
+      textfont: { size: 11, color: "#333" }, cliponaxis: false, customdata: [[b.id, b.name]],
+      hovertext: [`${esc(b.summary)}<br>MFU ${mfu(b.mfu)}`],
       marker: { symbol: BASELINE_SYMBOLS[i % BASELINE_SYMBOLS.length], size: 12, color: "#fff", line: { color: "#333", width: 2 } },
       hovertemplate: `<b>${b.name}</b> (baseline)<br>%{hovertext}<br>time %{y:.4g} ${tu.name} · memory %{x:.4g} ${xu.name}<extra></extra>`,
     });
@@ -134,6 +138,18 @@ export function figure(model) {
       textposition: "middle right", customdata: [[target.id, model.resizeTarget.devices]], hovertext: [target.summary],
       marker: { symbol: "triangle-right", size: 15, color: "#7b3fb5" },
       hovertemplate: `resize target (${model.resizeTarget.devices} devices)<br>%{hovertext}<extra></extra>`,
+    });
+  }
+  if (est) {
+    const a = est.against_frontier;
+    const where = a ? esc(a.message) : "no frontier to compare with";
+    traces.push({
+      type: "scatter", mode: "markers+text", name: "your config",
+      x: [X(est.memory_bytes)], y: [Y(est.time_s)], text: ["your config"], textposition: "bottom center",
+      textfont: { size: 11, color: "#0a7a5a" }, cliponaxis: false, customdata: [[null]],
+      hovertext: [`${esc(est.description)}<br>MFU ${mfu(est.mfu)} · ${est.launchable ? "launchable" : `not launchable: ${esc(est.not_launchable_reason)}`}<br>${where}`],
+      marker: { symbol: "star-diamond", size: 16, color: "#0a7a5a", line: { color: "#fff", width: 1 } },
+      hovertemplate: `<b>your config</b><br>%{hovertext}<br>time %{y:.4g} ${tu.name} · memory %{x:.4g} ${xu.name}<extra></extra>`,
     });
   }
   const shapes = inside.map((l) => ({ type: "line", xref: "x", yref: "paper", x0: X(l.x), x1: X(l.x), y0: 0, y1: 1,

@@ -35,6 +35,13 @@ export function count(n) {
   return String(n);
 }
 
+// model FLOPs utilisation (a fraction) as a percentage: "41.2%", "0.034%"
+export function mfu(x) {
+  if (x === null || x === undefined || !Number.isFinite(Number(x))) return "–";
+  const p = 100 * Number(x);
+  return p >= 1 ? `${p.toFixed(1)}%` : `${Number(p.toPrecision(2))}%`;
+}
+
 // relative change of b against a, signed: "+12.3%" / "−4.0%"
 export function pct(rel, digits = 1) {
   if (rel === null || rel === undefined || !Number.isFinite(rel)) return "–";

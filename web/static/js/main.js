@@ -3,7 +3,7 @@
 // `&point=ID` for the open plan), so a link opens the same view.
 
 import { api, ApiError, follow } from "./api.js";
-import { bytes, seconds, pct, when, esc } from "./format.js";
+import { bytes, seconds, pct, when, esc, mfu } from "./format.js";
 import { initForm } from "./form.js";
 import { draw, colorFor } from "./chart.js";
 import { createTable } from "./table.js";
@@ -16,7 +16,7 @@ const perf = (window.__paretoplan = { chartDrawnAt: null, chartPaintedAt: null, 
 const state = {
   token: 0, jobId: null, job: null, frontier: null, series: [], baselines: [], points: new Map(),
   strategies: new Map(), selectedId: null, runs: [], followers: new Map(), stream: null,
-  resizeTarget: null, steps: 20,
+  resizeTarget: null, estimate: null, steps: 20,
 };
 
 // ---- the address ------------------------------------------------------------------------------
@@ -73,7 +73,7 @@ function reset() {
   if (state.stream) state.stream.close();
   for (const f of state.followers.values()) f.close();
   Object.assign(state, { job: null, frontier: null, series: [], baselines: [], points: new Map(), selectedId: null,
-    runs: [], followers: new Map(), stream: null, resizeTarget: null, lastFraction: null, lastStage: null });
+    runs: [], followers: new Map(), stream: null, resizeTarget: null, estimate: null, lastFraction: null, lastStage: null });
   closePanel(false);
   $("#frontier").hidden = true;
   $("#progress-box").hidden = true;
@@ -81,9 +81,12 @@ function reset() {
   $("#alternates").hidden = true;
   $("#job-log").innerHTML = "";
   $("#resize-result").innerHTML = "";
+  $("#estimate-result").innerHTML = "";
+  $("#confidence").textContent = "";
   $("#runs-box").hidden = true;
   $("#chart").removeAttribute("data-points");
   clearResizeErrors();
+  clearEstimateErrors();
 }
 
 function jobMeta(job) {
@@ -231,6 +234,7 @@ async function loadFrontier(token, point) {
   $("#frontier-summary").innerHTML = `<b>${fr.points.length}</b> Pareto-optimal plans for ${esc(fr.model)} (${(fr.params / 1e6).toPrecision(3)} M params) on ${esc(fr.cluster)}` +
     ` · budget ${bytes(fr.memory_budget_bytes)}${fr.feasible ? "" : ' · <b class="nofit">no plan fits the budget</b>'}` +
     ` · searched in ${seconds(fr.search_seconds)}${fr.eps ? ` · ε = ${fr.eps}` : " · exact"}`;
+  $("#confidence").textContent = fr.confidence ? fr.confidence.message : "";
   $("#r-devices").placeholder = String(fr.num_devices);
   await redraw();
   perf.chartDrawnAt = perf.chartDrawnAt ?? performance.now(); // the chart's SVG is in the document
@@ -274,6 +278,7 @@ function chartModel() {
   return {
     series: state.series, baselines: state.baselines, memoryPerDevice: fr.memory_per_device, budget: fr.memory_budget_bytes,
     pickedId: fr.picked_strategy_id, selectedId: state.selectedId, runs: state.runs, resizeTarget: state.resizeTarget,
+    estimate: state.estimate,
     xScale: $("#x-scale").value, yScale: $("#y-scale").value, revision: `${state.jobId}-${$("#x-scale").value}-${$("#y-scale").value}`,
   };
 }
@@ -338,6 +343,7 @@ async function openStrategy(id, { focusPanel = true } = {}) {
     budget: state.frontier && state.frontier.memory_budget_bytes, memoryPerDevice: state.frontier && state.frontier.memory_per_device,
     selected: state.job && state.job.selected_strategy_id === id, runs: state.runs.filter((r) => r.strategy_id === id),
     compareTo, canLaunch: state.job && state.job.status === "done", steps: state.steps,
+    confidence: state.frontier && state.frontier.confidence,
   });
   const panel = $("#panel");
   const wasHidden = panel.hidden;
@@ -544,6 +550,88 @@ function showResize(r) {
   }
 }
 $("#resize-result").addEventListener("click", (e) => {
+  const open = e.target.closest("[data-open]");
+  if (open) openStrategy(Number(open.dataset.open));
+});
+
+// ---- your config (POST /api/estimate) ----------------------------------------------------------
+// the job's model, cluster and job fields (a search.plans.api.JobRequest) from its stored request
+const JOB_FIELDS = ["model", "name", "hf_config", "graph", "device", "devices", "devices_per_node", "cluster",
+  "memory_budget", "global_batch", "seq_len", "precision", "profile"];
+const ESTIMATE_FIELDS = ["tp", "pp", "micro_batch", "zero", "recompute"];
+
+function clearEstimateErrors() {
+  for (const p of document.querySelectorAll("#estimate-form .error")) { p.hidden = true; p.textContent = ""; }
+  for (const el of document.querySelectorAll("#estimate-form [aria-invalid]")) el.removeAttribute("aria-invalid");
+}
+function estimateField(err) {
+  const e = err.errors && err.errors[0];
+  const loc = e && e.loc ? e.loc.filter((x) => x !== "body") : [];
+  if (ESTIMATE_FIELDS.includes(loc[0])) return loc[0];
+  const m = /^--(tp|pp|micro-batch|zero|recompute)\b/.exec(err.detail) || /--(micro-batch|tp|pp)\b/.exec(err.detail);
+  return m ? m[1].replace("-", "_") : "form";
+}
+function intOrText(raw) {
+  const t = raw.trim();
+  return /^-?\d+$/.test(t) ? Number(t) : t;
+}
+$("#estimate-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  clearEstimateErrors();
+  const form = e.target, button = $("#estimate-submit");
+  if (button.disabled || !state.jobId || !state.job) return;
+  const req = state.job.request || {};
+  const body = {};
+  for (const k of JOB_FIELDS) if (req[k] !== null && req[k] !== undefined) body[k] = req[k];
+  body.tp = intOrText($("#e-tp").value);
+  body.pp = intOrText($("#e-pp").value);
+  body.micro_batch = intOrText($("#e-micro-batch").value);
+  body.zero = Number($("#e-zero").value);
+  body.recompute = $("#e-recompute").value;
+  body.sequence_parallel = $("#e-sequence-parallel").checked;
+  body.job_id = state.jobId;
+  const token = state.token;
+  button.disabled = true;
+  form.setAttribute("aria-busy", "true");
+  try {
+    const est = await api.estimate(body);
+    if (token !== state.token) return;
+    state.estimate = est;
+    showEstimate(est);
+    await redraw();
+  } catch (err) {
+    if (!(err instanceof ApiError)) throw err;
+    if (token !== state.token) return;
+    // the message under the whole form (the fields are narrow); the field it names is marked.
+    // The last priced config stays on the chart and in its card.
+    const field = estimateField(err);
+    const p = $("#eerr-form");
+    p.textContent = err.detail; p.hidden = false;
+    const input = form.querySelector(`[name="${field}"]`);
+    if (input) { input.setAttribute("aria-invalid", "true"); input.setAttribute("aria-describedby", "eerr-form"); input.focus(); }
+  } finally {
+    button.disabled = false;
+    form.removeAttribute("aria-busy");
+  }
+});
+
+function showEstimate(est) {
+  const a = est.against_frontier;
+  let where = "";
+  if (a) {
+    const dom = a.dominated_by != null ? state.frontier.points[a.dominated_by] : null;
+    where = `<br><span id="estimate-where">${esc(a.message)}</span>` +
+      (dom ? ` <button type="button" class="link" data-open="${dom.id}">show #${a.dominated_by}</button>` : "");
+  }
+  $("#estimate-result").innerHTML = `<div class="card" id="estimate-card"><b>${esc(est.description)}</b>` +
+    `<br><code>${esc(est.plan.summary)}</code>` +
+    `<br><span id="estimate-time">${seconds(est.time_s)}</span> per iteration, <span id="estimate-memory">${bytes(est.memory_bytes)}</span> per device` +
+    `${est.fits_budget ? "" : ' <b class="nofit">over the budget</b>'} · MFU <b id="estimate-mfu">${mfu(est.mfu)}</b>` +
+    ` · ${est.launchable ? "launchable" : `<span class="nofit">not launchable</span>: ${esc(est.not_launchable_reason)}`}` +
+    where + est.notes.map((n) => `<br><span class="hint">note: ${esc(n)}</span>`).join("") +
+    `<br><span class="hint">${esc(est.confidence.message)}</span></div>`;
+}
+$("#estimate-result").addEventListener("click", (e) => {
   const open = e.target.closest("[data-open]");
   if (open) openStrategy(Number(open.dataset.open));
 });

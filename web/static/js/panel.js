@@ -1,7 +1,7 @@
 // The side panel: one strategy's Plan, what it gains or costs against its neighbours and the
 // baselines, and the actions on it (select, launch; its runs).
 
-import { bytes, seconds, pct, esc } from "./format.js";
+import { bytes, seconds, pct, esc, mfu } from "./format.js";
 import { runErrors } from "./chart.js";
 
 const PARTS = [["params", "parameters"], ["grads", "gradients"], ["optimizer", "optimizer states"],
@@ -169,7 +169,10 @@ export function renderPanel(root, ctx) {
     <dl class="kv prediction">
       <dt>iteration time</dt><dd id="panel-time">${seconds(pred.time_s, 4)}</dd>
       <dt>peak memory / device</dt><dd id="panel-memory">${bytes(pred.memory_bytes, 4)} ${fits ? "" : '<b class="nofit">over the budget</b>'}</dd>
-      <dt>priced from</dt><dd>${pred.estimated ? "the device catalog (roofline estimate)" : "a measured device profile"}</dd>
+      <dt>MFU</dt><dd id="panel-mfu">${mfu(pred.mfu)}${pred.model_flops ? ` <span class="hint">(${(pred.model_flops / 1e12).toPrecision(3)} TFLOP per iteration)</span>` : ""}</dd>
+      <dt>priced from</dt><dd id="panel-priced">${(pred.priced_from || (pred.estimated ? "catalog" : "profile")) === "profile"
+        ? `a measured device profile${pred.estimated ? " (some costs from the catalog's roofline)" : ""}`
+        : "the device catalog (roofline estimate)"}${ctx.confidence ? `<br><span class="hint">${esc(ctx.confidence.message)}</span>` : ""}</dd>
     </dl>
     <div class="actions">
       <button type="button" id="select-plan" ${ctx.selected ? "disabled" : ""}>${ctx.selected ? "selected for the job ✓" : "Select for the job"}</button>

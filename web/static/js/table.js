@@ -2,13 +2,14 @@
 // One row is in the tab order at a time (roving tabindex): arrows, Home/End and PageUp/PageDown
 // move, Enter or Space opens the plan. Column headers are buttons: Enter sorts.
 
-import { bytes, seconds, esc } from "./format.js";
+import { bytes, seconds, esc, mfu } from "./format.js";
 
 const COLUMNS = [
   { key: "label", title: "point", sort: (r) => [r.kind === "baseline" ? 1 : 0, r.kind === "baseline" ? r.label : r.index] },
   { key: "devices", title: "devices", num: true, sort: (r) => [r.devices] },
   { key: "time_s", title: "time / iteration", num: true, sort: (r) => [r.time_s] },
   { key: "memory_bytes", title: "peak memory / device", num: true, sort: (r) => [r.memory_bytes] },
+  { key: "mfu", title: "MFU", num: true, sort: (r) => [r.mfu ?? -1] },
   { key: "fits", title: "fits budget", sort: (r) => [r.fits ? 0 : 1] },
   { key: "summary", title: "plan", sort: (r) => [r.summary] },
 ];
@@ -53,6 +54,7 @@ export function createTable(table, { onSelect }) {
       html.push(`<tr data-id="${r.id}" class="${r.kind}" tabindex="${r.id === active ? 0 : -1}" aria-selected="${isSel}">` +
         `<td><span class="swatch" style="background:${r.color}"></span>${esc(r.kind === "baseline" ? `baseline: ${r.label}` : `#${r.index}`)}</td>` +
         `<td class="num">${r.devices}</td><td class="num">${seconds(r.time_s, 4)}</td><td class="num">${bytes(r.memory_bytes, 4)}</td>` +
+        `<td class="num">${mfu(r.mfu)}</td>` +
         `<td class="${r.fits ? "" : "nofit"}">${r.fits ? "yes" : "no"}</td><td class="summary">${esc(r.summary)}</td></tr>`);
     }
     body.innerHTML = html.join("");
