@@ -32,7 +32,7 @@ def done_job(databases, backend, tiny_report):
 
 
 def test_smallest_body_prices_a_plan(client):
-    r = client.post("/api/estimate", json={"model": "gpt2-tiny", "devices": 8, "global_batch": 16, "tp": 2, "pp": 2})
+    r = client.post("/api/estimate", json={"model": "llama-tiny", "devices": 8, "global_batch": 16, "tp": 2, "pp": 2})
     assert r.status_code == 200, r.text
     e = r.json()
     assert (e["tp"], e["pp"], e["dp"], e["micro_batches"]) == (2, 2, 2, 8)
