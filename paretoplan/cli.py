@@ -441,10 +441,6 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(f"cannot write {args.report!r}: folder {str(Path(args.report).parent)!r} does not exist")
     device = default_device()
     plan = _run_plan_from_search(args, device) if args.model else _run_plan_from_file(args)
-    if plan.predicted.priced_from == "catalog":  # the prediction it will be measured against is a roofline's
-        from search.prices.accuracy import confidence
-
-        print(f"note: {confidence('catalog', plan.model, plan.num_devices).message}")
     settings = RunSettings(steps=args.steps, warmup=min(args.warmup, max(args.steps - 1, 0)), seed=args.seed,
                            lr=args.lr, device=device)
     try:
@@ -456,6 +452,10 @@ def _run(args: argparse.Namespace) -> int:
     print(format_table(report))
     for note in report.notes:
         print(f"note: {note}")
+    if plan.predicted.priced_from == "catalog":  # what it was measured against is the catalog's price
+        from search.prices.accuracy import confidence
+
+        print(f"note: {confidence('catalog', plan.model, plan.num_devices).message}")
     if args.report:
         _write(args.report, report.model_dump_json(indent=1))
     return 0

@@ -43,6 +43,8 @@ def test_run_a_picked_baseline_from_a_frontier_json(frontier, tmp_path):
     assert lines[0].startswith("pp1 x dp4 x tp1 zero3")
     assert sum(1 for line in lines if line.split() and line.split()[0] in "0123") == 4  # one row per rank
     assert any(line.split()[0] == "all" for line in lines if line.split())
+    # measured against the catalog's price: it says so, and how to profile this machine
+    assert "`paretoplan profile --model gpt2-tiny --devices 4 --out P.json`" in lines[-1]
     rep = json.loads(report.read_text())
     assert rep["plan"]["zero_stage"] == 3 and rep["num_devices"] == 4 and rep["backend"] == "gloo"
     ref = reference_losses("gpt2-tiny", 3, 8, 64)
