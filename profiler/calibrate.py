@@ -29,6 +29,7 @@ from search.prices.profile import Calibration, DeviceProfile, ProfileLookup
 
 FACTOR_MIN, FACTOR_MAX = 0.02, 50.0
 PRIOR_WEIGHT = 0.01  # a factor 1.0 away from its prior costs what a 1% error on one run does
+SHARED_FIXED = {"optimizer": 1.0, "dtensor": 1.0}  # not fitted under shared_compute
 
 
 # ---- reading reports ---------------------------------------------------------------------------
@@ -77,8 +78,12 @@ class Recoster:
     one model, cluster and job share the captured graph, and those on one mesh and ZeRO stage
     share the cost tables, which are built once per factor setting."""
 
-    def __init__(self, profile: DeviceProfile) -> None:
+    def __init__(self, profile: DeviceProfile, shared_compute: bool = False) -> None:
         self.profile = profile.model_copy(update={"calibration": None})
+        # shared: one compute factor ('*') for every op kind; the framework overheads the profile
+        # measured apart (the optimizer step per tensor, DTensor dispatch) are taken as measured
+        self.shared_compute = shared_compute
+        self.fixed: dict[str, float] = dict(SHARED_FIXED) if shared_compute else {}
         self._resolved: dict[tuple, tuple] = {}
         self._tables: dict[tuple, tuple] = {}
 
@@ -108,7 +113,7 @@ class Recoster:
         tkey = (key, mesh, zero, setting)
         if tkey not in self._tables:
             graph, cluster, job, lookup = resolved
-            lookup.compute_factors = {k: float(setting == ("c", k)) for k in kinds}
+            lookup.compute_factors = {**self.fixed, **{k: float(setting == ("c", k)) for k in kinds}}
             lookup.comm_factors = {a: float(setting == ("a", a)) for a in axes}
             lookup.memory_overhead = 0.0
             cm = CostModel(graph, cluster, job, profile=lookup)
@@ -138,7 +143,7 @@ class Recoster:
         for name in plan.get("recompute", []):
             assignment[recompute_var(int(name.rsplit(".", 1)[1]))] = np.array([1])
         zero = int(plan.get("zero_stage", 0))
-        kinds = tuple(sorted({op.kind for op in graph.ops})) + ("optimizer",)
+        kinds = ("*",) if self.shared_compute else tuple(sorted({op.kind for op in graph.ops})) + ("optimizer",)
         axes = tuple(ax.name for ax in mesh.axes if ax.size > 1)
 
         def run(setting: tuple[str, str]) -> dict[str, np.ndarray]:
@@ -242,15 +247,19 @@ def _median_rel(pred: list[float], meas: list[float]) -> float:
     return float(statistics.median(abs(p - m) / m for p, m in zip(pred, meas, strict=True))) if meas else 0.0
 
 
-def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProfile, names: list[str] | None = None
-              ) -> CalibrationResult:
-    """A calibrated copy of `profile` from measured runs (RunReports, or their JSON objects)."""
+def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProfile, names: list[str] | None = None,
+              shared_compute: bool = False) -> CalibrationResult:
+    """A calibrated copy of `profile` from measured runs (RunReports, or their JSON objects).
+    `shared_compute`: fit one compute factor for every op kind ('*') instead of one per kind and
+    the optimizer, and take the profile's measured framework overheads (optimizer step per tensor,
+    DTensor dispatch) as they are - fewer factors, for runs of one model that are to predict
+    another's."""
     names = names or [f"report {i + 1}" for i in range(len(reports))]
     cal0 = profile.calibration
     c0 = dict(cal0.compute) if cal0 else {}
     a0 = dict(cal0.comm) if cal0 else {}
     o0 = float(cal0.memory_overhead_bytes) if cal0 else 0.0
-    recoster = Recoster(profile)
+    recoster = Recoster(profile, shared_compute)
     parts: list[PlanParts] = []
     t_meas: list[float] = []
     m_meas: list[float] = []
@@ -271,6 +280,7 @@ def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProf
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
         raise InputError(f"no run report could be used for calibration ({why})")
     compute, comm = fit_factors(parts, t_meas, c0, a0)
+    compute.update(recoster.fixed)
     overhead = float(statistics.median(m - p.memory for m, p in zip(m_meas, parts, strict=True)))
     before_t = _median_rel([p.time(c0, a0) for p in parts], t_meas)
     after_t = _median_rel([p.time(compute, comm) for p in parts], t_meas)

@@ -79,6 +79,12 @@ PRECISION_BYTES: dict[str, Bytes] = {
 }
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
+# Cross entropy keeps its log-probabilities (one copy of its input, the logits) for backward; its
+# backward, the step's first, while every activation is still kept, makes the gradient of the
+# log-probabilities and of the logits: two more. For a language model that moment is the peak,
+# so the three copies are priced with the loss's activations, at its input's local shape (full
+# logits wherever the configuration leaves the vocabulary whole, as under tensor parallelism).
+LOSS_COPIES = 3
 
 # Collective kinds, indices into the coefficient tables below.
 NONE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL = range(5)
@@ -155,6 +161,7 @@ class CostModel:
         self.mem_bw = cluster.device.memory_bandwidth
         consumers = graph.consumers()
         self.bounds = Boundaries(graph)
+        self._unit_share = sync_unit_shares(graph)
         self._output_saved = {
             op.name: op.saves in ("output", "attention")
             or any(graph.op(c).saves in ("inputs", "attention") for c, _ in consumers[op.name])
@@ -206,14 +213,19 @@ class CostModel:
         return self.profile is not None and all(self.profile.has_collectives(ax.size) for ax in mesh.axes
                                                 if ax.size > 1)
 
-    def bucketed_time(self, mesh: Mesh, axis: int, kind: int, nbytes: float) -> float:
-        """A gradient (or ZeRO parameter) collective: DDP and FSDP fuse many parameters into one
-        collective per bucket, so each parameter pays the latency in proportion to its share of
-        a bucket (additive, so frontiers stay exact)."""
+    def bucketed_time(self, mesh: Mesh, axis: int, kind: int, nbytes: float, share: float | None = None) -> float:
+        """A gradient (or ZeRO parameter) collective that fuses many parameters into one call: each
+        parameter pays the latency in proportion to its `share` of the call (additive, so
+        frontiers stay exact). FSDP2 (fully_shard, and replicate for ZeRO-0) issues one collective
+        per wrapped unit - each block layer and the root - whatever its size: `share` is the
+        parameter's share of its unit's elements. Without `share`, DDP's buckets: its share of
+        a 25 MiB bucket."""
         if kind == NONE or mesh.axes[axis].size == 1:
             return 0.0
         alpha, beta = self.collective_coefficients(mesh, axis)
-        return float(alpha[kind] * min(1.0, nbytes / BUCKET_BYTES) + beta[kind] * nbytes)
+        if share is None:
+            share = min(1.0, nbytes / BUCKET_BYTES)
+        return float(alpha[kind] * share + beta[kind] * nbytes)
 
     def collective_time(self, mesh: Mesh, axis: int, kind: int, nbytes: float) -> float:
         if kind == NONE or mesh.axes[axis].size == 1:
@@ -245,6 +257,10 @@ class CostModel:
         (`checkpoint`): that output is the next block's input, kept to recompute from."""
         cfgs = op_configs(op, mesh, self.graph.batch_label)
         n_axes = len(mesh.axes)
+        if zero == 1 and any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes):
+            # ZeroRedundancyOptimizer needs plain tensors and tensor parallelism makes parameters
+            # DTensors: the executor runs ZeRO-1 there as ZeRO-2 (worker/analyze.py); price that
+            zero = 2
         C = len(cfgs)
         time = np.zeros(C)
         fwd = np.zeros(C)
@@ -254,6 +270,9 @@ class CostModel:
         b = self.bytes
         out_numel = op.output.numel
         measured, comm_ok = self.profile is not None, self._comm_measured(mesh)
+        # FSDP2 (ZeRO 0, 2, 3) makes every parameter a DTensor; ZeRO-1's DDP keeps plain tensors
+        data_parallel = any(ax.role == DATA and ax.size > 1 for ax in mesh.axes)
+        r_opt = math.prod(ax.size for ax in mesh.axes if ax.role == DATA)
         for ci, cfg in enumerate(cfgs):
             shards = math.prod(ax.size for ax, lab in zip(mesh.axes, cfg, strict=True) if lab is not None)
             out_local = out_numel / shard_factor(output_placement(cfg, op), mesh)
@@ -282,8 +301,12 @@ class CostModel:
                         steps = [(ALL_REDUCE, g)]
                     else:  # reduce-scatter gradients, all-gather updated (stage 3: also used) params
                         steps = [(REDUCE_SCATTER, g)] + [(ALL_GATHER, w)] * (2 if zero == 3 else 1)
+                    # on a data axis FSDP2 syncs a unit per call (ZeRO-1's DDP: buckets); on a
+                    # tensor axis each partial gradient is all-reduced by a hook of its own
+                    share = (1.0 if mesh.axes[ai].role != DATA else
+                             None if zero == 1 else self._unit_share.get(p.name, 1.0))
                     for kind, nbytes in steps:
-                        t_sync += self.bucketed_time(mesh, ai, kind, nbytes)
+                        t_sync += self.bucketed_time(mesh, ai, kind, nbytes, share)
                         comm[ci, ai] += (2.0 if kind == ALL_REDUCE else 1.0) * nbytes * (n - 1) / n
                 parts[ci, 0] += local * b.param / (r if zero >= 3 else 1)
                 parts[ci, 1] += local * b.grad / (r if zero >= 2 else 1)
@@ -295,7 +318,13 @@ class CostModel:
                 time[ci] = 3.0 * t_fwd + t_sync + t_opt
             else:  # measured forward and forward + backward, optimizer step, calibrated
                 t_fwd, t_fb, ok = self.profile.compute(op, mesh, cfg, t_fwd)
-                t_opt, ok_opt = self.profile.optimizer(updated, t_opt)
+                styled = runs_on_dtensor(op, cfg, mesh)
+                if styled:  # DTensor dispatch of an op under a tensor-parallel style, half of it forward
+                    extra = self.profile.dtensor_op()
+                    t_fwd, t_fb = t_fwd + extra / 2, t_fb + extra
+                tensors = sum(1 for p in op.params if p.owner) / (r_opt if zero == 1 else 1)
+                t_opt, ok_opt = self.profile.optimizer(updated, t_opt, tensors,
+                                                       dtensor=styled or (data_parallel and zero != 1))
                 if ok:  # timed alone, run beside the host's other ranks
                     t_fwd, t_fb = t_fwd * self.contention, t_fb * self.contention
                 if ok_opt:
@@ -326,6 +355,8 @@ class CostModel:
             for n, t in zip(in_locals, op.inputs, strict=True):
                 if t.source is None:
                     saved += n * self.esize(t)
+        if op.kind == "loss" and op.inputs:
+            saved += LOSS_COPIES * in_locals[0] * self.esize(op.inputs[0])
         return saved
 
     # ---- edges ------------------------------------------------------------------------------
@@ -438,21 +469,50 @@ class CostModel:
     # ---- constants ---------------------------------------------------------------------------
     def buffers(self, mesh: Mesh, ops: list[Op] | None = None, zero: int = 0) -> float:
         """Transient workspace: the largest op output (and its gradient) under the op's leanest
-        configuration, plus under ZeRO-3 the largest gathered parameter. Config-independent,
-        so adding it keeps the frontier exact. `ops` may name a subset that stands for the rest
-        (one layer of a stack of identical layers)."""
-        worst = gathered = 0.0
-        for op in self.graph.ops if ops is None else ops:
+        configuration - the logits and the loss aside, which the loss's own activations price -
+        plus under ZeRO-3 the parameters FSDP2 holds gathered: the root unit (not resharded after
+        forward) and two block layers (the one computing and the one prefetched). Config-
+        independent, so adding it keeps the frontier exact. `ops` may name a subset that stands
+        for the rest (one layer of a stack of identical layers)."""
+        ops = list(self.graph.ops if ops is None else ops)
+        logits = {t.numel for op in ops if op.kind == "loss" for t in op.inputs}
+        layer_of = {name: i for b in self.graph.blocks[:1] for i, layer in enumerate(b.layers) for name in layer}
+        worst = 0.0
+        units: dict[int, float] = {}
+        for op in ops:
             cfgs = op_configs(op, mesh, self.graph.batch_label)
-            lean = min(op.output.numel / shard_factor(output_placement(c, op), mesh) for c in cfgs)
-            worst = max(worst, 2 * lean * self.esize(op.output))
+            if op.kind != "loss" and op.output.numel not in logits:
+                lean = min(op.output.numel / shard_factor(output_placement(c, op), mesh) for c in cfgs)
+                worst = max(worst, 2 * lean * self.esize(op.output))
             if zero == 3 and op.params:
-                lean_w = min(sum(p.numel / shard_factor(param_placement(c, p.dims), mesh) for p in op.params)
+                lean_w = min(sum(p.numel / shard_factor(param_placement(c, p.dims), mesh) for p in op.params if p.owner)
                              for c in cfgs)
-                gathered = max(gathered, lean_w * self.bytes.param)
+                u = layer_of.get(op.name, -1)
+                units[u] = units.get(u, 0.0) + lean_w * self.bytes.param
+        blocks = sorted((v for u, v in units.items() if u >= 0), reverse=True)
+        gathered = units.get(-1, 0.0) + sum(blocks[:2])
         if self.profile is not None:  # calibrated framework and allocator overhead per rank
             return worst + gathered + self.profile.memory_overhead
         return worst + gathered
+
+
+def sync_unit_shares(graph: OpGraph) -> dict[str, float]:
+    """Each owned parameter's share of the elements of its FSDP2 unit: its block layer (the
+    first block stack's layers are wrapped one by one) or the root (everything else), as
+    worker.parallelize wraps them. A unit's gradient (and ZeRO parameter) collective is one call."""
+    layer_of = {name: i for b in graph.blocks[:1] for i, layer in enumerate(b.layers) for name in layer}
+    owned = [(p.name, p.numel, layer_of.get(op.name, -1)) for op in graph.ops for p in op.params if p.owner]
+    totals: dict[int, float] = {}
+    for _, numel, u in owned:
+        totals[u] = totals.get(u, 0.0) + numel
+    return {name: numel / totals[u] if totals[u] > 0 else 1.0 for name, numel, u in owned}
+
+
+def runs_on_dtensor(op: Op, cfg: Config, mesh: Mesh) -> bool:
+    """Whether the executor runs `op` on DTensors: an op with parameters split (or, for a
+    sequence-parallel norm, its input split) on a tensor axis, which a parallel style wraps."""
+    return bool(op.params) and any(ax.role == TENSOR and ax.size > 1 and lab is not None
+                                   for ax, lab in zip(mesh.axes, cfg, strict=True))
 
 
 def _pairwise(src: list[str], dst: list[str], f, dtype=np.int64) -> np.ndarray:

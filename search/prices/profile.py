@@ -118,7 +118,9 @@ class Calibration(BaseModel):
     """Correction factors fitted to measured runs (profiler.calibrate)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    compute: dict[str, float] = Field(default_factory=dict, description="factor per op kind (and 'optimizer')")
+    compute: dict[str, float] = Field(default_factory=dict, description="factor per op kind, or '*' for every kind; "
+                                      "'optimizer' for the optimizer step, 'dtensor' for tensor parallelism's "
+                                      "DTensor dispatch")
     comm: dict[str, float] = Field(default_factory=dict, description="factor per mesh axis name")
     memory_overhead_bytes: int = Field(default=0, description="added to every rank's peak memory")
     reports: int = Field(default=0, ge=0, description="how many measured runs the factors were fitted to")
@@ -134,6 +136,23 @@ class Calibration(BaseModel):
             if not math.isfinite(f) or f <= 0:
                 raise ValueError(f"factor {k!r} must be a positive finite number, got {f!r}")
         return v
+
+
+class Overheads(BaseModel):
+    """Framework costs beside the ops' own compute (profiler.overheads), seconds: the AdamW
+    step's cost per parameter tensor (foreach=False), on a plain tensor and on a DTensor, and the
+    extra cost of one op run under a tensor-parallel style (DTensor dispatch, forward and
+    backward, with the conversions of its input and output)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    optimizer_tensor: float = 0.0
+    optimizer_dtensor: float = 0.0
+    dtensor_op: float = 0.0
+
+    @field_validator("optimizer_tensor", "optimizer_dtensor", "dtensor_op")
+    @classmethod
+    def _check(cls, v: float) -> float:
+        return _finite_nonneg(v, "an overhead")
 
 
 class HostInfo(BaseModel):
@@ -171,6 +190,8 @@ class DeviceProfile(BaseModel):
     ops: dict[str, OpEntry] = Field(default_factory=dict)
     collectives: list[CollectiveFit] = Field(default_factory=list)
     optimizer: dict[str, LinearFit] = Field(default_factory=dict, description="AdamW step per precision; x = elements")
+    overheads: Overheads | None = Field(default=None, description="framework costs per parameter tensor and per "
+                                        "tensor-parallel op (profiler.overheads)")
     calibration: Calibration | None = None
     models: list[ProfiledModel] = Field(default_factory=list)
     seconds: float = Field(default=0.0, ge=0.0, description="profiling time spent on this profile, all runs")
@@ -322,7 +343,7 @@ class ProfileLookup:
         the roofline (backward = 2x forward) when the signature was not profiled."""
         sig = self.signature(op, mesh, cfg)
         entry = self.profile.ops.get(sig)
-        f = self.compute_factors.get(op.kind, 1.0)
+        f = self.compute_factor(op.kind)
         if entry is None:
             self.missing.add(sig)
             return f * roofline_fwd, f * 3.0 * roofline_fwd, False
@@ -338,15 +359,34 @@ class ProfileLookup:
             return 1.0
         return max(1.0, ranks_per_host * host.threads / host.cpu_count)
 
-    def optimizer(self, elements: float, roofline: float) -> tuple[float, bool]:
-        """Seconds of the optimizer step over `elements` parameters on one rank."""
-        f = self.compute_factors.get("optimizer", 1.0)
+    def compute_factor(self, kind: str) -> float:
+        """The calibrated factor of an op kind (or 'optimizer'): its own, else the one every kind
+        shares ('*'), else 1."""
+        return self.compute_factors.get(kind, self.compute_factors.get("*", 1.0))
+
+    def optimizer(self, elements: float, roofline: float, tensors: float = 0.0, dtensor: bool = False
+                  ) -> tuple[float, bool]:
+        """Seconds of the optimizer step over `elements` parameter elements in `tensors` parameter
+        tensors on one rank (`dtensor`: DTensor parameters). With the profile's measured
+        overheads, the per-element rate of the fit plus a cost per tensor; without them, the
+        fit as it stands (its latency paid once per op)."""
+        f = self.compute_factor("optimizer")
         if elements <= 0:
             return 0.0, True
         fit = self.profile.optimizer.get(self.precision)
         if fit is None:
             return f * roofline, False
-        return f * fit(elements), True
+        ov = self.profile.overheads
+        if ov is None:
+            return f * fit(elements), True
+        per_tensor = ov.optimizer_dtensor if dtensor else ov.optimizer_tensor
+        return f * (fit.beta * elements + per_tensor * tensors), True
+
+    def dtensor_op(self) -> float:
+        """Seconds one op run under a tensor-parallel style adds (DTensor dispatch, forward and
+        backward), with its own calibration factor ('dtensor'); 0 without measured overheads."""
+        ov = self.profile.overheads
+        return self.compute_factor("dtensor") * ov.dtensor_op if ov is not None else 0.0
 
     def collective(self, kind: str, group_size: int) -> CollectiveFit | None:
         fit = self._fits.get((kind, group_size))
