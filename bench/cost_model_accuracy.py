@@ -13,13 +13,17 @@ measured iteration time (median of the slowest rank over the timed steps) and pe
 device (max over ranks; CPU allocator events from the profiler), with the relative errors, then
 the median absolute errors against the targets (time 10%, memory 5%).
 
---held-out measures what a calibrated profile is worth on plans it never saw: it profiles this
-machine (or takes --profile), runs a CALIBRATION set - every runnable frontier plan and baseline of
---calibrate-on (gpt2-tiny) - fits the profile's calibration to those runs alone (one compute factor
-for every op kind, one communication factor per mesh axis, a memory overhead per rank;
-profiler/calibrate.py), then searches --held-out-model (llama-tiny) with the calibrated profile and
-runs its frontier plans and baselines, which calibration never saw. Its last line is
-`held-out: median |time error| X%, median |memory error| Y% over N plans`; --write-accuracy also
+--held-out measures what a calibrated profile is worth on plans it never saw. It profiles this
+machine (or takes --profile), picks a CALIBRATION set - every runnable frontier plan and baseline
+of --calibrate-on (gpt2-tiny) - and a HELD-OUT set - those of --held-out-model (llama-tiny) - and
+runs both, interleaved, twice (the second round in reverse order, so that a load on the shared
+host that comes and goes weighs on both sets alike; a plan's time is the median over both
+rounds' timed steps, global batch 16). It fits the profile's calibration to the calibration
+runs alone (profiler/calibrate.py, shared_compute: one compute factor for every op kind, a sync
+cost per collective call, a memory overhead per rank; the framework overheads the profile
+measured are kept as measured), prices the held-out plans with the calibrated profile and
+prints both tables, the timing noise (how far a plan's two rounds differ) and, last,
+`held-out: median |time error| X%, median |memory error| Y% over N plans`. --write-accuracy also
 writes those figures into search/prices/accuracy.json.
 
 Without a profile the cost model prices this machine as the catalog's 'cpu' (a 32-core Xeon
@@ -40,12 +44,13 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
-from search import RunReport
+from search import Errors, Predicted, RunReport, rel_error
 from search.plans.api import SearchRequest, run_search
 from search.plans.plan import Plan
 from search.prices.cluster import format_size
 from worker.analyze import Unsupported, analyze
 from worker.launch import Progress, check_capacity, make_report, run_jobs
+from worker.measure import spread
 from worker.reference import reference_losses
 from worker.spec import Job, RunSettings
 
@@ -82,9 +87,9 @@ def pct(x: float | None) -> str:
     return f"{x * 100:+.0f}%" if x is not None else "-"
 
 
-def run_set(labelled: list, steps: int, warmup: int) -> list[RunReport]:
+def run_set(labelled: list, steps: int, warmup: int, measure_memory: bool = True) -> list[RunReport]:
     """Run (model, label, ExecSpec) triples in one torchrun launch; a RunReport each."""
-    settings = RunSettings(steps=steps, warmup=warmup)
+    settings = RunSettings(steps=steps, warmup=warmup, measure_memory=measure_memory)
     jobs = [Job(spec=spec, settings=settings) for _, _, spec in labelled]
     bar = Progress(jobs)
     started = datetime.now(UTC)
@@ -162,8 +167,33 @@ def profile_machine(models: list[str], args: argparse.Namespace):
     return prof
 
 
+def merge_rounds(first: RunReport, second: RunReport, time_s: float, memory_bytes: float) -> RunReport:
+    """One report of a plan run twice: the median over both rounds' timed steps, the higher peak
+    memory, and the errors against the prediction given (time_s, memory_bytes)."""
+    n = len(first.measured.step_times_s)
+    steps = first.measured.step_times_s + second.measured.step_times_s
+    timed = first.measured.timed_steps + [n + i for i in second.measured.timed_steps]
+    times = [steps[i] for i in timed]
+    mems = [m for m in (first.measured.memory_bytes, second.measured.memory_bytes) if m is not None]
+    measured = first.measured.model_copy(update={
+        "time_s": statistics.median(times), "time_spread": spread(times), "step_times_s": steps,
+        "timed_steps": timed, "memory_bytes": max(mems) if mems else None})
+    predicted = Predicted(time_s=time_s, memory_bytes=int(round(memory_bytes)))
+    errors = Errors(time=rel_error(measured.time_s, predicted.time_s),
+                    memory=rel_error(measured.memory_bytes, predicted.memory_bytes))
+    plan = {**first.plan, "predicted": {**first.plan["predicted"], **predicted.model_dump()}}
+    merged = first.model_copy(update={"measured": measured, "predicted": predicted, "errors": errors, "plan": plan,
+                                      "steps": first.steps + second.steps, "losses": first.losses + second.losses,
+                                      "finished": second.finished})
+    return RunReport.model_validate(merged.model_dump())
+
+
 def held_out(args: argparse.Namespace) -> None:
-    from profiler.calibrate import calibrate
+    """Calibrate on one model's runs, score on another's (see the module docstring). Both sets run
+    interleaved, twice (the second round in reverse order), so that a load on the host that
+    comes and goes weighs on both sets alike; a plan's time is the median over both rounds'
+    timed steps."""
+    from profiler.calibrate import calibrate, price_plan
     from search.prices.profile import load_profile
 
     start = time.perf_counter()
@@ -173,31 +203,54 @@ def held_out(args: argparse.Namespace) -> None:
     prof = load_profile(args.profile) if args.profile else profile_machine(models, args)
     assert prof is not None
     prof = prof.model_copy(update={"calibration": None})  # calibrated here, from this run's set alone
+    if args.save_profile:
+        prof.dump(args.save_profile)
+    as_json = prof.model_dump(mode="json")
+    calib, refused_c = collect([args.calibrate_on], args, as_json)
+    held, refused_h = collect([args.held_out_model], args, as_json)
+    both = calib + held
+    order = [i for pair in zip(range(len(calib)), range(len(calib), len(both)), strict=False) for i in pair]
+    order += [i for i in range(len(both)) if i not in order]
+    per_round = args.steps // 2
+    rounds: list[dict[int, RunReport]] = []
+    for r, seq in enumerate((order, order[::-1])):
+        reps = run_set([both[i] for i in seq], per_round, args.warmup, measure_memory=(r == 0))
+        rounds.append(dict(zip(seq, reps, strict=True)))
+    gaps = [abs(rounds[0][i].measured.time_s - rounds[1][i].measured.time_s)
+            / ((rounds[0][i].measured.time_s + rounds[1][i].measured.time_s) / 2) for i in range(len(both))]
 
-    calib, refused_c = collect([args.calibrate_on], args, prof.model_dump(mode="json"))
-    print(f"\nCALIBRATION set: {len(calib)} plans of {args.calibrate_on}, {args.devices} gloo processes, fp32, "
-          f"global batch {args.global_batch}, {args.steps} steps ({args.warmup} warm-up); predicted from the "
-          f"uncalibrated profile")
-    c_reports = run_set(calib, args.steps, args.warmup)
+    c_reports = [merge_rounds(rounds[0][i], rounds[1][i], rounds[0][i].predicted.time_s,
+                              rounds[0][i].predicted.memory_bytes) for i in range(len(calib))]
+    print(f"\n{args.devices} gloo processes on this machine ({machine()}), fp32, global batch {args.global_batch}; "
+          f"every plan run twice ({per_round} steps, {args.warmup} warm-up, each round), both sets interleaved")
+    print(f"\nCALIBRATION set: {len(calib)} plans of {args.calibrate_on}, predicted from the uncalibrated profile")
     print_table(calib, c_reports)
     res = calibrate(c_reports, prof, shared_compute=True)
     cal = res.profile.calibration
     assert cal is not None
     print(res.line())
-    print(f"factors: compute {cal.compute}, comm {cal.comm}, memory overhead {format_size(cal.memory_overhead_bytes)}")
+    print(f"calibration: compute factor {cal.compute.get('*', 1.0):.3g} (beyond the profile's contention "
+          f"{prof.host.threads * args.devices_per_node / max(prof.host.cpu_count, 1):.3g}), sync "
+          f"{cal.sync_s * 1e3:.2f} ms per collective waited on, memory overhead {format_size(cal.memory_overhead_bytes)}")
 
-    held, refused_h = collect([args.held_out_model], args, res.profile.model_dump(mode="json"))
-    print(f"\nHELD-OUT set: {len(held)} plans of {args.held_out_model} (searched and predicted with the "
-          f"calibrated profile; no run of this model was used to calibrate)")
-    h_reports = run_set(held, args.steps, args.warmup)
+    h_reports = []
+    for i in range(len(calib), len(both)):
+        t, m = price_plan(both[i][2].plan, res.profile)
+        h_reports.append(merge_rounds(rounds[0][i], rounds[1][i], t, m))
+    print(f"\nHELD-OUT set: {len(held)} plans of {args.held_out_model} (its frontier and baselines), predicted with "
+          f"the calibrated profile; no run of this model was used to calibrate")
     t_err, m_err = print_table(held, h_reports)
-    print_losses(calib + held, c_reports + h_reports, args.steps, args.global_batch)
+    print()
+    print_losses(both, [rounds[0][i] for i in range(len(both))], per_round, args.global_batch)
+    print(f"timing noise: the two rounds' medians of a plan differ by {statistics.median(gaps):.0%} (median over "
+          f"{len(gaps)} plans; max {max(gaps):.0%})")
     print_refused(refused_c + refused_h)
     if args.reports:
         out = Path(args.reports)
         out.mkdir(parents=True, exist_ok=True)
         for i, rep in enumerate(c_reports + h_reports):
             (out / f"run-{i:02d}.json").write_text(rep.model_dump_json(indent=1))
+        res.profile.dump(out / "calibrated-profile.json")
     x, y, n = statistics.median(t_err), statistics.median(m_err), len(h_reports)
     if args.write_accuracy:
         ACCURACY.write_text(json.dumps({
@@ -218,7 +271,7 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=4)
     ap.add_argument("--devices-per-node", type=int, default=4, help="all processes share this machine (default 4)")
     ap.add_argument("--global-batch", type=int, default=None, help="default 8 (--held-out: 16)")
-    ap.add_argument("--steps", type=int, default=None, help="default 20 (--held-out: 25)")
+    ap.add_argument("--steps", type=int, default=None, help="default 20 (--held-out: 40, in two rounds of 20)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile", help="a DeviceProfile JSON of this machine to price with")
     ap.add_argument("--reports", help="folder to write every RunReport JSON into")
@@ -227,10 +280,11 @@ def main() -> None:
     ap.add_argument("--calibrate-on", default="gpt2-tiny", help="--held-out: the model whose runs calibrate")
     ap.add_argument("--held-out-model", default="llama-tiny", help="--held-out: the model scored")
     ap.add_argument("--write-accuracy", action="store_true", help="--held-out: write search/prices/accuracy.json")
+    ap.add_argument("--save-profile", help="--held-out: write the (uncalibrated) profile used to this file")
     args = ap.parse_args()
     if args.held_out:
         args.global_batch = args.global_batch or 16
-        args.steps = args.steps or 25
+        args.steps = args.steps or 40  # two rounds of 20
         held_out(args)
         return
     args.global_batch = args.global_batch or 8

@@ -30,6 +30,7 @@ from search.prices.profile import Calibration, DeviceProfile, ProfileLookup
 FACTOR_MIN, FACTOR_MAX = 0.02, 50.0
 PRIOR_WEIGHT = 0.01  # a factor 1.0 away from its prior costs what a 1% error on one run does
 SHARED_FIXED = {"optimizer": 1.0, "dtensor": 1.0}  # not fitted under shared_compute
+SYNC = "sync"  # under shared_compute: the sync cost per collective call, fitted in milliseconds
 
 
 # ---- reading reports ---------------------------------------------------------------------------
@@ -68,6 +69,14 @@ class PlanParts:
                 + sum(comm.get(a, 1.0) * v for a, v in self.comm.items()))
 
 
+def price_plan(plan: dict[str, Any], profile: DeviceProfile) -> tuple[float, float]:
+    """A (non-pipelined) Plan's predicted iteration time and peak memory per device, priced
+    with `profile` as it stands - its calibration included - whatever profile the plan was
+    searched with."""
+    parts = Recoster(profile, as_is=True).parts(plan)
+    return parts.base, parts.memory
+
+
 def plan_parts(plan: dict[str, Any], profile: DeviceProfile) -> PlanParts:
     """Re-cost a (non-pipelined) Plan with `profile`'s measurements, split by factor."""
     return Recoster(profile).parts(plan)
@@ -78,8 +87,10 @@ class Recoster:
     one model, cluster and job share the captured graph, and those on one mesh and ZeRO stage
     share the cost tables, which are built once per factor setting."""
 
-    def __init__(self, profile: DeviceProfile, shared_compute: bool = False) -> None:
-        self.profile = profile.model_copy(update={"calibration": None})
+    def __init__(self, profile: DeviceProfile, shared_compute: bool = False, as_is: bool = False) -> None:
+        # as_is: price with the profile's calibration, all of it in `base` (see price_plan)
+        self.as_is = as_is
+        self.profile = profile if as_is else profile.model_copy(update={"calibration": None})
         # shared: one compute factor ('*') for every op kind; the framework overheads the profile
         # measured apart (the optimizer step per tensor, DTensor dispatch) are taken as measured
         self.shared_compute = shared_compute
@@ -113,8 +124,18 @@ class Recoster:
         tkey = (key, mesh, zero, setting)
         if tkey not in self._tables:
             graph, cluster, job, lookup = resolved
+            if self.as_is:
+                cm = CostModel(graph, cluster, job, profile=lookup)
+                ops, edges = tables(graph, cm, mesh, zero)
+                self._tables[tkey] = (ops, edges, cm.buffers(mesh, zero=zero))
+                return self._tables[tkey]
             lookup.compute_factors = {**self.fixed, **{k: float(setting == ("c", k)) for k in kinds}}
-            lookup.comm_factors = {a: float(setting == ("a", a)) for a in axes}
+            if self.shared_compute:  # the collective fits as measured, plus a sync cost per call (in ms)
+                lookup.comm_factors = {a: 1.0 for a in axes}
+                lookup.sync = 1e-3 * float(setting == ("a", SYNC))
+            else:
+                lookup.comm_factors = {a: float(setting == ("a", a)) for a in axes}
+                lookup.sync = 0.0
             lookup.memory_overhead = 0.0
             cm = CostModel(graph, cluster, job, profile=lookup)
             ops, edges = tables(graph, cm, mesh, zero)
@@ -152,8 +173,11 @@ class Recoster:
 
         none = run(("", ""))
         base = float(none["time"][0])
+        if self.as_is:
+            return PlanParts(base=base, compute={}, comm={}, memory=float(none["memory"][0]))
         compute = {k: float(run(("c", k))["time"][0]) - base for k in kinds}
-        comm = {a: float(run(("a", a))["time"][0]) - base for a in axes}
+        fitted_axes = ((SYNC,) if axes else ()) if self.shared_compute else axes
+        comm = {a: float(run(("a", a))["time"][0]) - base for a in fitted_axes}
         return PlanParts(base=base, compute={k: v for k, v in compute.items() if v > 0},
                          comm={a: v for a, v in comm.items() if v > 0}, memory=float(none["memory"][0]))
 
@@ -279,15 +303,20 @@ def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProf
     if not parts:
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
         raise InputError(f"no run report could be used for calibration ({why})")
+    if shared_compute:  # comm factors stay as they are; the sync cost is fitted (in ms) in their place
+        a0 = {SYNC: 1e3 * (cal0.sync_s if cal0 else 0.0)}
+        c0 = {"*": c0.get("*", 1.0)}
     compute, comm = fit_factors(parts, t_meas, c0, a0)
     compute.update(recoster.fixed)
     overhead = float(statistics.median(m - p.memory for m, p in zip(m_meas, parts, strict=True)))
     before_t = _median_rel([p.time(c0, a0) for p in parts], t_meas)
     after_t = _median_rel([p.time(compute, comm) for p in parts], t_meas)
+    sync_s = 1e-3 * comm.pop(SYNC, 0.0) if shared_compute else (cal0.sync_s if cal0 else 0.0)
     before_m = _median_rel([p.memory + o0 for p in parts], m_meas)
     after_m = _median_rel([p.memory + overhead for p in parts], m_meas)
     cal = Calibration(compute={k: round(v, 6) for k, v in compute.items()}, comm={k: round(v, 6) for k, v in comm.items()},
-                      memory_overhead_bytes=int(round(overhead)), reports=len(parts), time_error_before=before_t,
+                      memory_overhead_bytes=int(round(overhead)), sync_s=sync_s, reports=len(parts),
+                      time_error_before=before_t,
                       time_error_after=after_t, memory_error_before=before_m, memory_error_after=after_m)
     out = profile.model_copy(update={"calibration": cal}, deep=True)
     return CalibrationResult(profile=out, runs=len(parts), skipped=skipped, time_error_before=before_t,

@@ -8,7 +8,10 @@ The op timings (profiler.ops) run each op alone on plain tensors. A step run by 
   through DTensor's dispatch;
 - tensor parallelism's DTensor dispatch per op: a module under a parallel style converts its
   input to a DTensor, runs its op on DTensor parameters (sharding propagation on every aten call,
-  forward and backward) and converts the output back.
+  forward and backward) and converts the output back;
+- activation checkpointing's own work per recomputed op, beyond running its forward again: the
+  non-reentrant checkpoint packs every tensor autograd saves through a hook in the forward, and in
+  the backward unpacks them by re-running the region under a second set of hooks.
 
 Both are timed here in one process on a one-rank device mesh (DTensor's dispatch does the same
 work whatever the mesh size; the collectives a larger mesh adds are priced by the collective
@@ -88,4 +91,39 @@ def time_overheads(repeats: int = 30, tensors: int = 32, width: int = 64) -> Ove
 
         t_base = _median_time(step(base), repeats)
         t_styled = _median_time(step(styled), repeats)
-    return Overheads(optimizer_tensor=t_plain, optimizer_dtensor=t_dt, dtensor_op=max(t_styled - t_base, 0.0))
+    return Overheads(optimizer_tensor=t_plain, optimizer_dtensor=t_dt, dtensor_op=max(t_styled - t_base, 0.0),
+                     recompute_op=recompute_per_op(repeats, width=width))
+
+
+def recompute_per_op(repeats: int, width: int = 64, rows: int = 256, layers: int = 4) -> float:
+    """Seconds per op that a non-reentrant checkpoint of a block of small ops (Linear, GELU) adds
+    beyond running its forward once more: (checkpointed step - plain step - forward) / ops. The
+    three are timed in turn within each repeat, so that a load on the host weighs on all three."""
+    from torch.utils.checkpoint import checkpoint
+
+    block = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.GELU())])
+    x = torch.randn(rows, width, requires_grad=True)
+    n_ops = 2 * layers
+
+    def plain() -> None:
+        block.zero_grad(set_to_none=True)
+        block(x).sum().backward()
+
+    def forward() -> None:
+        with torch.no_grad():
+            block(x)
+
+    def checkpointed() -> None:
+        block.zero_grad(set_to_none=True)
+        checkpoint(block, x, use_reentrant=False).sum().backward()
+
+    extra = []
+    for i in range(repeats + 3):
+        t = []
+        for fn in (plain, forward, checkpointed):
+            t0 = time.perf_counter()
+            fn()
+            t.append(time.perf_counter() - t0)
+        if i >= 3:
+            extra.append((t[2] - t[0] - t[1]) / n_ops)
+    return max(statistics.median(extra), 0.0)

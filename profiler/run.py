@@ -150,7 +150,7 @@ def run_profile(model: str | None, devices: int, device: str | None = None, devi
     cluster = make_cluster(target.spec, devices, devices_per_node)
     group_sizes = sorted({ax.size for mesh in mesh_candidates(cluster) for ax in mesh.axes if ax.size > 1})
     have = {(f.kind, f.group_size) for f in base.collectives} if base is not None else set()
-    need = [g for g in group_sizes if any((k, g) not in have for k in COLLECTIVE_KINDS[:4])]
+    need = [g for g in group_sizes if any((k, g) not in have for k in (*COLLECTIVE_KINDS[:4], "broadcast"))]
     need_p2p = devices >= 2 and ("send_recv", 2) not in have
     if need or need_p2p:
         check_capacity(devices, target.dist_backend)  # before anything long

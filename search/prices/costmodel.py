@@ -130,6 +130,12 @@ class EdgeCosts:
     mem: np.ndarray           # [Cu, Cv] activation bytes
     comm: np.ndarray          # [Cu, Cv, n_axes]
     estimated: bool = True    # collectives priced from the cluster's links, not a measured profile
+    time_rc: np.ndarray | None = None  # [Cu, Cv] when the consumer's layer is recomputed: its forward
+    #                                    collectives run again in the recomputation (None: as `time`)
+
+    @property
+    def recomputed_time(self) -> np.ndarray:
+        return self.time if self.time_rc is None else self.time_rc
 
 
 def recomputed_mem(mem: np.ndarray) -> np.ndarray:
@@ -141,8 +147,9 @@ def add_edges(a: EdgeCosts | None, b: EdgeCosts) -> EdgeCosts:
     """Two tables over the same pair of ops as one (an edge and a pair constraint between them)."""
     if a is None:
         return b
+    time_rc = None if a.time_rc is None and b.time_rc is None else a.recomputed_time + b.recomputed_time
     return EdgeCosts(src=a.src, dst=a.dst, time=a.time + b.time, mem=a.mem + b.mem, comm=a.comm + b.comm,
-                     estimated=a.estimated)
+                     estimated=a.estimated, time_rc=time_rc)
 
 
 class CostModel:
@@ -162,6 +169,7 @@ class CostModel:
         consumers = graph.consumers()
         self.bounds = Boundaries(graph)
         self._unit_share = sync_unit_shares(graph)
+        self._grad_bytes = graph.param_count() * self.bytes.grad  # what DDP's buckets hold
         self._output_saved = {
             op.name: op.saves in ("output", "attention")
             or any(graph.op(c).saves in ("inputs", "attention") for c, _ in consumers[op.name])
@@ -205,7 +213,9 @@ class CostModel:
                     if fit is not None:
                         alpha[kind], beta[kind] = fit.alpha, fit.beta
             f = profile.comm_factor(ax.name)
-            self._coef[key] = (alpha * f, beta * f)
+            # a collective waited on between two computations also pays the calibrated sync cost
+            sync = np.where(np.arange(len(alpha)) != NONE, profile.sync, 0.0) if ax.size > 1 else 0.0
+            self._coef[key] = (alpha * f + sync, beta * f)
         return self._coef[key]
 
     def _comm_measured(self, mesh: Mesh) -> bool:
@@ -218,14 +228,30 @@ class CostModel:
         parameter pays the latency in proportion to its `share` of the call (additive, so
         frontiers stay exact). FSDP2 (fully_shard, and replicate for ZeRO-0) issues one collective
         per wrapped unit - each block layer and the root - whatever its size: `share` is the
-        parameter's share of its unit's elements. Without `share`, DDP's buckets: its share of
-        a 25 MiB bucket."""
+        parameter's share of its unit's elements. Without `share`, DDP's buckets: its share of the
+        model's gradients times the number of 25 MiB buckets they fill."""
         if kind == NONE or mesh.axes[axis].size == 1:
             return 0.0
         alpha, beta = self.collective_coefficients(mesh, axis)
-        if share is None:
-            share = min(1.0, nbytes / BUCKET_BYTES)
+        if share is None:  # DDP's buckets: the last one, however small, is a call of its own
+            total = self._grad_bytes
+            share = nbytes / total * math.ceil(total / BUCKET_BYTES) if total > 0 else min(1.0, nbytes / BUCKET_BYTES)
         return float(alpha[kind] * share + beta[kind] * nbytes)
+
+    def broadcast_time(self, mesh: Mesh, axis: int, nbytes: float) -> float:
+        """One of ZeRO-1's parameter broadcasts of `nbytes` on an axis: the profile's fit for the
+        axis size when it has one, else priced as an all-gather of the message. ZeroRedundancy-
+        Optimizer issues them all asynchronously and waits once, back to back as the profiler
+        times them, so the axis's calibration factor - what a collective waited on between two
+        computations costs beyond its back-to-back time - does not apply."""
+        ax = mesh.axes[axis]
+        if ax.size == 1:
+            return 0.0
+        if self.profile is not None:
+            fit = self.profile.collective("broadcast", ax.size)
+            if fit is not None:
+                return fit(nbytes)
+        return self.collective_time(mesh, axis, ALL_GATHER, nbytes)
 
     def collective_time(self, mesh: Mesh, axis: int, kind: int, nbytes: float) -> float:
         if kind == NONE or mesh.axes[axis].size == 1:
@@ -242,8 +268,8 @@ class CostModel:
             fit = self.profile.collective("send_recv", 2)
             f = self.profile.comm_factor("pp")
             if fit is not None:
-                return fit.alpha * f, fit.beta * f
-            return lat * f, f / bw
+                return fit.alpha * f + self.profile.sync, fit.beta * f
+            return lat * f + self.profile.sync, f / bw
         return lat, 1.0 / bw
 
     # ---- ops --------------------------------------------------------------------------------
@@ -270,6 +296,8 @@ class CostModel:
         b = self.bytes
         out_numel = op.output.numel
         measured, comm_ok = self.profile is not None, self._comm_measured(mesh)
+        # recomputing an op also pays the checkpoint's own work (profile; host contention as ops)
+        rc_extra = self.profile.recompute_op() * self.contention if self.profile is not None else 0.0
         # FSDP2 (ZeRO 0, 2, 3) makes every parameter a DTensor; ZeRO-1's DDP keeps plain tensors
         data_parallel = any(ax.role == DATA and ax.size > 1 for ax in mesh.axes)
         r_opt = math.prod(ax.size for ax in mesh.axes if ax.role == DATA)
@@ -297,10 +325,16 @@ class CostModel:
                 for ai in group:
                     n = mesh.axes[ai].size
                     g, w = local * b.grad, local * b.param
-                    if zero == 0 or ai not in sharded:
+                    if zero in (0, 1) or ai not in sharded:
                         steps = [(ALL_REDUCE, g)]
                     else:  # reduce-scatter gradients, all-gather updated (stage 3: also used) params
                         steps = [(REDUCE_SCATTER, g)] + [(ALL_GATHER, w)] * (2 if zero == 3 else 1)
+                    if zero == 1 and ai in sharded:
+                        # ZeRO-1 runs as DDP (gradients all-reduced in buckets) and
+                        # ZeroRedundancyOptimizer, whose owners broadcast each updated parameter
+                        # tensor: one broadcast per tensor, every rank taking part
+                        t_sync += self.broadcast_time(mesh, ai, w)
+                        comm[ci, ai] += w * (n - 1) / n
                     # on a data axis FSDP2 syncs a unit per call (ZeRO-1's DDP: buckets); on a
                     # tensor axis each partial gradient is all-reduced by a hook of its own
                     share = (1.0 if mesh.axes[ai].role != DATA else
@@ -332,7 +366,7 @@ class CostModel:
                 measured &= ok and ok_opt and (t_sync == 0.0 or comm_ok)
                 time[ci] = t_fb + t_sync + t_opt
             step[ci] = t_sync + t_opt
-            fwd[ci] = t_fwd
+            fwd[ci] = t_fwd + rc_extra
             parts[ci, 3] = self._saved_bytes(op, cfg, mesh, out_local, in_locals)
         parts_rc = parts.copy()
         if not checkpoint:
@@ -370,6 +404,7 @@ class CostModel:
         n_axes = len(mesh.axes)
         Cu, Cv = len(prod_cfgs), len(cons_cfgs)
         time = np.zeros((Cu, Cv))
+        time_fwd = np.zeros((Cu, Cv))
         mem = np.zeros((Cu, Cv))
         comm = np.zeros((Cu, Cv, n_axes))
         pays = self.bounds.pays(prod.name, cons.name)
@@ -416,7 +451,10 @@ class CostModel:
                 bk = _kind_matrix([p[a] for p in out_gpl], [p[a] for p in in_gpl], forward=False)
                 n = mesh.axes[a].size
                 for kinds in (fk, bk):
-                    time += np.where(kinds != NONE, alpha[kinds] + beta[kinds] * other[:, None], 0.0)
+                    t_kind = np.where(kinds != NONE, alpha[kinds] + beta[kinds] * other[:, None], 0.0)
+                    time += t_kind
+                    if kinds is fk:
+                        time_fwd += t_kind
                     vol = np.select([kinds == ALL_REDUCE, kinds == ALL_TO_ALL, kinds != NONE],
                                     [2.0 * (n - 1) / n, (n - 1) / n / n, (n - 1) / n], 0.0)
                     comm[:, :, a] += vol * other[:, None]
@@ -424,11 +462,15 @@ class CostModel:
             if pays and keeps_input:
                 local_in = np.array([t.numel / shard_factor(p, mesh) * self.esize(t) for p in in_pl])
                 mem += np.where(changed, local_in[None, :], 0.0)
+        # recomputing the consumer's layer runs its forward again, the collectives its modules'
+        # hooks and styles perform included (Megatron's recomputation pays them twice too)
+        time_rc = time + time_fwd
         if blocked.any():
             time = np.where(blocked, INFEASIBLE, time)
+            time_rc = np.where(blocked, INFEASIBLE, time_rc)
             mem = np.where(blocked, INFEASIBLE, mem)
         return EdgeCosts(src=prod.name, dst=cons.name, time=time, mem=mem, comm=comm,
-                         estimated=not self._comm_measured(mesh))
+                         estimated=not self._comm_measured(mesh), time_rc=time_rc if time_fwd.any() else None)
 
     def pair_costs(self, pair: Pair, mesh: Mesh, cfgs_a: list[Config], cfgs_b: list[Config]) -> EdgeCosts:
         """A pair constraint as an edge between its two ops: free where they agree (the readers of
