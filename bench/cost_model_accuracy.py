@@ -20,8 +20,8 @@ runs both, interleaved, twice (the second round in reverse order, so that a load
 host that comes and goes weighs on both sets alike; a plan's time is the median over both
 rounds' timed steps, global batch 16). It fits the profile's calibration to the calibration
 runs alone (profiler/calibrate.py, shared_compute: one compute factor for every op kind, a sync
-cost per collective call, a memory overhead per rank; the framework overheads the profile
-measured are kept as measured), prices the held-out plans with the calibrated profile and
+cost per collective call, a framework cost per op, a memory overhead per rank; the overheads and
+collective fits the profile measured are kept as measured), prices the held-out plans with the calibrated profile and
 prints both tables, the timing noise (how far a plan's two rounds differ) and, last,
 `held-out: median |time error| X%, median |memory error| Y% over N plans`. --write-accuracy also
 writes those figures into search/prices/accuracy.json.
@@ -231,7 +231,8 @@ def held_out(args: argparse.Namespace) -> None:
     print(res.line())
     print(f"calibration: compute factor {cal.compute.get('*', 1.0):.3g} (beyond the profile's contention "
           f"{prof.host.threads * args.devices_per_node / max(prof.host.cpu_count, 1):.3g}), sync "
-          f"{cal.sync_s * 1e3:.2f} ms per collective waited on, memory overhead {format_size(cal.memory_overhead_bytes)}")
+          f"{cal.sync_s * 1e3:.2f} ms per collective waited on, {cal.op_s * 1e3:.3f} ms per op, memory overhead "
+          f"{format_size(cal.memory_overhead_bytes)}")
 
     h_reports = []
     for i in range(len(calib), len(both)):

@@ -31,6 +31,7 @@ FACTOR_MIN, FACTOR_MAX = 0.02, 50.0
 PRIOR_WEIGHT = 0.01  # a factor 1.0 away from its prior costs what a 1% error on one run does
 SHARED_FIXED = {"optimizer": 1.0, "dtensor": 1.0}  # not fitted under shared_compute
 SYNC = "sync"  # under shared_compute: the sync cost per collective call, fitted in milliseconds
+OPS = "ops"    # under shared_compute: the framework cost per op of a step, fitted in milliseconds
 
 
 # ---- reading reports ---------------------------------------------------------------------------
@@ -130,12 +131,14 @@ class Recoster:
                 self._tables[tkey] = (ops, edges, cm.buffers(mesh, zero=zero))
                 return self._tables[tkey]
             lookup.compute_factors = {**self.fixed, **{k: float(setting == ("c", k)) for k in kinds}}
-            if self.shared_compute:  # the collective fits as measured, plus a sync cost per call (in ms)
+            if self.shared_compute:  # the collective fits as measured, plus a sync cost per call and a
+                # framework cost per op (both in ms)
                 lookup.comm_factors = {a: 1.0 for a in axes}
                 lookup.sync = 1e-3 * float(setting == ("a", SYNC))
+                lookup.op_overhead = 1e-3 * float(setting == ("a", OPS))
             else:
                 lookup.comm_factors = {a: float(setting == ("a", a)) for a in axes}
-                lookup.sync = 0.0
+                lookup.sync = lookup.op_overhead = 0.0
             lookup.memory_overhead = 0.0
             cm = CostModel(graph, cluster, job, profile=lookup)
             ops, edges = tables(graph, cm, mesh, zero)
@@ -176,7 +179,7 @@ class Recoster:
         if self.as_is:
             return PlanParts(base=base, compute={}, comm={}, memory=float(none["memory"][0]))
         compute = {k: float(run(("c", k))["time"][0]) - base for k in kinds}
-        fitted_axes = ((SYNC,) if axes else ()) if self.shared_compute else axes
+        fitted_axes = (((SYNC,) if axes else ()) + (OPS,)) if self.shared_compute else axes
         comm = {a: float(run(("a", a))["time"][0]) - base for a in fitted_axes}
         return PlanParts(base=base, compute={k: v for k, v in compute.items() if v > 0},
                          comm={a: v for a, v in comm.items() if v > 0}, memory=float(none["memory"][0]))
@@ -275,9 +278,10 @@ def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProf
               shared_compute: bool = False) -> CalibrationResult:
     """A calibrated copy of `profile` from measured runs (RunReports, or their JSON objects).
     `shared_compute`: fit one compute factor for every op kind ('*') instead of one per kind and
-    the optimizer, and take the profile's measured framework overheads (optimizer step per tensor,
-    DTensor dispatch) as they are - fewer factors, for runs of one model that are to predict
-    another's."""
+    the optimizer, a sync cost per collective call and a framework cost per op instead of a factor
+    per mesh axis, and take the profile's measured overheads (optimizer step per tensor, DTensor
+    dispatch, checkpointing) and collective fits as they are - a few physical quantities, for runs
+    of one model that are to predict another's."""
     names = names or [f"report {i + 1}" for i in range(len(reports))]
     cal0 = profile.calibration
     c0 = dict(cal0.compute) if cal0 else {}
@@ -303,8 +307,8 @@ def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProf
     if not parts:
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
         raise InputError(f"no run report could be used for calibration ({why})")
-    if shared_compute:  # comm factors stay as they are; the sync cost is fitted (in ms) in their place
-        a0 = {SYNC: 1e3 * (cal0.sync_s if cal0 else 0.0)}
+    if shared_compute:  # comm factors stay as they are; the per-call and per-op costs are fitted (in ms)
+        a0 = {SYNC: 1e3 * (cal0.sync_s if cal0 else 0.0), OPS: 1e3 * (cal0.op_s if cal0 else 0.0)}
         c0 = {"*": c0.get("*", 1.0)}
     compute, comm = fit_factors(parts, t_meas, c0, a0)
     compute.update(recoster.fixed)
@@ -312,10 +316,11 @@ def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProf
     before_t = _median_rel([p.time(c0, a0) for p in parts], t_meas)
     after_t = _median_rel([p.time(compute, comm) for p in parts], t_meas)
     sync_s = 1e-3 * comm.pop(SYNC, 0.0) if shared_compute else (cal0.sync_s if cal0 else 0.0)
+    op_s = 1e-3 * comm.pop(OPS, 0.0) if shared_compute else (cal0.op_s if cal0 else 0.0)
     before_m = _median_rel([p.memory + o0 for p in parts], m_meas)
     after_m = _median_rel([p.memory + overhead for p in parts], m_meas)
     cal = Calibration(compute={k: round(v, 6) for k, v in compute.items()}, comm={k: round(v, 6) for k, v in comm.items()},
-                      memory_overhead_bytes=int(round(overhead)), sync_s=sync_s, reports=len(parts),
+                      memory_overhead_bytes=int(round(overhead)), sync_s=sync_s, op_s=op_s, reports=len(parts),
                       time_error_before=before_t,
                       time_error_after=after_t, memory_error_before=before_m, memory_error_after=after_m)
     out = profile.model_copy(update={"calibration": cal}, deep=True)

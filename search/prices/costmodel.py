@@ -361,6 +361,8 @@ class CostModel:
                                                        dtensor=styled or (data_parallel and zero != 1))
                 if ok:  # timed alone, run beside the host's other ranks
                     t_fwd, t_fb = t_fwd * self.contention, t_fb * self.contention
+                # the calibrated framework cost of running the op in a step, half of it forward
+                t_fwd, t_fb = t_fwd + self.profile.op_overhead / 2, t_fb + self.profile.op_overhead
                 if ok_opt:
                     t_opt *= self.contention
                 measured &= ok and ok_opt and (t_sync == 0.0 or comm_ok)

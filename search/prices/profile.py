@@ -16,8 +16,8 @@ profile holds, for one catalog device:
 - optimizer: an alpha-beta fit of one AdamW step per precision, over the parameter elements a
   rank updates;
 - calibration (optional): factors fitted to measured runs - compute per op kind (and
-  "optimizer"), communication per mesh axis name - a synchronisation cost per collective call
-  and a memory overhead per rank;
+  "optimizer"), communication per mesh axis name - a synchronisation cost per collective call,
+  a framework cost per op and a memory overhead per rank;
 - overheads (optional): framework costs the op timings do not see (the optimizer step per
   parameter tensor, DTensor dispatch per tensor-parallel op), timed by profiler.overheads.
 
@@ -131,6 +131,9 @@ class Calibration(BaseModel):
     memory_overhead_bytes: int = Field(default=0, description="added to every rank's peak memory")
     sync_s: float = Field(default=0.0, ge=0.0, description="seconds a collective waited on between two computations "
                           "costs beyond its back-to-back time (the ranks reach it apart); added to every such call")
+    op_s: float = Field(default=0.0, ge=0.0, description="seconds every op of a step costs beyond its timed kernels "
+                        "(module calls, autograd, hooks, the views and copies between ops), forward and backward; "
+                        "half of it again when the op is recomputed")
     reports: int = Field(default=0, ge=0, description="how many measured runs the factors were fitted to")
     time_error_before: float | None = None
     time_error_after: float | None = None
@@ -336,6 +339,7 @@ class ProfileLookup:
         self.comm_factors: dict[str, float] = dict(cal.comm) if cal else {}
         self.memory_overhead = float(cal.memory_overhead_bytes) if cal else 0.0
         self.sync = float(cal.sync_s) if cal else 0.0
+        self.op_overhead = float(cal.op_s) if cal else 0.0
         self._sig: dict[tuple, str] = {}
         self.measured: set[str] = set()
         self.missing: set[str] = set()

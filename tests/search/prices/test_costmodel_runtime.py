@@ -297,14 +297,28 @@ def test_calibrated_sync_is_added_to_every_collective_call() -> None:
     assert synced.p2p_coefficients(2, 2)[0] == pytest.approx(plain.p2p_coefficients(2, 2)[0] + 0.01)
 
 
-def test_shared_calibration_recovers_a_compute_factor_and_a_sync_cost() -> None:
-    from profiler.calibrate import SYNC, PlanParts, fit_factors
+def test_calibrated_op_cost_is_paid_by_every_op_and_half_again_when_recomputed() -> None:
+    g = stack(2)
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    job = TrainingJob(global_batch=8, precision="fp32")
+    plain = CostModel(g, cluster, job, profile=profile())
+    costly = CostModel(g, cluster, job, profile=profile(op_s=2e-4))
+    for op in g.ops:
+        a, b = plain.op_costs(op, dp(4)), costly.op_costs(op, dp(4))
+        assert np.allclose(b.time - a.time, 2e-4, rtol=0, atol=1e-12)
+        assert np.allclose(b.time_rc - a.time_rc, 3e-4, rtol=0, atol=1e-12)
+
+
+def test_shared_calibration_recovers_a_compute_factor_a_sync_and_an_op_cost() -> None:
+    from profiler.calibrate import OPS, SYNC, PlanParts, fit_factors
 
     rng = np.random.default_rng(3)
     parts = [PlanParts(base=float(rng.uniform(1e-3, 5e-3)), compute={"*": float(rng.uniform(5e-3, 5e-2))},
-                       comm={SYNC: float(rng.integers(1, 12)) * 1e-3}, memory=1e6) for _ in range(15)]
-    true_c, true_sync_ms = 1.8, 6.5
-    measured = [p.time({"*": true_c}, {SYNC: true_sync_ms}) for p in parts]
-    c, a = fit_factors(parts, measured, {"*": 1.0}, {SYNC: 0.0})
-    assert c["*"] == pytest.approx(true_c, rel=0.02)
-    assert a[SYNC] == pytest.approx(true_sync_ms, rel=0.02)
+                       comm={SYNC: float(rng.integers(1, 12)) * 1e-3, OPS: float(rng.integers(30, 80)) * 1e-3},
+                       memory=1e6) for _ in range(15)]
+    true = {"*": 1.8, SYNC: 6.5, OPS: 0.25}
+    measured = [p.time({"*": true["*"]}, {SYNC: true[SYNC], OPS: true[OPS]}) for p in parts]
+    c, a = fit_factors(parts, measured, {"*": 1.0}, {SYNC: 0.0, OPS: 0.0})
+    assert c["*"] == pytest.approx(true["*"], rel=0.02)
+    assert a[SYNC] == pytest.approx(true[SYNC], rel=0.02)
+    assert a[OPS] == pytest.approx(true[OPS], rel=0.05)
