@@ -1,16 +1,15 @@
 """Calibration: fit correction factors to measured runs and write a calibrated profile.
 
 A RunReport (`search.RunReport`, what `paretoplan run --report` writes and a worker posts) holds
-the Plan that ran, its prediction and what was measured. Each plan is re-costed with the
-profile, and its predicted iteration time split into the parts the factors scale - compute per
-op kind (and the optimizer step), communication per mesh axis - by what the prediction loses
-with one factor at 0 and the others at 1 (a local linearisation: communication hidden behind
-backward makes the model piecewise linear in the factors, and the parts add up to the prediction
-exactly). The factors then solve a least-squares problem on the relative time error of every
-run, pulled gently towards the profile's current factors so that a part no run exercises, or a
-single run, cannot swing them far; they stay within [1/50, 50]. The memory overhead per rank is
-the median of measured minus predicted peak memory (the framework and allocator the model does
-not see). The errors before and after are in-sample: the runs fitted are the runs scored.
+the Plan that ran, its prediction and what was measured. Each plan is re-costed with the profile,
+and its predicted iteration time split into the parts the factors scale - compute per op kind (and
+the optimizer step), communication per mesh axis - by pricing it with one factor at 1 and the
+others at 0 (the cost model is linear in them). The factors then solve a least-squares problem on
+the relative time error of every run, pulled gently towards the profile's current factors so that
+a part no run exercises, or a single run, cannot swing them far; they stay within [1/50, 50]. The
+memory overhead per rank is the median of measured minus predicted peak memory (the framework and
+allocator the model does not see). The errors before and after are in-sample: the runs fitted are
+the runs scored.
 """
 
 from __future__ import annotations
@@ -30,6 +29,9 @@ from search.prices.profile import Calibration, DeviceProfile, ProfileLookup
 
 FACTOR_MIN, FACTOR_MAX = 0.02, 50.0
 PRIOR_WEIGHT = 0.01  # a factor 1.0 away from its prior costs what a 1% error on one run does
+SHARED_FIXED = {"optimizer": 1.0, "dtensor": 1.0}  # not fitted under shared_compute
+SYNC = "sync"  # under shared_compute: the sync cost per collective call, fitted in milliseconds
+OPS = "ops"    # under shared_compute: the framework cost per op of a step, fitted in milliseconds
 
 
 # ---- reading reports ---------------------------------------------------------------------------
@@ -68,6 +70,14 @@ class PlanParts:
                 + sum(comm.get(a, 1.0) * v for a, v in self.comm.items()))
 
 
+def price_plan(plan: dict[str, Any], profile: DeviceProfile) -> tuple[float, float]:
+    """A (non-pipelined) Plan's predicted iteration time and peak memory per device, priced
+    with `profile` as it stands - its calibration included - whatever profile the plan was
+    searched with."""
+    parts = Recoster(profile, as_is=True).parts(plan)
+    return parts.base, parts.memory
+
+
 def plan_parts(plan: dict[str, Any], profile: DeviceProfile) -> PlanParts:
     """Re-cost a (non-pipelined) Plan with `profile`'s measurements, split by factor."""
     return Recoster(profile).parts(plan)
@@ -78,8 +88,14 @@ class Recoster:
     one model, cluster and job share the captured graph, and those on one mesh and ZeRO stage
     share the cost tables, which are built once per factor setting."""
 
-    def __init__(self, profile: DeviceProfile) -> None:
-        self.profile = profile.model_copy(update={"calibration": None})
+    def __init__(self, profile: DeviceProfile, shared_compute: bool = False, as_is: bool = False) -> None:
+        # as_is: price with the profile's calibration, all of it in `base` (see price_plan)
+        self.as_is = as_is
+        self.profile = profile if as_is else profile.model_copy(update={"calibration": None})
+        # shared: one compute factor ('*') for every op kind; the framework overheads the profile
+        # measured apart (the optimizer step per tensor, DTensor dispatch) are taken as measured
+        self.shared_compute = shared_compute
+        self.fixed: dict[str, float] = dict(SHARED_FIXED) if shared_compute else {}
         self._resolved: dict[tuple, tuple] = {}
         self._tables: dict[tuple, tuple] = {}
 
@@ -102,15 +118,27 @@ class Recoster:
         return key, self._resolved[key]
 
     def _price(self, key, resolved, mesh, zero: int, setting: tuple[str, str], kinds, axes):
-        """Cost tables with every factor at 1 but the one `setting` names at 0 (("", ""): none)."""
+        """Cost tables with every factor at 0 but the one `setting` names (("", "") : none)."""
         from search.algorithm.evaluate import tables
         from search.prices.costmodel import CostModel
 
         tkey = (key, mesh, zero, setting)
         if tkey not in self._tables:
             graph, cluster, job, lookup = resolved
-            lookup.compute_factors = {k: float(setting != ("c", k)) for k in kinds}
-            lookup.comm_factors = {a: float(setting != ("a", a)) for a in axes}
+            if self.as_is:
+                cm = CostModel(graph, cluster, job, profile=lookup)
+                ops, edges = tables(graph, cm, mesh, zero)
+                self._tables[tkey] = (ops, edges, cm.buffers(mesh, zero=zero))
+                return self._tables[tkey]
+            lookup.compute_factors = {**self.fixed, **{k: float(setting == ("c", k)) for k in kinds}}
+            if self.shared_compute:  # the collective fits as measured, plus a sync cost per call and a
+                # framework cost per op (both in ms)
+                lookup.comm_factors = {a: 1.0 for a in axes}
+                lookup.sync = 1e-3 * float(setting == ("a", SYNC))
+                lookup.op_overhead = 1e-3 * float(setting == ("a", OPS))
+            else:
+                lookup.comm_factors = {a: float(setting == ("a", a)) for a in axes}
+                lookup.sync = lookup.op_overhead = 0.0
             lookup.memory_overhead = 0.0
             cm = CostModel(graph, cluster, job, profile=lookup)
             ops, edges = tables(graph, cm, mesh, zero)
@@ -139,25 +167,22 @@ class Recoster:
         for name in plan.get("recompute", []):
             assignment[recompute_var(int(name.rsplit(".", 1)[1]))] = np.array([1])
         zero = int(plan.get("zero_stage", 0))
-        kinds = tuple(sorted({op.kind for op in graph.ops})) + ("optimizer",)
+        kinds = ("*",) if self.shared_compute else tuple(sorted({op.kind for op in graph.ops})) + ("optimizer",)
         axes = tuple(ax.name for ax in mesh.axes if ax.size > 1)
 
         def run(setting: tuple[str, str]) -> dict[str, np.ndarray]:
             ops, edges, buffers = self._price(key, resolved, mesh, zero, setting, kinds, axes)
             return evaluate(ops, edges, buffers, assignment, layer_of)
 
-        # each factor's part is what the time loses without it, at the prediction itself (all
-        # factors 1): communication that backward hides (search/prices/costmodel.py) makes the time
-        # no sum of parts priced alone, so the split is the prediction's local linearisation, and
-        # the parts add up to the prediction exactly
-        whole = run(("", ""))
-        total = float(whole["time"][0])
-        compute = {k: total - float(run(("c", k))["time"][0]) for k in kinds}
-        comm = {a: total - float(run(("a", a))["time"][0]) for a in axes}
-        compute = {k: v for k, v in compute.items() if v > 0}
-        comm = {a: v for a, v in comm.items() if v > 0}
-        return PlanParts(base=total - sum(compute.values()) - sum(comm.values()), compute=compute, comm=comm,
-                         memory=float(whole["memory"][0]))
+        none = run(("", ""))
+        base = float(none["time"][0])
+        if self.as_is:
+            return PlanParts(base=base, compute={}, comm={}, memory=float(none["memory"][0]))
+        compute = {k: float(run(("c", k))["time"][0]) - base for k in kinds}
+        fitted_axes = (((SYNC,) if axes else ()) + (OPS,)) if self.shared_compute else axes
+        comm = {a: float(run(("a", a))["time"][0]) - base for a in fitted_axes}
+        return PlanParts(base=base, compute={k: v for k, v in compute.items() if v > 0},
+                         comm={a: v for a, v in comm.items() if v > 0}, memory=float(none["memory"][0]))
 
 
 def _assignment(plan: dict[str, Any], graph, mesh, op_configs) -> dict[str, np.ndarray | int]:
@@ -249,15 +274,20 @@ def _median_rel(pred: list[float], meas: list[float]) -> float:
     return float(statistics.median(abs(p - m) / m for p, m in zip(pred, meas, strict=True))) if meas else 0.0
 
 
-def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProfile, names: list[str] | None = None
-              ) -> CalibrationResult:
-    """A calibrated copy of `profile` from measured runs (RunReports, or their JSON objects)."""
+def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProfile, names: list[str] | None = None,
+              shared_compute: bool = False) -> CalibrationResult:
+    """A calibrated copy of `profile` from measured runs (RunReports, or their JSON objects).
+    `shared_compute`: fit one compute factor for every op kind ('*') instead of one per kind and
+    the optimizer, a sync cost per collective call and a framework cost per op instead of a factor
+    per mesh axis, and take the profile's measured overheads (optimizer step per tensor, DTensor
+    dispatch, checkpointing) and collective fits as they are - a few physical quantities, for runs
+    of one model that are to predict another's."""
     names = names or [f"report {i + 1}" for i in range(len(reports))]
     cal0 = profile.calibration
     c0 = dict(cal0.compute) if cal0 else {}
     a0 = dict(cal0.comm) if cal0 else {}
     o0 = float(cal0.memory_overhead_bytes) if cal0 else 0.0
-    recoster = Recoster(profile)
+    recoster = Recoster(profile, shared_compute)
     parts: list[PlanParts] = []
     t_meas: list[float] = []
     m_meas: list[float] = []
@@ -277,14 +307,21 @@ def calibrate(reports: Sequence[RunReport | dict[str, Any]], profile: DeviceProf
     if not parts:
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
         raise InputError(f"no run report could be used for calibration ({why})")
+    if shared_compute:  # comm factors stay as they are; the per-call and per-op costs are fitted (in ms)
+        a0 = {SYNC: 1e3 * (cal0.sync_s if cal0 else 0.0), OPS: 1e3 * (cal0.op_s if cal0 else 0.0)}
+        c0 = {"*": c0.get("*", 1.0)}
     compute, comm = fit_factors(parts, t_meas, c0, a0)
+    compute.update(recoster.fixed)
     overhead = float(statistics.median(m - p.memory for m, p in zip(m_meas, parts, strict=True)))
     before_t = _median_rel([p.time(c0, a0) for p in parts], t_meas)
     after_t = _median_rel([p.time(compute, comm) for p in parts], t_meas)
+    sync_s = 1e-3 * comm.pop(SYNC, 0.0) if shared_compute else (cal0.sync_s if cal0 else 0.0)
+    op_s = 1e-3 * comm.pop(OPS, 0.0) if shared_compute else (cal0.op_s if cal0 else 0.0)
     before_m = _median_rel([p.memory + o0 for p in parts], m_meas)
     after_m = _median_rel([p.memory + overhead for p in parts], m_meas)
     cal = Calibration(compute={k: round(v, 6) for k, v in compute.items()}, comm={k: round(v, 6) for k, v in comm.items()},
-                      memory_overhead_bytes=int(round(overhead)), reports=len(parts), time_error_before=before_t,
+                      memory_overhead_bytes=int(round(overhead)), sync_s=sync_s, op_s=op_s, reports=len(parts),
+                      time_error_before=before_t,
                       time_error_after=after_t, memory_error_before=before_m, memory_error_after=after_m)
     out = profile.model_copy(update={"calibration": cal}, deep=True)
     return CalibrationResult(profile=out, runs=len(parts), skipped=skipped, time_error_before=before_t,

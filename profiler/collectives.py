@@ -1,4 +1,4 @@
-"""Collective timing: all-reduce, all-gather, reduce-scatter, all-to-all and send/recv over each
+"""Collective timing: all-reduce, all-gather, reduce-scatter, all-to-all, broadcast and send/recv over each
 group size a mesh axis uses, for a sweep of message sizes, with torch.distributed (gloo between
 CPU processes, NCCL between GPUs), fitted to alpha + beta * bytes.
 
@@ -10,8 +10,8 @@ barrier; its time is the slowest rank's, and the median over repeats is kept.
 
 Byte counts follow the cost model (search/prices/costmodel.py): the tensor as if unsharded on the axis.
 all_reduce: the tensor each rank holds; all_gather: the gathered output; reduce_scatter: the
-input; all_to_all: the whole tensor, each rank holding 1/g of it; send_recv: the message (timed
-as half a ping-pong between rank pairs).
+input; all_to_all: the whole tensor, each rank holding 1/g of it; broadcast: the message; send_recv:
+the message (timed as half a ping-pong between rank pairs).
 """
 
 from __future__ import annotations
@@ -182,6 +182,10 @@ def _time_collective(kind: str, nbytes: int, g: int, group, dev, repeats: int) -
     elif kind == "all_to_all":
         inp, out = ones(numel // g), torch.empty(numel // g, device=dev)
         run = lambda: dist.all_to_all_single(out, inp, group=group)  # noqa: E731
+    elif kind == "broadcast":  # from the group's first rank, as ZeroRedundancyOptimizer's owners do
+        buf = ones(numel)
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        run = lambda: dist.broadcast(buf, src=src, group=group)  # noqa: E731
     elif kind == "send_recv":
         buf = ones(numel)
         peer = rank ^ 1

@@ -501,8 +501,9 @@ def profile_ops(sigs: SignatureSet, precision: str, base: dict[str, OpEntry] | N
 # ---- the optimizer step --------------------------------------------------------------------------
 def time_optimizer(precision: str, device: torch.device | str = "cpu", sizes: tuple[int, ...] = (1 << 14, 1 << 18, 1 << 21),
                    repeats: int = 5, threads: int | None = None) -> LinearFit:
-    """One AdamW step over n parameter elements (fp32 master weights; under bf16/fp16 also the
-    copy back to the low-precision weights), fitted over n."""
+    """One AdamW step over n parameter elements in one tensor (fp32 master weights; under
+    bf16/fp16 also the copy back to the low-precision weights), fitted over n; foreach=False, as
+    the executor steps. The cost per tensor is profiler.overheads'."""
     from profiler.fit import linear_fit
 
     dev = torch.device(device)
@@ -513,7 +514,7 @@ def time_optimizer(precision: str, device: torch.device | str = "cpu", sizes: tu
             p = torch.zeros(n, device=dev, requires_grad=True)
             p.grad = torch.randn(n, device=dev) * 1e-3
             model = torch.zeros(n, device=dev, dtype=low) if low != torch.float32 else None
-            opt = torch.optim.AdamW([p], lr=1e-3, foreach=True)
+            opt = torch.optim.AdamW([p], lr=1e-3, foreach=False)  # as worker.parallelize builds it
             samples = []
             for i in range(repeats + 1):
                 if dev.type == "cuda":

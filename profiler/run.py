@@ -132,7 +132,7 @@ def run_profile(model: str | None, devices: int, device: str | None = None, devi
                 budget_s: float = 0.2, progress: bool = True, pipelines: bool = True) -> tuple[DeviceProfile, Summary]:
     """Profile what a search of `model` on `devices` devices needs, on this machine (with
     `pipelines`, also the micro-batch shapes the pipeline search prices on stage sub-meshes)."""
-    from profiler.ops import enumerate_signatures, pipeline_graphs, profile_ops, time_optimizer
+    from profiler.ops import enumerate_signatures, pipeline_graphs, profile_ops, time_optimizer, torch_threads
     from search import SearchRequest, make_cluster, resolve
 
     start = time.perf_counter()
@@ -150,7 +150,7 @@ def run_profile(model: str | None, devices: int, device: str | None = None, devi
     cluster = make_cluster(target.spec, devices, devices_per_node)
     group_sizes = sorted({ax.size for mesh in mesh_candidates(cluster) for ax in mesh.axes if ax.size > 1})
     have = {(f.kind, f.group_size) for f in base.collectives} if base is not None else set()
-    need = [g for g in group_sizes if any((k, g) not in have for k in COLLECTIVE_KINDS[:4])]
+    need = [g for g in group_sizes if any((k, g) not in have for k in (*COLLECTIVE_KINDS[:4], "broadcast"))]
     need_p2p = devices >= 2 and ("send_recv", 2) not in have
     if need or need_p2p:
         check_capacity(devices, target.dist_backend)  # before anything long
@@ -176,6 +176,11 @@ def run_profile(model: str | None, devices: int, device: str | None = None, devi
         if job.precision not in prof.optimizer:
             prof.optimizer[job.precision] = time_optimizer(job.precision, target.torch_device, threads=threads)
             summary.optimizer_timed = True
+        if prof.overheads is None and target.backend == "cpu":
+            from profiler.overheads import time_overheads
+
+            with torch_threads(threads):
+                prof.overheads = time_overheads()
         prof.models = [m for m in prof.models if not (m.model == model and m.devices == devices
                                                       and m.devices_per_node == cluster.devices_per_node
                                                       and m.global_batch == job.global_batch

@@ -7,7 +7,9 @@ measures it, by default from the profiler's allocation events on top of the byte
 step starts (`profiler_peak`). torch's ``MemTracker`` (`cpu_peak`) agrees with that to the size
 of the input batch in a single process and splits the peak by kind, but it misses the buffers
 collectives allocate inside c10d (hundreds of KiB on these runs) and refuses a module that runs
-more than once per step, as a pipeline stage's do. RSS would under-read (allocator reuse).
+more than once per step, as a pipeline stage's do. RSS would under-read (allocator reuse). DDP's
+gradient buckets (ZeRO-1 runs DDP) are allocated in C++ before any step and are reachable from
+no Python object: they are added from the DDP modules' parameters (`ddp_bucket_bytes`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,25 @@ def live_cpu_bytes() -> int:
     return total
 
 
+def ddp_bucket_bytes() -> int:
+    """Bytes of the gradient buckets of every DistributedDataParallel module alive: its Reducer
+    allocates them in C++ when it is built (one flat buffer of all its trainable parameters'
+    size, kept for the run), where neither the Python heap nor a step's allocation events see it."""
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    total = 0
+    for o in gc.get_objects():
+        try:
+            if not isinstance(o, DistributedDataParallel):
+                continue
+        except ReferenceError:
+            continue
+        total += sum(p.numel() * p.element_size() for p in o.module.parameters() if p.requires_grad)
+    return total
+
+
 @contextlib.contextmanager
 def profiler_peak(out: dict) -> Iterator[None]:
     """Peak CPU memory of one step from the profiler's memory events: the live bytes at the start
@@ -83,7 +104,7 @@ def profiler_peak(out: dict) -> Iterator[None]:
     cannot be (a pipeline stage runs its modules once per micro-batch)."""
     from torch.profiler import ProfilerActivity, profile
 
-    base = live_cpu_bytes()
+    base = live_cpu_bytes() + ddp_bucket_bytes()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         yield
     # allocation events (sizes, negative for frees) from the profiler's event tree; the

@@ -89,8 +89,9 @@ def evaluate(op_costs: dict[str, OpCosts], edge_costs: dict[tuple[str, str], Edg
     for (src, dst), ec in edge_costs.items():
         cu = np.asarray(assignment[src]).reshape(-1)
         cv = np.asarray(assignment[dst]).reshape(-1)
-        t += ec.time[cu, cv]
-        edge_mem += np.where(recomputed(dst), recomputed_mem(ec.mem[cu, cv]), ec.mem[cu, cv])
+        rc = recomputed(dst)
+        t += np.where(rc, ec.recomputed_time[cu, cv], ec.time[cu, cv])
+        edge_mem += np.where(rc, recomputed_mem(ec.mem[cu, cv]), ec.mem[cu, cv])
         comm += ec.comm[cu, cv]
     parts[:, 3] += edge_mem
     return {"time": t, "memory": parts.sum(axis=1) + buffers, "parts": parts, "buffers": np.full(n, buffers),
@@ -131,7 +132,8 @@ def weigh_op(oc: OpCosts, w: Weights) -> OpCosts:
 
 
 def weigh_edge(ec: EdgeCosts, w: Weights) -> EdgeCosts:
-    return EdgeCosts(src=ec.src, dst=ec.dst, time=ec.time * w.slots, mem=ec.mem * w.inflight, comm=ec.comm * w.slots)
+    return EdgeCosts(src=ec.src, dst=ec.dst, time=ec.time * w.slots, mem=ec.mem * w.inflight, comm=ec.comm * w.slots,
+                     time_rc=None if ec.time_rc is None else ec.time_rc * w.slots)
 
 
 def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:

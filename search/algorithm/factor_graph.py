@@ -39,15 +39,16 @@ def _op_factor(name: str, oc: OpCosts, rc: str | None = None) -> Factor:
 
 
 def _edge_factor(ec: EdgeCosts, src_name: str, dst_name: str, rc: str | None = None) -> Factor:
-    """Resharding time and the kept redistributed copy; a recomputed block keeps no copy."""
+    """Resharding time and the kept redistributed copy; a recomputed block keeps no copy and runs
+    its forward collectives again."""
     cu, cv = ec.time.shape
     ku, kv = np.meshgrid(np.arange(cu), np.arange(cv), indexing="ij")
     keys = np.stack([ku.ravel(), kv.ravel()], axis=1)
-    if rc is None or not ec.mem.any():
+    if rc is None or not (ec.mem.any() or ec.time_rc is not None):
         return leaf((src_name, dst_name), keys, ec.time.ravel(), ec.mem.ravel(), note=f"edge {src_name}->{dst_name}")
     n = len(keys)
     keys = np.concatenate([np.c_[keys, np.zeros(n, int)], np.c_[keys, np.ones(n, int)]])
-    return leaf((src_name, dst_name, rc), keys, np.tile(ec.time.ravel(), 2),
+    return leaf((src_name, dst_name, rc), keys, np.concatenate([ec.time.ravel(), ec.recomputed_time.ravel()]),
                 np.concatenate([ec.mem.ravel(), recomputed_mem(ec.mem.ravel())]), note=f"edge {src_name}->{dst_name}")
 
 
@@ -193,7 +194,8 @@ class _MeshFactors:
             for src in dict.fromkeys([*(t.source for t in op.inputs if t.source is not None), *partners]):
                 ec = self.edge(src, op.name)
                 if layer is not None and fixed.get(layer):
-                    ec = EdgeCosts(src=ec.src, dst=ec.dst, time=ec.time, mem=recomputed_mem(ec.mem), comm=ec.comm)
+                    ec = EdgeCosts(src=ec.src, dst=ec.dst, time=ec.recomputed_time, mem=recomputed_mem(ec.mem),
+                                   comm=ec.comm)
                 out.append(_edge_factor(ec, self.rename.get(src, src), op.name, rc))
         return out
 

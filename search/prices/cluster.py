@@ -105,6 +105,10 @@ class DeviceSpec(BaseModel):
     """Fraction of the intra-node link NCCL's collectives reach (bus bandwidth / link)."""
     inter_node_efficiency: float = 0.9
     """Fraction of the NIC line rate NCCL's collectives reach across nodes."""
+    comm_overlap: float = 1.0
+    """How much of compute gradient and parameter collectives can hide behind: 1 where they run
+    on their own streams (NCCL), 0 where they compete with compute for the same cores (gloo on
+    a CPU host whose ranks outnumber its cores)."""
     source: str
     """Where the numbers come from (datasheet title + URL) and which are assumptions."""
 
@@ -120,6 +124,13 @@ class DeviceSpec(BaseModel):
     def _positive_int(cls, value: int) -> int:
         if value <= 0:
             raise ValueError(f"must be positive, got {value}")
+        return value
+
+    @field_validator("comm_overlap")
+    @classmethod
+    def _overlap(cls, value: float) -> float:
+        if isinstance(value, bool) or not math.isfinite(value) or not 0 <= value <= 1:
+            raise ValueError(f"comm_overlap is a fraction in [0, 1], got {value!r}")
         return value
 
     @field_validator("gemm_efficiency", "attention_efficiency", "memory_efficiency", "intra_node_efficiency",
@@ -414,7 +425,7 @@ _CATALOG_LIST: list[DeviceSpec] = [
         devices_per_node=1,
         # achievable, not datasheet: see search/prices/compute.py and docs/cost-model.md
         gemm_efficiency=0.6, attention_efficiency=0.3, memory_efficiency=0.6,
-        kernel_overhead=2e-05, sm_count=0,
+        kernel_overhead=2e-05, sm_count=0, comm_overlap=0.0,
         source=(
             "Assumed generic CPU socket, modelled on Intel Xeon Platinum 8462Y+ (4th gen Xeon "
             "Scalable): 32 cores, 2.8 GHz base, 8 channels DDR5-4800, "

@@ -80,6 +80,12 @@ PRECISION_BYTES: dict[str, Bytes] = {
 }
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
+# Cross entropy keeps its log-probabilities (one copy of its input, the logits) for backward; its
+# backward, the step's first, while every activation is still kept, makes the gradient of the
+# log-probabilities and of the logits: two more. For a language model that moment is the peak,
+# so the three copies are priced with the loss's activations, at its input's local shape (full
+# logits wherever the configuration leaves the vocabulary whole, as under tensor parallelism).
+LOSS_COPIES = 3
 
 # Collective kinds, indices into the coefficient tables below.
 NONE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL = range(5)
@@ -125,6 +131,12 @@ class EdgeCosts:
     mem: np.ndarray           # [Cu, Cv] activation bytes
     comm: np.ndarray          # [Cu, Cv, n_axes]
     estimated: bool = True    # collectives priced from the cluster's links, not a measured profile
+    time_rc: np.ndarray | None = None  # [Cu, Cv] when the consumer's layer is recomputed: its forward
+    #                                    collectives run again in the recomputation (None: as `time`)
+
+    @property
+    def recomputed_time(self) -> np.ndarray:
+        return self.time if self.time_rc is None else self.time_rc
 
 
 def recomputed_mem(mem: np.ndarray) -> np.ndarray:
@@ -136,8 +148,9 @@ def add_edges(a: EdgeCosts | None, b: EdgeCosts) -> EdgeCosts:
     """Two tables over the same pair of ops as one (an edge and a pair constraint between them)."""
     if a is None:
         return b
+    time_rc = None if a.time_rc is None and b.time_rc is None else a.recomputed_time + b.recomputed_time
     return EdgeCosts(src=a.src, dst=a.dst, time=a.time + b.time, mem=a.mem + b.mem, comm=a.comm + b.comm,
-                     estimated=a.estimated)
+                     estimated=a.estimated, time_rc=time_rc)
 
 
 class CostModel:
@@ -157,6 +170,8 @@ class CostModel:
         self.mem_bw = cluster.device.memory_bandwidth * cluster.device.memory_efficiency
         consumers = graph.consumers()
         self.bounds = Boundaries(graph)
+        self._unit_share = sync_unit_shares(graph)
+        self._grad_bytes = graph.param_count() * self.bytes.grad  # what DDP's buckets hold
         self._output_saved = {
             op.name: op.saves in ("output", "attention")
             or any(graph.op(c).saves in ("inputs", "attention") for c, _ in consumers[op.name])
@@ -200,7 +215,9 @@ class CostModel:
                     if fit is not None:
                         alpha[kind], beta[kind] = fit.alpha, fit.beta
             f = profile.comm_factor(ax.name)
-            self._coef[key] = (alpha * f, beta * f)
+            # a collective waited on between two computations also pays the calibrated sync cost
+            sync = np.where(np.arange(len(alpha)) != NONE, profile.sync, 0.0) if ax.size > 1 else 0.0
+            self._coef[key] = (alpha * f + sync, beta * f)
         return self._coef[key]
 
     def _comm_measured(self, mesh: Mesh) -> bool:
@@ -208,14 +225,35 @@ class CostModel:
         return self.profile is not None and all(self.profile.has_collectives(ax.size) for ax in mesh.axes
                                                 if ax.size > 1)
 
-    def bucketed_time(self, mesh: Mesh, axis: int, kind: int, nbytes: float) -> float:
-        """A gradient (or ZeRO parameter) collective: DDP and FSDP fuse many parameters into one
-        collective per bucket, so each parameter pays the latency in proportion to its share of
-        a bucket (additive, so frontiers stay exact)."""
+    def bucketed_time(self, mesh: Mesh, axis: int, kind: int, nbytes: float, share: float | None = None) -> float:
+        """A gradient (or ZeRO parameter) collective that fuses many parameters into one call: each
+        parameter pays the latency in proportion to its `share` of the call (additive, so
+        frontiers stay exact). FSDP2 (fully_shard, and replicate for ZeRO-0) issues one collective
+        per wrapped unit - each block layer and the root - whatever its size: `share` is the
+        parameter's share of its unit's elements. Without `share`, DDP's buckets: its share of the
+        model's gradients times the number of 25 MiB buckets they fill."""
         if kind == NONE or mesh.axes[axis].size == 1:
             return 0.0
         alpha, beta = self.collective_coefficients(mesh, axis)
-        return float(alpha[kind] * min(1.0, nbytes / BUCKET_BYTES) + beta[kind] * nbytes)
+        if share is None:  # DDP's buckets: the last one, however small, is a call of its own
+            total = self._grad_bytes
+            share = nbytes / total * math.ceil(total / BUCKET_BYTES) if total > 0 else min(1.0, nbytes / BUCKET_BYTES)
+        return float(alpha[kind] * share + beta[kind] * nbytes)
+
+    def broadcast_time(self, mesh: Mesh, axis: int, nbytes: float) -> float:
+        """One of ZeRO-1's parameter broadcasts of `nbytes` on an axis: the profile's fit for the
+        axis size when it has one, else priced as an all-gather of the message. ZeroRedundancy-
+        Optimizer issues them all asynchronously and waits once, back to back as the profiler
+        times them, so the axis's calibration factor - what a collective waited on between two
+        computations costs beyond its back-to-back time - does not apply."""
+        ax = mesh.axes[axis]
+        if ax.size == 1:
+            return 0.0
+        if self.profile is not None:
+            fit = self.profile.collective("broadcast", ax.size)
+            if fit is not None:
+                return fit(nbytes)
+        return self.collective_time(mesh, axis, ALL_GATHER, nbytes)
 
     def collective_time(self, mesh: Mesh, axis: int, kind: int, nbytes: float) -> float:
         if kind == NONE or mesh.axes[axis].size == 1:
@@ -232,8 +270,8 @@ class CostModel:
             fit = self.profile.collective("send_recv", 2)
             f = self.profile.comm_factor("pp")
             if fit is not None:
-                return fit.alpha * f, fit.beta * f
-            return lat * f, f / bw
+                return fit.alpha * f + self.profile.sync, fit.beta * f
+            return lat * f + self.profile.sync, f / bw
         return lat, 1.0 / bw
 
     # ---- ops --------------------------------------------------------------------------------
@@ -247,6 +285,10 @@ class CostModel:
         (`checkpoint`): that output is the next block's input, kept to recompute from."""
         cfgs = op_configs(op, mesh, self.graph.batch_label)
         n_axes = len(mesh.axes)
+        if zero == 1 and any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes):
+            # ZeroRedundancyOptimizer needs plain tensors and tensor parallelism makes parameters
+            # DTensors: the executor runs ZeRO-1 there as ZeRO-2 (worker/analyze.py); price that
+            zero = 2
         C = len(cfgs)
         time = np.zeros(C)
         fwd = np.zeros(C)
@@ -256,6 +298,11 @@ class CostModel:
         b = self.bytes
         out_numel = op.output.numel
         measured, comm_ok = self.profile is not None, self._comm_measured(mesh)
+        # recomputing an op also pays the checkpoint's own work (profile; host contention as ops)
+        rc_extra = self.profile.recompute_op() * self.contention if self.profile is not None else 0.0
+        # FSDP2 (ZeRO 0, 2, 3) makes every parameter a DTensor; ZeRO-1's DDP keeps plain tensors
+        data_parallel = any(ax.role == DATA and ax.size > 1 for ax in mesh.axes)
+        r_opt = math.prod(ax.size for ax in mesh.axes if ax.role == DATA)
         for ci, cfg in enumerate(cfgs):
             shards = math.prod(ax.size for ax, lab in zip(mesh.axes, cfg, strict=True) if lab is not None)
             out_local = out_numel / shard_factor(output_placement(cfg, op), mesh)
@@ -280,16 +327,26 @@ class CostModel:
                 for ai in group:
                     n = mesh.axes[ai].size
                     g, w = local * b.grad, local * b.param
-                    if zero == 0 or ai not in sharded:
+                    if zero in (0, 1) or ai not in sharded:
                         steps = [(ALL_REDUCE, g)]
                     else:  # reduce-scatter gradients, all-gather updated (stage 3: also used) params
                         steps = [(REDUCE_SCATTER, g)] + [(ALL_GATHER, w)] * (2 if zero == 3 else 1)
+                    if zero == 1 and ai in sharded:
+                        # ZeRO-1 runs as DDP (gradients all-reduced in buckets) and
+                        # ZeroRedundancyOptimizer, whose owners broadcast each updated parameter
+                        # tensor after the step: one broadcast per tensor, every rank taking part
+                        t_after += self.broadcast_time(mesh, ai, w)
+                        comm[ci, ai] += w * (n - 1) / n
+                    # on a data axis FSDP2 syncs a unit per call (ZeRO-1's DDP: buckets); on a
+                    # tensor axis each partial gradient is all-reduced by a hook of its own
+                    share = (1.0 if mesh.axes[ai].role != DATA else
+                             None if zero == 1 else self._unit_share.get(p.name, 1.0))
                     for i, (kind, nbytes) in enumerate(steps):
-                        t = self.bucketed_time(mesh, ai, kind, nbytes)
+                        t = self.bucketed_time(mesh, ai, kind, nbytes, share)
                         if zero == 3 and i == 1 and ai in sharded:
                             t_gather += t  # FSDP2 gathers the parameters before the forward uses them
                         elif i == 1 and ai in sharded:
-                            t_after += t  # ZeRO-1/2 gathers the updated shards after the step: nothing to hide behind
+                            t_after += t  # ZeRO-2 gathers the updated shards after the step: nothing to hide behind
                         else:
                             t_sync += t
                         comm[ci, ai] += (2.0 if kind == ALL_REDUCE else 1.0) * nbytes * (n - 1) / n
@@ -307,22 +364,34 @@ class CostModel:
             t_fwd, t_fb = kt.forward, kt.forward + kt.backward
             if self.profile is not None:  # measured forward and forward + backward, optimizer step, calibrated
                 m_fwd, m_fb, ok = self.profile.compute(op, mesh, cfg, t_fwd)
-                t_opt, ok_opt = self.profile.optimizer(updated, t_opt)
-                if ok:  # timed alone, run beside the host's other ranks
-                    t_fwd, t_fb = m_fwd * self.contention, m_fb * self.contention
+                if ok:
+                    t_fwd, t_fb = m_fwd, m_fb
                 elif t_fwd > 0:  # not profiled: the catalog's figure, with the op kind's calibration
                     f = m_fwd / t_fwd
                     t_fwd, t_fb = f * t_fwd, f * t_fb
+                styled = runs_on_dtensor(op, cfg, mesh)
+                if styled:  # DTensor dispatch of an op under a tensor-parallel style, half of it forward
+                    extra = self.profile.dtensor_op()
+                    t_fwd, t_fb = t_fwd + extra / 2, t_fb + extra
+                tensors = sum(1 for p in op.params if p.owner) / (r_opt if zero == 1 else 1)
+                t_opt, ok_opt = self.profile.optimizer(updated, t_opt, tensors,
+                                                       dtensor=styled or (data_parallel and zero != 1))
+                if ok:  # timed alone, run beside the host's other ranks
+                    t_fwd, t_fb = t_fwd * self.contention, t_fb * self.contention
+                # the calibrated framework cost of running the op in a step, half of it forward
+                t_fwd, t_fb = t_fwd + self.profile.op_overhead / 2, t_fb + self.profile.op_overhead
                 if ok_opt:
                     t_opt *= self.contention
                 measured &= ok and ok_opt and (t_sync + t_gather + t_after == 0.0 or comm_ok)
             # DDP's bucketed all-reduce and FSDP's reduce-scatter (and re-gather) run while backward
             # computes, FSDP2's prefetched all-gather while the forward does: only what outlasts
-            # this op's own compute is exposed (per op, so still a sum)
-            t_sync = max(0.0, t_sync - (t_fb - t_fwd)) + max(0.0, t_gather - t_fwd) + t_after
+            # this op's own compute is exposed (per op, so still a sum), as far as the device
+            # overlaps at all (NCCL on its own streams: fully; gloo on the cores computing: not)
+            hide = self.device.comm_overlap
+            t_sync = max(0.0, t_sync - hide * (t_fb - t_fwd)) + max(0.0, t_gather - hide * t_fwd) + t_after
             time[ci] = t_fb + t_sync + t_opt
             step[ci] = t_sync + t_opt
-            fwd[ci] = t_fwd
+            fwd[ci] = t_fwd + rc_extra
             parts[ci, 3] = self._saved_bytes(op, cfg, mesh, out_local, in_locals)
         parts_rc = parts.copy()
         if not checkpoint:
@@ -345,6 +414,8 @@ class CostModel:
             for n, t in zip(in_locals, op.inputs, strict=True):
                 if t.source is None:
                     saved += n * self.esize(t)
+        if op.kind == "loss" and op.inputs:
+            saved += LOSS_COPIES * in_locals[0] * self.esize(op.inputs[0])
         return saved
 
     # ---- edges ------------------------------------------------------------------------------
@@ -358,6 +429,7 @@ class CostModel:
         n_axes = len(mesh.axes)
         Cu, Cv = len(prod_cfgs), len(cons_cfgs)
         time = np.zeros((Cu, Cv))
+        time_fwd = np.zeros((Cu, Cv))
         mem = np.zeros((Cu, Cv))
         comm = np.zeros((Cu, Cv, n_axes))
         pays = self.bounds.pays(prod.name, cons.name)
@@ -404,7 +476,10 @@ class CostModel:
                 bk = _kind_matrix([p[a] for p in out_gpl], [p[a] for p in in_gpl], forward=False)
                 n = mesh.axes[a].size
                 for kinds in (fk, bk):
-                    time += np.where(kinds != NONE, alpha[kinds] + beta[kinds] * other[:, None], 0.0)
+                    t_kind = np.where(kinds != NONE, alpha[kinds] + beta[kinds] * other[:, None], 0.0)
+                    time += t_kind
+                    if kinds is fk:
+                        time_fwd += t_kind
                     vol = np.select([kinds == ALL_REDUCE, kinds == ALL_TO_ALL, kinds != NONE],
                                     [2.0 * (n - 1) / n, (n - 1) / n / n, (n - 1) / n], 0.0)
                     comm[:, :, a] += vol * other[:, None]
@@ -412,11 +487,15 @@ class CostModel:
             if pays and keeps_input:
                 local_in = np.array([t.numel / shard_factor(p, mesh) * self.esize(t) for p in in_pl])
                 mem += np.where(changed, local_in[None, :], 0.0)
+        # recomputing the consumer's layer runs its forward again, the collectives its modules'
+        # hooks and styles perform included (Megatron's recomputation pays them twice too)
+        time_rc = time + time_fwd
         if blocked.any():
             time = np.where(blocked, INFEASIBLE, time)
+            time_rc = np.where(blocked, INFEASIBLE, time_rc)
             mem = np.where(blocked, INFEASIBLE, mem)
         return EdgeCosts(src=prod.name, dst=cons.name, time=time, mem=mem, comm=comm,
-                         estimated=not self._comm_measured(mesh))
+                         estimated=not self._comm_measured(mesh), time_rc=time_rc if time_fwd.any() else None)
 
     def pair_costs(self, pair: Pair, mesh: Mesh, cfgs_a: list[Config], cfgs_b: list[Config]) -> EdgeCosts:
         """A pair constraint as an edge between its two ops: free where they agree (the readers of
@@ -457,21 +536,50 @@ class CostModel:
     # ---- constants ---------------------------------------------------------------------------
     def buffers(self, mesh: Mesh, ops: list[Op] | None = None, zero: int = 0) -> float:
         """Transient workspace: the largest op output (and its gradient) under the op's leanest
-        configuration, plus under ZeRO-3 the largest gathered parameter. Config-independent,
-        so adding it keeps the frontier exact. `ops` may name a subset that stands for the rest
-        (one layer of a stack of identical layers)."""
-        worst = gathered = 0.0
-        for op in self.graph.ops if ops is None else ops:
+        configuration - the logits and the loss aside, which the loss's own activations price -
+        plus under ZeRO-3 the parameters FSDP2 holds gathered: the root unit (not resharded after
+        forward) and two block layers (the one computing and the one prefetched). Config-
+        independent, so adding it keeps the frontier exact. `ops` may name a subset that stands
+        for the rest (one layer of a stack of identical layers)."""
+        ops = list(self.graph.ops if ops is None else ops)
+        logits = {t.numel for op in ops if op.kind == "loss" for t in op.inputs}
+        layer_of = {name: i for b in self.graph.blocks[:1] for i, layer in enumerate(b.layers) for name in layer}
+        worst = 0.0
+        units: dict[int, float] = {}
+        for op in ops:
             cfgs = op_configs(op, mesh, self.graph.batch_label)
-            lean = min(op.output.numel / shard_factor(output_placement(c, op), mesh) for c in cfgs)
-            worst = max(worst, 2 * lean * self.esize(op.output))
+            if op.kind != "loss" and op.output.numel not in logits:
+                lean = min(op.output.numel / shard_factor(output_placement(c, op), mesh) for c in cfgs)
+                worst = max(worst, 2 * lean * self.esize(op.output))
             if zero == 3 and op.params:
-                lean_w = min(sum(p.numel / shard_factor(param_placement(c, p.dims), mesh) for p in op.params)
+                lean_w = min(sum(p.numel / shard_factor(param_placement(c, p.dims), mesh) for p in op.params if p.owner)
                              for c in cfgs)
-                gathered = max(gathered, lean_w * self.bytes.param)
+                u = layer_of.get(op.name, -1)
+                units[u] = units.get(u, 0.0) + lean_w * self.bytes.param
+        blocks = sorted((v for u, v in units.items() if u >= 0), reverse=True)
+        gathered = units.get(-1, 0.0) + sum(blocks[:2])
         if self.profile is not None:  # calibrated framework and allocator overhead per rank
             return worst + gathered + self.profile.memory_overhead
         return worst + gathered
+
+
+def sync_unit_shares(graph: OpGraph) -> dict[str, float]:
+    """Each owned parameter's share of the elements of its FSDP2 unit: its block layer (the
+    first block stack's layers are wrapped one by one) or the root (everything else), as
+    worker.parallelize wraps them. A unit's gradient (and ZeRO parameter) collective is one call."""
+    layer_of = {name: i for b in graph.blocks[:1] for i, layer in enumerate(b.layers) for name in layer}
+    owned = [(p.name, p.numel, layer_of.get(op.name, -1)) for op in graph.ops for p in op.params if p.owner]
+    totals: dict[int, float] = {}
+    for _, numel, u in owned:
+        totals[u] = totals.get(u, 0.0) + numel
+    return {name: numel / totals[u] if totals[u] > 0 else 1.0 for name, numel, u in owned}
+
+
+def runs_on_dtensor(op: Op, cfg: Config, mesh: Mesh) -> bool:
+    """Whether the executor runs `op` on DTensors: an op with parameters split (or, for a
+    sequence-parallel norm, its input split) on a tensor axis, which a parallel style wraps."""
+    return bool(op.params) and any(ax.role == TENSOR and ax.size > 1 and lab is not None
+                                   for ax, lab in zip(mesh.axes, cfg, strict=True))
 
 
 def _pairwise(src: list[str], dst: list[str], f, dtype=np.int64) -> np.ndarray:

@@ -107,10 +107,17 @@ def _all_sizes(op: Op) -> dict[str, list[int]]:
     return sizes
 
 
+# Op kinds with parameters that torch's parallelize_module has a style for (Colwise/Rowwise for
+# Linear and Embedding, SequenceParallel for norms; worker/analyze.py): on a tensor axis any other
+# op with parameters (a convolution, say) can only replicate, or the plan could not run as priced.
+TENSOR_STYLED_KINDS = ("linear", "embedding", "norm")
+
+
 def axis_choices(op: Op, axis: MeshAxis, batch: str) -> list[str | None]:
     """What `op` may do on one axis: on a data axis split the batch when it carries one (an op
     that reads the batch but cannot split it has no choice there), else replicate; on a tensor
-    axis replicate or split any of its dimensions but the batch."""
+    axis replicate or split any of its dimensions but the batch (an op with parameters only if a
+    parallel style exists for its kind)."""
     if axis.size == 1:
         return [REPLICATE]
     if axis.role == DATA:
@@ -118,6 +125,8 @@ def axis_choices(op: Op, axis: MeshAxis, batch: str) -> list[str | None]:
             return [batch]
         carries = any(batch in t.dims for t in (*op.inputs, op.output))
         return [] if carries else [REPLICATE]
+    if op.params and op.kind not in TENSOR_STYLED_KINDS:
+        return [REPLICATE]  # a module with parameters splits only under a parallel style
     return [REPLICATE] + [lab for lab in op.splittable if lab != batch]
 
 

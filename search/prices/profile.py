@@ -11,11 +11,15 @@ profile holds, for one catalog device:
 - collectives: alpha-beta fits (time = alpha + beta * bytes) per collective kind and group size,
   with the residual and the points measured. `bytes` follows the cost model's convention: the
   size of the tensor as if unsharded on the axis (all_gather: its output, reduce_scatter: its
-  input, all_to_all: the whole tensor, of which each rank holds 1/n; send_recv: the message);
+  input, all_to_all: the whole tensor, of which each rank holds 1/n; send_recv and broadcast: the
+  message);
 - optimizer: an alpha-beta fit of one AdamW step per precision, over the parameter elements a
   rank updates;
 - calibration (optional): factors fitted to measured runs - compute per op kind (and
-  "optimizer"), communication per mesh axis name - and a memory overhead per rank.
+  "optimizer"), communication per mesh axis name - a synchronisation cost per collective call,
+  a framework cost per op and a memory overhead per rank;
+- overheads (optional): framework costs the op timings do not see (the optimizer step per
+  parameter tensor, DTensor dispatch per tensor-parallel op), timed by profiler.overheads.
 
 The JSON form carries ``format: paretoplan.profile/1``; `load_profile`/`parse_profile` turn every
 problem (missing file, corrupt JSON, another format version, bad values) into a one-line
@@ -35,8 +39,10 @@ from search.models.graph import Op
 from search.prices.mesh import Config, Mesh, input_placement, output_placement, param_placement
 
 PROFILE_FORMAT = "paretoplan.profile/1"
-COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
-CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv"]
+# the first four are what every mesh axis needs; send_recv prices pipelines, broadcast ZeRO-1's
+# parameter sync (ZeroRedundancyOptimizer broadcasts each updated parameter from its owner)
+COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv", "broadcast")
+CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv", "broadcast"]
 
 
 def _finite_nonneg(value: float, what: str = "value") -> float:
@@ -118,9 +124,16 @@ class Calibration(BaseModel):
     """Correction factors fitted to measured runs (profiler.calibrate)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    compute: dict[str, float] = Field(default_factory=dict, description="factor per op kind (and 'optimizer')")
+    compute: dict[str, float] = Field(default_factory=dict, description="factor per op kind, or '*' for every kind; "
+                                      "'optimizer' for the optimizer step, 'dtensor' for tensor parallelism's "
+                                      "DTensor dispatch")
     comm: dict[str, float] = Field(default_factory=dict, description="factor per mesh axis name")
     memory_overhead_bytes: int = Field(default=0, description="added to every rank's peak memory")
+    sync_s: float = Field(default=0.0, ge=0.0, description="seconds a collective waited on between two computations "
+                          "costs beyond its back-to-back time (the ranks reach it apart); added to every such call")
+    op_s: float = Field(default=0.0, ge=0.0, description="seconds every op of a step costs beyond its timed kernels "
+                        "(module calls, autograd, hooks, the views and copies between ops), forward and backward; "
+                        "half of it again when the op is recomputed")
     reports: int = Field(default=0, ge=0, description="how many measured runs the factors were fitted to")
     time_error_before: float | None = None
     time_error_after: float | None = None
@@ -134,6 +147,26 @@ class Calibration(BaseModel):
             if not math.isfinite(f) or f <= 0:
                 raise ValueError(f"factor {k!r} must be a positive finite number, got {f!r}")
         return v
+
+
+class Overheads(BaseModel):
+    """Framework costs beside the ops' own compute (profiler.overheads), seconds: the AdamW
+    step's cost per parameter tensor (foreach=False), on a plain tensor and on a DTensor, the
+    extra cost of one op run under a tensor-parallel style (DTensor dispatch, forward and
+    backward, with the conversions of its input and output), and activation checkpointing's
+    own cost per recomputed op."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    optimizer_tensor: float = 0.0
+    optimizer_dtensor: float = 0.0
+    dtensor_op: float = 0.0
+    recompute_op: float = Field(default=0.0, description="activation checkpointing's own cost per recomputed op, "
+                                "beyond its forward run again")
+
+    @field_validator("optimizer_tensor", "optimizer_dtensor", "dtensor_op", "recompute_op")
+    @classmethod
+    def _check(cls, v: float) -> float:
+        return _finite_nonneg(v, "an overhead")
 
 
 class HostInfo(BaseModel):
@@ -171,6 +204,8 @@ class DeviceProfile(BaseModel):
     ops: dict[str, OpEntry] = Field(default_factory=dict)
     collectives: list[CollectiveFit] = Field(default_factory=list)
     optimizer: dict[str, LinearFit] = Field(default_factory=dict, description="AdamW step per precision; x = elements")
+    overheads: Overheads | None = Field(default=None, description="framework costs per parameter tensor and per "
+                                        "tensor-parallel op (profiler.overheads)")
     calibration: Calibration | None = None
     models: list[ProfiledModel] = Field(default_factory=list)
     seconds: float = Field(default=0.0, ge=0.0, description="profiling time spent on this profile, all runs")
@@ -303,6 +338,8 @@ class ProfileLookup:
         self.compute_factors: dict[str, float] = dict(cal.compute) if cal else {}
         self.comm_factors: dict[str, float] = dict(cal.comm) if cal else {}
         self.memory_overhead = float(cal.memory_overhead_bytes) if cal else 0.0
+        self.sync = float(cal.sync_s) if cal else 0.0
+        self.op_overhead = float(cal.op_s) if cal else 0.0
         self._sig: dict[tuple, str] = {}
         self.measured: set[str] = set()
         self.missing: set[str] = set()
@@ -322,7 +359,7 @@ class ProfileLookup:
         the roofline (backward = 2x forward) when the signature was not profiled."""
         sig = self.signature(op, mesh, cfg)
         entry = self.profile.ops.get(sig)
-        f = self.compute_factors.get(op.kind, 1.0)
+        f = self.compute_factor(op.kind)
         if entry is None:
             self.missing.add(sig)
             return f * roofline_fwd, f * 3.0 * roofline_fwd, False
@@ -338,15 +375,40 @@ class ProfileLookup:
             return 1.0
         return max(1.0, ranks_per_host * host.threads / host.cpu_count)
 
-    def optimizer(self, elements: float, roofline: float) -> tuple[float, bool]:
-        """Seconds of the optimizer step over `elements` parameters on one rank."""
-        f = self.compute_factors.get("optimizer", 1.0)
+    def compute_factor(self, kind: str) -> float:
+        """The calibrated factor of an op kind (or 'optimizer'): its own, else the one every kind
+        shares ('*'), else 1."""
+        return self.compute_factors.get(kind, self.compute_factors.get("*", 1.0))
+
+    def optimizer(self, elements: float, roofline: float, tensors: float = 0.0, dtensor: bool = False
+                  ) -> tuple[float, bool]:
+        """Seconds of the optimizer step over `elements` parameter elements in `tensors` parameter
+        tensors on one rank (`dtensor`: DTensor parameters). With the profile's measured
+        overheads, the per-element rate of the fit plus a cost per tensor; without them, the
+        fit as it stands (its latency paid once per op)."""
+        f = self.compute_factor("optimizer")
         if elements <= 0:
             return 0.0, True
         fit = self.profile.optimizer.get(self.precision)
         if fit is None:
             return f * roofline, False
-        return f * fit(elements), True
+        ov = self.profile.overheads
+        if ov is None:
+            return f * fit(elements), True
+        per_tensor = ov.optimizer_dtensor if dtensor else ov.optimizer_tensor
+        return f * (fit.beta * elements + per_tensor * tensors), True
+
+    def recompute_op(self) -> float:
+        """Seconds activation checkpointing adds per recomputed op beyond its forward (calibrated
+        with 'dtensor', the other framework overhead); 0 without measured overheads."""
+        ov = self.profile.overheads
+        return self.compute_factor("dtensor") * ov.recompute_op if ov is not None else 0.0
+
+    def dtensor_op(self) -> float:
+        """Seconds one op run under a tensor-parallel style adds (DTensor dispatch, forward and
+        backward), with its own calibration factor ('dtensor'); 0 without measured overheads."""
+        ov = self.profile.overheads
+        return self.compute_factor("dtensor") * ov.dtensor_op if ov is not None else 0.0
 
     def collective(self, kind: str, group_size: int) -> CollectiveFit | None:
         fit = self._fits.get((kind, group_size))

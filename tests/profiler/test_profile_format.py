@@ -104,7 +104,7 @@ SIG = "linear:linear|4x16:bf16|8x16:bf16|4x8:bf16|-"
     (["ops", SIG, "samples"], 0, "invalid profile at ops"),
     (["collectives", 0, "beta"], float("inf"), "finite"),
     (["collectives", 0, "group_size"], 1, "invalid profile at collectives"),
-    (["collectives", 0, "kind"], "broadcast", "invalid profile at collectives"),
+    (["collectives", 0, "kind"], "scatter", "invalid profile at collectives"),
     (["calibration", "compute", "linear"], 0.0, "positive"),
     (["device"], "tpu-v9", "unknown device"),
     (["surprise"], 1, "invalid profile"),

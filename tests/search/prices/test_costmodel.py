@@ -96,8 +96,10 @@ def test_data_parallel_gradient_all_reduce(n: int, per_node: int, bw: float, lat
     alpha, beta = cm.collective_coefficients(mesh, 0)
     assert alpha[ALL_REDUCE] == pytest.approx(2 * lat * steps, rel=1e-12)
     assert beta[ALL_REDUCE] == pytest.approx(2 * (n - 1) / n / bw, rel=1e-12)
-    # gradients travel in 25 MiB buckets: a parameter pays the latency for its share of one
-    t_allreduce = 2 * lat * steps * grad_bytes / (25 * 2**20) + expected_volume / bw
+    # ZeRO-0 runs as FSDP2's replicate: one all-reduce per wrapped unit (each block layer, the
+    # root), whatever its size; this graph has no blocks, so the weight is the root unit's only
+    # parameter and pays the whole latency
+    t_allreduce = 2 * lat * steps + expected_volume / bw
 
     # compute, per device with the batch split n ways, at achievable speed (search/prices/compute.py):
     #   flops = 2 * B*S * H*K = 2 * 64 * 512 = 65536, / n on each device
@@ -314,12 +316,15 @@ def test_zero_stages_shard_states_over_the_data_parallel_group(zero, params, gra
 
 def test_zero_communication_volumes():
     # per device, ring collectives over n=8 of a 4096-byte gradient / weight (bf16):
-    # ZeRO-0: all-reduce 2*(7/8)*4096; ZeRO-1/2: reduce-scatter + all-gather = the same volume;
-    # ZeRO-3: one more all-gather of the weights (forward and backward each gather them)
+    # ZeRO-0: all-reduce 2*(7/8)*4096; ZeRO-2: reduce-scatter + all-gather = the same volume;
+    # ZeRO-3: one more all-gather of the weights (forward and backward each gather them);
+    # ZeRO-1 as the executor runs it (DDP and ZeroRedundancyOptimizer): the all-reduce, then
+    # the owner's broadcast of the updated weight
     vol = {z: _dp_linear_costs(z)[2].comm[_dp_linear_costs(z)[3], 0] for z in (0, 1, 2, 3)}
     assert vol[0] == pytest.approx(2 * 7 / 8 * 4096)
-    assert vol[1] == pytest.approx(vol[0]) and vol[2] == pytest.approx(vol[0])
+    assert vol[2] == pytest.approx(vol[0])
     assert vol[3] == pytest.approx(3 * 7 / 8 * 4096)
+    assert vol[1] == pytest.approx(3 * 7 / 8 * 4096)
 
 
 def test_recompute_costs_one_more_forward_and_keeps_no_activations():

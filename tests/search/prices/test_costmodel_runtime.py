@@ -1,0 +1,328 @@
+"""The cost model prices what the executor runs (issue 15, items 4 and 5): FSDP2's collectives per
+wrapped unit, a tensor-parallel partial gradient's own all-reduce, ZeRO-1 as DDP plus per-tensor
+broadcasts, the forward collectives a recomputed layer runs again, the logits the loss keeps and
+makes, ZeRO-3's gathered units, and the framework overheads and sync cost a profile carries.
+
+Every expected figure is derived here from the rule it checks (catalog h100-80gb figures as in
+test_costmodel.py, or a hand-made profile with round numbers), not read back from the model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from search.algorithm.chain import layer_index, recompute_var
+from search.algorithm.evaluate import evaluate, tables
+from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, TensorRef
+from search.prices.cluster import Cluster, get_device, make_cluster
+from search.prices.costmodel import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    LOSS_COPIES,
+    CostModel,
+    TrainingJob,
+    runs_on_dtensor,
+    sync_unit_shares,
+)
+from search.prices.mesh import Mesh, MeshAxis, op_configs
+from search.prices.profile import Calibration, CollectiveFit, DeviceProfile, HostInfo, LinearFit, Overheads
+from tests.search.graphs import act, linear, norm, pointwise, stack
+
+HBM = 3.35e12
+INTRA_LAT = 3e-6
+
+
+def dp(n: int) -> Mesh:
+    return Mesh(pp=1, axes=(MeshAxis("dp", n, 1, "data"), MeshAxis("tp", 1, 1, "tensor")))
+
+
+def tp(n: int) -> Mesh:
+    return Mesh(pp=1, axes=(MeshAxis("dp", 1, n, "data"), MeshAxis("tp", n, 1, "tensor")))
+
+
+def dp_tp(d: int, t: int) -> Mesh:
+    return Mesh(pp=1, axes=(MeshAxis("dp", d, t, "data"), MeshAxis("tp", t, 1, "tensor")))
+
+
+def catalog(graph: OpGraph, n: int = 8, precision: str = "bf16") -> CostModel:
+    """The h100-80gb figures with nothing hidden behind compute, so that each collective's price
+    shows whole in the step (how much of it backward hides is test_costmodel.py's)."""
+    device = get_device("h100-80gb").model_copy(update={"comm_overlap": 0.0})
+    cluster = Cluster(device=device, num_devices=n, devices_per_node=min(n, 8))
+    return CostModel(graph, cluster, TrainingJob(global_batch=8, precision=precision))
+
+
+def cfg_with(oc, want: tuple) -> int:
+    return oc.configs.index(want)
+
+
+def adam_bytes_time(elements: float, b: int = 2, g: int = 2, o: int = 12) -> float:
+    """The catalog's optimizer step: read + write of parameter, gradient and Adam state."""
+    return elements * 2 * (b + g + o) / (HBM * get_device("h100-80gb").memory_efficiency)
+
+
+# ---- FSDP2: one collective per wrapped unit ------------------------------------------------------
+def test_unit_shares_sum_to_one_per_unit() -> None:
+    g = stack(2)  # inp (root), blocks.{0,1}.{ln, fc, add}, head (root)
+    sh = sync_unit_shares(g)
+    h = 512
+    layer = h + h * h  # the norm's weight and the linear's
+    assert sh["blocks.0.ln.weight"] == pytest.approx(h / layer)
+    assert sh["blocks.1.fc.weight"] == pytest.approx(h * h / layer)
+    assert sh["inp.weight"] == pytest.approx(0.5) and sh["head.weight"] == pytest.approx(0.5)
+    assert sum(sh.values()) == pytest.approx(3.0)  # three units: two layers and the root
+
+
+def test_zero0_pays_one_all_reduce_latency_per_unit() -> None:
+    """FSDP2's replicate all-reduces a layer's gradients in one call: the layer's ops together
+    pay one latency (was: each parameter's share of a 25 MiB bucket, about nothing)."""
+    g = stack(2)
+    cm = catalog(g)
+    mesh = dp(8)
+    alpha, beta = cm.collective_coefficients(mesh, 0)
+    t_sync = 0.0
+    for name in ("blocks.0.ln", "blocks.0.fc"):
+        op = g.op(name)
+        oc = cm.op_costs(op, mesh, zero=0)
+        c = cfg_with(oc, ("batch", None))
+        elements = sum(p.numel for p in op.params)
+        t_sync += oc.step[c] - adam_bytes_time(elements)
+    h = 512
+    grads = (h + h * h) * 2  # bf16
+    assert t_sync == pytest.approx(alpha[ALL_REDUCE] + beta[ALL_REDUCE] * grads, rel=1e-9)
+    assert alpha[ALL_REDUCE] == pytest.approx(2 * INTRA_LAT * 3)  # one latency, not 2/25 MiB of one
+
+
+def test_zero3_pays_three_collective_latencies_per_unit() -> None:
+    g = stack(2)
+    cm = catalog(g)
+    mesh = dp(8)
+    alpha, beta = cm.collective_coefficients(mesh, 0)
+    op = g.op("blocks.0.fc")
+    oc = cm.op_costs(op, mesh, zero=3)
+    c = cfg_with(oc, ("batch", None))
+    share = sync_unit_shares(g)["blocks.0.fc.weight"]
+    w = op.params[0].numel * 2
+    expected = share * (alpha[1] + 2 * alpha[ALL_GATHER]) + beta[1] * w + 2 * beta[ALL_GATHER] * w
+    assert oc.step[c] - adam_bytes_time(op.params[0].numel / 8) == pytest.approx(expected, rel=1e-9)
+
+
+def test_tensor_axis_partial_gradient_pays_a_whole_all_reduce() -> None:
+    """A sequence-parallel norm's weight is replicated on the tensor axis but sees split tokens:
+    its gradient is partial and a hook of its own all-reduces it (a full latency)."""
+    x = act(None, ("batch", "seq", "hidden"))
+    op = norm("ln", x)
+    g = OpGraph(name="ln", ops=(op,))
+    cm = catalog(g)
+    mesh = tp(8)
+    oc = cm.op_costs(op, mesh)
+    c = cfg_with(oc, (None, "seq"))
+    alpha, beta = cm.collective_coefficients(mesh, 1)
+    grads = 512 * 2
+    assert oc.step[c] - adam_bytes_time(512) == pytest.approx(alpha[ALL_REDUCE] + beta[ALL_REDUCE] * grads, rel=1e-9)
+
+
+# ---- ZeRO-1 as the executor runs it --------------------------------------------------------------
+def test_zero1_broadcasts_every_tensor_and_runs_as_zero2_under_tensor_parallelism() -> None:
+    g = stack(2)
+    cm = catalog(g)
+    op = g.op("blocks.0.fc")
+    n = op.params[0].numel
+    mesh = dp(8)
+    oc = cm.op_costs(op, mesh, zero=1)
+    c = cfg_with(oc, ("batch", None))
+    alpha, beta = cm.collective_coefficients(mesh, 0)
+    grads = n * 2
+    buckets = math.ceil(g.param_count() * 2 / (25 * 2**20))
+    all_reduce = alpha[ALL_REDUCE] * grads / (g.param_count() * 2) * buckets + beta[ALL_REDUCE] * grads
+    broadcast = alpha[ALL_GATHER] + beta[ALL_GATHER] * grads  # no broadcast fit: priced as an all-gather
+    assert oc.step[c] - adam_bytes_time(n / 8) == pytest.approx(all_reduce + broadcast, rel=1e-9)
+    # grads stay whole (DDP), optimizer state sharded
+    assert oc.parts[c, 1] == pytest.approx(n * 2) and oc.parts[c, 2] == pytest.approx(n * 12 / 8)
+    # with a tensor axis the executor shards gradients too (FSDP2, reshard_after_forward=False)
+    m2 = dp_tp(4, 2)
+    z1, z2 = cm.op_costs(op, m2, zero=1), cm.op_costs(op, m2, zero=2)
+    assert np.array_equal(z1.time, z2.time) and np.array_equal(z1.mem, z2.mem)
+
+
+# ---- recomputation runs the forward collectives again --------------------------------------------
+def mlp_stack(n_layers: int) -> OpGraph:
+    """n layers x -> up (hidden -> ffn) -> down (ffn -> hidden) -> act."""
+    ops: list[Op] = []
+    prev = None
+    layers = []
+    for i in range(n_layers):
+        up = linear(f"blocks.{i}.up", act(prev, ("batch", "seq", "hidden")), "ffn")
+        down = linear(f"blocks.{i}.down", act(up.name, up.output.dims), "hidden")
+        out = pointwise(f"blocks.{i}.act", [act(down.name, down.output.dims)])
+        ops += [up, down, out]
+        layers.append((up.name, down.name, out.name))
+        prev = out.name
+    return OpGraph(name="mlp", ops=tuple(ops), blocks=(BlockInfo(prefix="blocks", layers=tuple(layers)),))
+
+
+def test_recomputed_layer_pays_its_forward_collectives_twice() -> None:
+    g = mlp_stack(3)
+    cm = catalog(g)
+    mesh = tp(8)
+    down, add = g.op("blocks.0.down"), g.op("blocks.0.act")
+    d_cfgs, a_cfgs = op_configs(down, mesh, "batch"), op_configs(add, mesh, "batch")
+    ec = cm.edge_costs(down, add, mesh, d_cfgs, a_cfgs)
+    # a row-parallel down (its input features split) leaves a partial sum, all-reduced into the
+    # replicated activation; its replicated gradient goes back as it is
+    cu, cv = d_cfgs.index((None, "ffn")), a_cfgs.index((None, None))
+    alpha, beta = cm.collective_coefficients(mesh, 1)
+    fwd = alpha[ALL_REDUCE] + beta[ALL_REDUCE] * down.output.numel * 2
+    assert ec.time[cu, cv] == pytest.approx(fwd, rel=1e-9)
+    assert ec.recomputed_time[cu, cv] == pytest.approx(2 * fwd, rel=1e-9)
+    # evaluate charges it again only when the consumer's layer is recomputed
+    ops, edges = tables(g, cm, mesh)
+    assignment: dict[str, np.ndarray | int] = {name: np.array([0]) for name in ops}
+    for i in range(3):
+        assignment[f"blocks.{i}.up"] = np.array([op_configs(g.op(f"blocks.{i}.up"), mesh, "batch").index((None, "ffn"))])
+        assignment[f"blocks.{i}.down"] = np.array([cu])
+    layers = layer_index(g)
+    t = {}
+    for rc in (0, 1):
+        a = dict(assignment)
+        for i in range(3):
+            a[recompute_var(i)] = np.array([rc if i == 1 else 0])
+        t[rc] = float(evaluate(ops, edges, 0.0, a, layers)["time"][0])
+    again = sum(float(ops[n].time_rc[int(assignment[n][0])] - ops[n].time[int(assignment[n][0])])
+                for n in ("blocks.1.up", "blocks.1.down", "blocks.1.act"))
+    assert t[1] - t[0] == pytest.approx(again + fwd, rel=1e-9)
+
+
+# ---- memory ---------------------------------------------------------------------------------------
+def lm_head_and_loss(vocab: int = 1024) -> OpGraph:
+    x = TensorRef(source=None, shape=(8, 64, 512), dims=("batch", "seq", "hidden"))
+    head = Op(name="head", kind="linear", inputs=(x,), output=TensorRef(shape=(8, 64, vocab), dims=("batch", "seq", "vocab")),
+              params=(ParamRef(name="head.weight", shape=(vocab, 512), dims=("vocab", "hidden")),),
+              splittable=("batch", "seq", "vocab", "hidden"), flops=2.0 * 8 * 64 * vocab * 512, saves="inputs")
+    tgt = TensorRef(source=None, shape=(8, 64), dims=("batch", "seq"), dtype="int64")
+    logits = TensorRef(source="head", shape=(8, 64, vocab), dims=("batch", "seq", "vocab"))
+    loss = Op(name="loss", kind="loss", inputs=(logits, tgt), output=TensorRef(shape=(), dims=()),
+              splittable=("batch", "seq"), flops=8.0 * 64 * vocab * 4, saves="output")
+    return OpGraph(name="lm", ops=(head, loss))
+
+
+def test_loss_keeps_its_log_probabilities_and_makes_two_logit_gradients() -> None:
+    """Cross entropy keeps log-probabilities (one logits copy) and its backward, the step's first,
+    makes two more: three copies at the loss's local input shape - a quarter of the logits on 4
+    data-parallel ranks, all of them when tensor parallelism leaves the loss whole."""
+    g = lm_head_and_loss()
+    logits = 8 * 64 * 1024 * 4  # fp32
+    cm = catalog(g, 4, "fp32")
+    loss = g.op("loss")
+    on_dp = cm.op_costs(loss, dp(4))
+    scalar = 4  # the loss value itself, kept
+    assert on_dp.parts[cfg_with(on_dp, ("batch", None)), 3] == pytest.approx(LOSS_COPIES * logits / 4 + scalar)
+    on_tp = cm.op_costs(loss, tp(4))
+    assert LOSS_COPIES == 3 and on_tp.parts[cfg_with(on_tp, (None, None)), 3] == pytest.approx(3 * logits + scalar)
+    # the workspace constant leaves the logits to the loss: none of the ops' outputs counts there
+    assert cm.buffers(dp(4)) == 0.0
+
+
+def test_zero3_holds_the_root_and_two_block_layers_gathered() -> None:
+    g = stack(4)
+    cm = catalog(g)
+    mesh = dp(8)
+    h = 512
+    layer = (h + h * h) * 2  # one block layer's parameters, bf16, gathered whole
+    root = 2 * h * h * 2     # inp and head
+    worst = 2 * 8 * 64 * h * 2 / 8  # the largest output and its gradient, batch split 8 ways
+    assert cm.buffers(mesh, zero=3) == pytest.approx(root + 2 * layer + worst)
+    assert cm.buffers(mesh, zero=2) == pytest.approx(worst)
+
+
+# ---- a profile's overheads and calibrated sync ---------------------------------------------------
+def profile(dtensor_op: float = 3e-4, recompute_op: float = 5e-5, **cal) -> DeviceProfile:
+    fits = [CollectiveFit(kind=k, group_size=4, alpha=1e-3, beta=1e-9)
+            for k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")]
+    return DeviceProfile(device="cpu", host=HostInfo(cpu_count=0), collectives=fits,
+                         optimizer={"fp32": LinearFit(alpha=5e-4, beta=2e-9)},
+                         overheads=Overheads(optimizer_tensor=1e-5, optimizer_dtensor=1e-4, dtensor_op=dtensor_op,
+                                             recompute_op=recompute_op),
+                         calibration=Calibration(**cal) if cal else None)
+
+
+def cpu_model(g: OpGraph, prof: DeviceProfile) -> CostModel:
+    return CostModel(g, make_cluster("cpu", 4, devices_per_node=4), TrainingJob(global_batch=8, precision="fp32"),
+                     profile=prof)
+
+
+def test_profile_prices_the_optimizer_per_tensor() -> None:
+    g = stack(2)
+    cm = cpu_model(g, profile())
+    op = g.op("blocks.0.fc")  # one weight tensor of 512 x 512
+    n = op.params[0].numel
+    total = g.param_count() * 4
+    # ZeRO-0 (FSDP2's replicate): a DTensor parameter; its unit's all-reduce, its share of one latency
+    z0 = cm.op_costs(op, dp(4), zero=0)
+    c = cfg_with(z0, ("batch", None))
+    sync0 = 1e-3 * sync_unit_shares(g)["blocks.0.fc.weight"] + 1e-9 * n * 4
+    assert z0.step[c] == pytest.approx(sync0 + 2e-9 * n + 1e-4, rel=1e-9)
+    # ZeRO-1 (DDP + ZeroRedundancyOptimizer): plain tensors, a quarter of them stepped here; DDP's
+    # one bucket's all-reduce and a broadcast of the tensor (no broadcast fit: an all-gather's)
+    z1 = cm.op_costs(op, dp(4), zero=1)
+    sync1 = (1e-3 * n * 4 / total * math.ceil(total / (25 * 2**20)) + 1e-9 * n * 4) + (1e-3 + 1e-9 * n * 4)
+    assert z1.step[c] == pytest.approx(sync1 + 2e-9 * n / 4 + 1e-5 / 4, rel=1e-9)
+
+
+def test_profile_prices_dtensor_dispatch_and_checkpointing_per_op() -> None:
+    g = stack(2)
+    op = g.op("blocks.0.ln")  # a norm: replicated, or sequence-parallel under a style
+    mesh = tp(4)
+    bare = cpu_model(g, profile(dtensor_op=0.0, recompute_op=0.0)).op_costs(op, mesh)
+    full = cpu_model(g, profile()).op_costs(op, mesh)
+    sp, rep = full.configs.index((None, "seq")), full.configs.index((None, None))
+    assert runs_on_dtensor(op, full.configs[sp], mesh) and not runs_on_dtensor(op, full.configs[rep], mesh)
+    # the styled op pays the dispatch (half of it in its forward, which recomputation repeats);
+    # every recomputed op pays the checkpoint's own work; the optimizer steps a DTensor either way
+    assert full.time[sp] - bare.time[sp] == pytest.approx(3e-4, rel=1e-9)
+    assert full.time[rep] - bare.time[rep] == pytest.approx(0.0, abs=1e-15)
+    assert (full.time_rc[sp] - full.time[sp]) - (bare.time_rc[sp] - bare.time[sp]) == pytest.approx(3e-4 / 2 + 5e-5)
+    assert (full.time_rc[rep] - full.time[rep]) - (bare.time_rc[rep] - bare.time[rep]) == pytest.approx(5e-5)
+
+
+def test_calibrated_sync_is_added_to_every_collective_call() -> None:
+    g = stack(2)
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    job = TrainingJob(global_batch=8, precision="fp32")
+    plain = CostModel(g, cluster, job, profile=profile())
+    synced = CostModel(g, cluster, job, profile=profile(sync_s=0.01))
+    a0, b0 = plain.collective_coefficients(dp(4), 0)
+    a1, b1 = synced.collective_coefficients(dp(4), 0)
+    assert a0[ALL_REDUCE] == pytest.approx(1e-3) and a1[ALL_REDUCE] == pytest.approx(1e-3 + 0.01)
+    assert a1[0] == 0.0 and np.array_equal(b0, b1)
+    assert synced.p2p_coefficients(2, 2)[0] == pytest.approx(plain.p2p_coefficients(2, 2)[0] + 0.01)
+
+
+def test_calibrated_op_cost_is_paid_by_every_op_and_half_again_when_recomputed() -> None:
+    g = stack(2)
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    job = TrainingJob(global_batch=8, precision="fp32")
+    plain = CostModel(g, cluster, job, profile=profile())
+    costly = CostModel(g, cluster, job, profile=profile(op_s=2e-4))
+    for op in g.ops:
+        a, b = plain.op_costs(op, dp(4)), costly.op_costs(op, dp(4))
+        assert np.allclose(b.time - a.time, 2e-4, rtol=0, atol=1e-12)
+        assert np.allclose(b.time_rc - a.time_rc, 3e-4, rtol=0, atol=1e-12)
+
+
+def test_shared_calibration_recovers_a_compute_factor_a_sync_and_an_op_cost() -> None:
+    from profiler.calibrate import OPS, SYNC, PlanParts, fit_factors
+
+    rng = np.random.default_rng(3)
+    parts = [PlanParts(base=float(rng.uniform(1e-3, 5e-3)), compute={"*": float(rng.uniform(5e-3, 5e-2))},
+                       comm={SYNC: float(rng.integers(1, 12)) * 1e-3, OPS: float(rng.integers(30, 80)) * 1e-3},
+                       memory=1e6) for _ in range(15)]
+    true = {"*": 1.8, SYNC: 6.5, OPS: 0.25}
+    measured = [p.time({"*": true["*"]}, {SYNC: true[SYNC], OPS: true[OPS]}) for p in parts]
+    c, a = fit_factors(parts, measured, {"*": 1.0}, {SYNC: 0.0, OPS: 0.0})
+    assert c["*"] == pytest.approx(true["*"], rel=0.02)
+    assert a[SYNC] == pytest.approx(true[SYNC], rel=0.02)
+    assert a[OPS] == pytest.approx(true[OPS], rel=0.05)
