@@ -79,9 +79,10 @@ def confidence(priced_from: PricedFrom, model: str | None = None, devices: int |
     if held.time is not None or held.memory is not None:
         bits = [f"{held.plans} plans" if held.plans is not None else None, held.machine, held.date]
         checked = ", ".join(b for b in bits if b) or None
-        band = (f"held-out error median {_pct(held.time) if held.time is not None else '(time not measured)'} time, "
-                f"{_pct(held.memory) if held.memory is not None else '(memory not measured)'} memory"
-                + (f" ({checked})" if checked else ""))
+        figures = [f"{_pct(x)} {what}" for x, what in ((held.time, "time"), (held.memory, "memory")) if x is not None]
+        unchecked = [what for x, what in ((held.time, "time"), (held.memory, "memory")) if x is None]
+        band = (f"held-out error median {', '.join(figures)}" + (f" ({checked})" if checked else "")
+                + (f"; {' and '.join(unchecked)} not checked" if unchecked else ""))
     else:
         band = "held-out error not measured yet"
     if priced_from == "profile":
