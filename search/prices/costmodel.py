@@ -414,6 +414,12 @@ class CostModel:
             for n, t in zip(in_locals, op.inputs, strict=True):
                 if t.source is None:
                     saved += n * self.esize(t)
+        if op.saves == "attention":
+            # an input the attention reads larger than its producer made it (grouped-query K/V
+            # repeated over the query heads) is a new tensor autograd keeps beside the producer's
+            for n, t in zip(in_locals, op.inputs, strict=True):
+                if t.source is not None and t.numel > self.graph.op(t.source).output.numel:
+                    saved += n * (1.0 - self.graph.op(t.source).output.numel / t.numel) * self.esize(t)
         if op.kind == "loss" and op.inputs:
             saved += LOSS_COPIES * in_locals[0] * self.esize(op.inputs[0])
         return saved

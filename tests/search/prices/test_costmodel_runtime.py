@@ -326,3 +326,28 @@ def test_shared_calibration_recovers_a_compute_factor_a_sync_and_an_op_cost() ->
     assert c["*"] == pytest.approx(true["*"], rel=0.02)
     assert a[SYNC] == pytest.approx(true[SYNC], rel=0.02)
     assert a[OPS] == pytest.approx(true[OPS], rel=0.05)
+
+
+def test_attention_keeps_the_repeated_kv_of_grouped_query_attention() -> None:
+    """K with 2 heads read by an attention of 4 query heads (repeat_interleave, folded into the edge):
+    autograd keeps the repeated copy beside K's own output, so the attention's saved bytes include it."""
+    x = TensorRef(source=None, shape=(8, 64, 64), dims=("batch", "seq", "hidden"))
+    k = Op(name="k", kind="linear", inputs=(x,), output=TensorRef(shape=(8, 64, 32), dims=("batch", "seq", "kv")),
+           params=(ParamRef(name="k.weight", shape=(32, 64), dims=("kv", "hidden")),),
+           splittable=("batch",), flops=2.0 * 8 * 64 * 32 * 64, saves="inputs")
+
+    def attention(kv_shape: tuple[int, ...]) -> Op:
+        src = TensorRef(source="k", shape=kv_shape, dims=("batch", "heads", "seq", "hd"))
+        return Op(name="attn", kind="attention", inputs=(src,),
+                  output=TensorRef(shape=(8, 4, 64, 16), dims=("batch", "heads", "seq", "hd")),
+                  splittable=("batch",), flops=1e6, saves="attention")
+
+    def saved(kv_shape: tuple[int, ...]) -> float:
+        att = attention(kv_shape)
+        cm = catalog(OpGraph(name="gqa", ops=(k, att)), precision="fp32")
+        oc = cm.op_costs(att, dp(8))
+        return float(oc.parts[oc.configs.index(("batch", None)), 3])
+
+    plain, repeated = saved((8, 2, 64, 16)), saved((8, 4, 64, 16))
+    local = 8 * 4 * 64 * 16 / 8  # the repeated K on one of 8 data-parallel ranks
+    assert repeated - plain == pytest.approx(local * 0.5 * 4)  # the half K's own output does not hold, fp32
