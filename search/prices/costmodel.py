@@ -1,11 +1,13 @@
-"""Cost model (DESIGN.md section 4): time and memory per op configuration and per edge.
+"""Cost model (docs/cost-model.md): time and memory per op configuration and per edge.
 
 Both objectives are sums over ops and edges, which is what makes frontier tracking exact:
-- an op in configuration c costs its compute (forward + backward, roofline from the device
-  catalog: max of FLOPs / peak and bytes / memory bandwidth; backward = 2x forward), the
-  all-reduce of its parameters' gradients over every axis that splits a dimension the parameter
-  does not carry (data parallelism), and its optimizer step; its memory is its share of
-  parameters, gradients and optimizer state plus the activations autograd keeps for backward;
+- an op in configuration c costs its compute at the device's achievable speed
+  (search/prices/compute.py: GEMMs by shape, attention by its kernel, memory-bound ops by
+  bandwidth, a launch cost per kernel), the collectives that synchronise its parameters'
+  gradients over every axis that splits a dimension the parameter does not carry, as far as
+  they outlast the compute they hide behind (the device's `comm_overlap`), and its optimizer
+  step; its memory is its share of parameters, gradients and optimizer state plus the
+  activations autograd keeps for backward;
 - an edge (u -> v) costs the collectives that turn u's output placement into v's input
   placement in the forward pass and v's input-gradient placement back into what u needs in the
   backward pass, and the memory of the redistributed copy when v keeps its input for backward.
@@ -13,13 +15,13 @@ The transient workspace is a per-mesh constant (the largest op output under its 
 configuration, with its gradient), so it shifts the whole frontier and keeps it exact.
 
 Collectives are priced alpha-beta: time = alpha + beta * bytes, with alpha and beta from the
-cluster's links.
+cluster's achievable links.
 
 With a DeviceProfile (search/prices/profile.py), an op's compute is its measured forward + backward at
 its local signature and the optimizer step its measured fit, collectives take the profile's fit
-for their kind and group size, and calibration factors scale compute per op kind and collectives
-per axis and add a memory overhead per rank; whatever the profile lacks falls back to the
-figures above, and the op or edge is flagged `estimated`.
+for their kind and group size, and calibration adds a compute factor, a sync cost per collective
+call, a framework cost per op and a memory overhead per rank; whatever the profile lacks falls
+back to the catalog's figures, and the op or edge is flagged `estimated`.
 """
 
 from __future__ import annotations
