@@ -360,7 +360,6 @@ class CostModel:
                                                             for pl in out_pl), mesh) if op.output.shape else 1.0
             rows, cols = gemm_shape(out_local, cols)
             kt = op_time(op, Kernel(flops=op.flops / shards, bytes=moved, rows=rows, cols=cols), self.device, self.peak)
-            t_fwd = kt.forward
             updated = parts[ci, 2] / b.optimizer  # parameters this rank's optimizer step updates
             t_opt = updated * 2 * (b.param + b.grad + b.optimizer) / self.mem_bw
             t_fwd, t_fb = kt.forward, kt.forward + kt.backward

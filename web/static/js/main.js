@@ -85,8 +85,8 @@ function reset() {
   $("#confidence").textContent = "";
   $("#runs-box").hidden = true;
   $("#chart").removeAttribute("data-points");
-  clearResizeErrors();
-  clearEstimateErrors();
+  clearFormErrors("#resize-form");
+  clearFormErrors("#estimate-form");
 }
 
 function jobMeta(job) {
@@ -485,13 +485,18 @@ function followRun(run, token) {
 }
 
 // ---- resize -----------------------------------------------------------------------------------
-function clearResizeErrors() {
-  for (const p of document.querySelectorAll("#resize-form .error")) { p.hidden = true; p.textContent = ""; }
-  for (const el of document.querySelectorAll("#resize-form [aria-invalid]")) el.removeAttribute("aria-invalid");
+// a form's error lines and invalid marks, cleared before it is submitted again
+function clearFormErrors(form) {
+  for (const p of document.querySelectorAll(`${form} .error`)) { p.hidden = true; p.textContent = ""; }
+  for (const el of document.querySelectorAll(`${form} [aria-invalid]`)) el.removeAttribute("aria-invalid");
+}
+// the request field a 422 names first (its loc without "body"), or []
+function errorLoc(err) {
+  const e = err.errors && err.errors[0];
+  return e && e.loc ? e.loc.filter((x) => x !== "body") : [];
 }
 function resizeField(err) {
-  const e = err.errors && err.errors[0];
-  const loc = e && e.loc ? e.loc.filter((x) => x !== "body") : [];
+  const loc = errorLoc(err);
   if (loc[0] === "devices" || loc[0] === "memory_per_device") return loc[0];
   if (/size|memory|bytes/i.test(err.detail)) return "memory_per_device";
   if (/devices|node/i.test(err.detail)) return "devices";
@@ -499,7 +504,7 @@ function resizeField(err) {
 }
 $("#resize-form").addEventListener("submit", async (e) => {
   e.preventDefault();
-  clearResizeErrors();
+  clearFormErrors("#resize-form");
   const form = e.target, button = $("#resize-submit");
   if (button.disabled || !state.jobId) return;
   const rawDevices = $("#r-devices").value.trim(), mem = $("#r-memory").value.trim();
@@ -560,13 +565,8 @@ const JOB_FIELDS = ["model", "name", "hf_config", "graph", "device", "devices", 
   "memory_budget", "global_batch", "seq_len", "precision", "profile"];
 const ESTIMATE_FIELDS = ["tp", "pp", "micro_batch", "zero", "recompute"];
 
-function clearEstimateErrors() {
-  for (const p of document.querySelectorAll("#estimate-form .error")) { p.hidden = true; p.textContent = ""; }
-  for (const el of document.querySelectorAll("#estimate-form [aria-invalid]")) el.removeAttribute("aria-invalid");
-}
 function estimateField(err) {
-  const e = err.errors && err.errors[0];
-  const loc = e && e.loc ? e.loc.filter((x) => x !== "body") : [];
+  const loc = errorLoc(err);
   if (ESTIMATE_FIELDS.includes(loc[0])) return loc[0];
   const m = /^--(tp|pp|micro-batch|zero|recompute)\b/.exec(err.detail) || /--(micro-batch|tp|pp)\b/.exec(err.detail);
   return m ? m[1].replace("-", "_") : "form";
@@ -577,7 +577,7 @@ function intOrText(raw) {
 }
 $("#estimate-form").addEventListener("submit", async (e) => {
   e.preventDefault();
-  clearEstimateErrors();
+  clearFormErrors("#estimate-form");
   const form = e.target, button = $("#estimate-submit");
   if (button.disabled || !state.jobId || !state.job) return;
   const req = state.job.request || {};
