@@ -21,6 +21,8 @@ pytestmark = pytest.mark.processes
 # now ends in half a second, before the service has even seen its progress)
 SLOW = {"model": "gpt2-xl", "device": "h100-80gb", "devices": 16, "global_batch": 32, "pipeline": True,
         "baselines": False}
+LONG = {"model": "llama-70b", "device": "h100-80gb", "devices": 128, "global_batch": 128, "pipeline": True,
+        "baselines": False}
 
 
 def wait_working(http: httpx.Client, job_id: int, timeout: float = 120.0) -> dict:
@@ -111,7 +113,9 @@ def test_a_stopped_worker_hands_its_task_back_at_once(backend, databases, tmp_pa
     worker = start_worker(server.url, "polite", tmp_path)
     try:
         with httpx.Client(base_url=server.url, timeout=120) as http:
-            job = http.post("/api/jobs", json={**SLOW, "global_batch": 64}).json()
+            # a search of half a minute: the SIGTERM lands inside it on a loaded CI machine too
+            # (gpt2-xl's ~10 s search once finished between the stage poll and the signal)
+            job = http.post("/api/jobs", json=LONG).json()
             wait_working(http, job["id"])
             assert worker.stop(signal.SIGTERM) == 0
             back = http.get(f"/api/jobs/{job['id']}").json()
