@@ -17,7 +17,17 @@ import numpy as np
 import pytest
 
 from paretoplan.cli import main
-from profiler.calibrate import FACTOR_MAX, FACTOR_MIN, PlanParts, Recoster, calibrate, check_report, fit_factors, plan_parts
+from profiler.calibrate import (
+    FACTOR_MAX,
+    FACTOR_MIN,
+    PlanParts,
+    Recoster,
+    calibrate,
+    check_report,
+    fit_factors,
+    memory_overhead,
+    plan_parts,
+)
 from search import Errors, Measured, Predicted, RunReport, rel_error
 from search.errors import InputError
 from search.plans.api import SearchRequest, run_search
@@ -86,6 +96,20 @@ def test_calibration_removes_the_error(plans, recoster) -> None:
         pred = recoster.parts(r["plan"]).time(cal.compute, cal.comm)
         assert pred == pytest.approx(r["measured"]["time_s"], rel=0.03)
     assert "->" in res.line() and "in-sample" in res.line()
+
+
+def test_a_model_that_overstates_memory_gets_no_negative_overhead(plans, recoster) -> None:
+    """Runs that measure less than predicted (the model's sum is an upper bound of the peak)
+    leave the overhead at zero: a negative constant would carry one model's slack to others."""
+    prof, ps = plans
+    lean = []
+    for plan in ps:
+        parts = recoster.parts(plan)
+        lean.append(run_report(plan, parts.time({}, {}), round(parts.memory * 0.9)))
+    cal = calibrate(lean, prof).profile.calibration
+    assert cal is not None and cal.memory_overhead_bytes == 0
+    assert memory_overhead([10.0, 20.0, 30.0], [14.0, 23.0, 35.0]) == 4.0
+    assert memory_overhead([10.0, 20.0, 30.0], [9.0, 18.0, 35.0]) == 0.0
 
 
 def test_fit_factors_recovers_known_factors() -> None:
