@@ -126,6 +126,36 @@ def print_losses(labelled: list, reports: list[RunReport], steps: int, batch: in
     print(f"losses: every run within {worst[0]:.1e} of the single-process run's ({steps} steps; worst: {worst[1]})")
 
 
+def print_order(labelled: list, reports: list[RunReport]) -> None:
+    """What a frontier is worth beyond each error: per model, how many of its frontier plans stay
+    non-dominated when run (measured time and memory among the frontier plans run), and for
+    every memory budget at a measured peak of a plan run, whether the plan the prediction picks
+    (fastest predicted within the budget) fits when run and is the measured fastest that fits."""
+    by_model: dict[str, list[tuple[str, RunReport]]] = {}
+    for (model, label, _), rep in zip(labelled, reports, strict=True):
+        if rep.measured.memory_bytes:
+            by_model.setdefault(model, []).append((label, rep))
+    for model, runs in by_model.items():
+        meas = [(r.measured.time_s, float(r.measured.memory_bytes or 0)) for _, r in runs]
+        pred = [(r.predicted.time_s, float(r.predicted.memory_bytes)) for _, r in runs]
+        front = [i for i, (label, _) in enumerate(runs) if label.startswith("frontier")]
+        kept = sum(1 for i in front if not any(
+            meas[j][0] <= meas[i][0] and meas[j][1] <= meas[i][1] and meas[j] != meas[i] for j in front))
+        fits = fastest = budgets = 0
+        for budget in sorted({m for _, m in meas}):
+            within = [i for i, (_, m) in enumerate(pred) if m <= budget]
+            if not within:
+                continue
+            budgets += 1
+            pick = min(within, key=lambda i: pred[i][0])
+            fits += meas[pick][1] <= budget
+            really = [i for i, (_, m) in enumerate(meas) if m <= budget]
+            fastest += pick == min(really, key=lambda i: meas[i][0])
+        print(f"order ({model}): {kept} of {len(front)} frontier plans non-dominated when run; at {budgets} budgets "
+              f"(each plan's measured peak), the predicted pick fits in {fits} and is the measured fastest that fits "
+              f"in {fastest}")
+
+
 def print_refused(refused_all: list) -> None:
     if not refused_all:
         return
@@ -246,6 +276,7 @@ def held_out(args: argparse.Namespace) -> None:
     t_err, m_err = print_table(held, h_reports)
     print()
     print_losses(both, [rounds[0][i] for i in range(len(both))], per_round, args.global_batch)
+    print_order(calib + held, c_reports + h_reports)
     print(f"timing noise: the two rounds' medians of a plan differ by {statistics.median(gaps):.0%} (median over "
           f"{len(gaps)} plans; max {max(gaps):.0%})")
     print_refused(refused_c + refused_h)
@@ -307,6 +338,7 @@ def main() -> None:
     t_err, m_err = print_table(labelled, reports)
     print()
     print_losses(labelled, reports, args.steps, args.global_batch)
+    print_order(labelled, reports)
     if t_err:
         print(f"median |time error| {statistics.median(t_err) * 100:.0f}% (target {TIME_TARGET:.0%}), "
               f"median |memory error| {statistics.median(m_err) * 100:.0f}% (target {MEMORY_TARGET:.0%}) "
