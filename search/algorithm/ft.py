@@ -17,7 +17,9 @@ Read top to bottom:
    live configurations in the factor's scope, which is FT's dynamic programme over a
    topological order with the cut as state. Every join is followed by Pareto reduction
    (factor_graph.eliminate_all; the frontier algebra is frontier.py).
-4. Repeated layers (transformer blocks, chain.py) are solved once: the template layer's
+4. Repeated layers (transformer blocks, chain.py) are solved once, where every layer provably
+   prices like the template - the last one too, whatever reads its output (chain.find_chain;
+   otherwise the stack is solved op by op, exactly): the template layer's
    internal ops are eliminated to a factor over (its input op, its output op). The strategy
    space ties the residual stream's configuration across the stack (every block boundary uses
    the same layout, as every Megatron/FSDP plan does), while every op inside every layer

@@ -197,3 +197,20 @@ def test_block_reuse_on_a_tensor_mesh_sweep(variant, last):
     ex = exhaustive_search(g, CLUSTER_2, JOB, meshes=MESH_TP2, zero_stages=(0,), recompute=False)
     same_frontier(ft.points, ex.points)
     check_points(ft)
+
+
+def test_weights_shared_across_layers():
+    """ALBERT-like sharing (every layer reads layer 0's weight) ties the layers' layouts by pair
+    constraints the template cannot carry: block reuse ignored them and offered plans faster than
+    any that places the shared weight alike; declined, FT equals the exhaustive reference."""
+    g = stack(3)
+    shared = g.op("blocks.0.fc").params[0]
+    tied = shared.model_copy(update={"owner": False})
+    ops = [op.model_copy(update={"params": (tied,)}) if op.name in ("blocks.1.fc", "blocks.2.fc") else op
+           for op in g.ops]
+    g = g.model_validate({**g.model_dump(), "ops": [op.model_dump() for op in ops]})
+    opts = SearchOptions(meshes=tuple(MESH_TP2), zero_stages=(0,), recompute=False)
+    ft = search(g, CLUSTER_2, JOB, opts)
+    ex = exhaustive_search(g, CLUSTER_2, JOB, meshes=MESH_TP2, zero_stages=(0,), recompute=False)
+    same_frontier(ft.points, ex.points)
+    check_points(ft)
