@@ -32,8 +32,14 @@ def test_a_uniform_stack_is_reused_whatever_reads_it_after() -> None:
 
 
 @pytest.mark.parametrize("last,keep_input", [("none", True), ("pointwise", True), ("head", False)])
-def test_a_last_block_kept_otherwise_than_the_template_is_not(last: str, keep_input: bool) -> None:
-    assert find_chain(block_stack(4, last=last, keep_input=keep_input)) is None
+def test_a_last_block_kept_otherwise_than_the_template_is_solved_on_its_own(last: str, keep_input: bool) -> None:
+    """Not one template for every layer (a pipeline cuts them alike: no chain), but FT's block
+    reuse may solve the last one with its own tables."""
+    g = block_stack(4, last=last, keep_input=keep_input)
+    assert find_chain(g) is None
+    chain = find_chain(g, solo=True)
+    assert chain is not None and chain.solo and chain.reused == 2
+    assert chain.covered == set(g.blocks[0].layers[2])  # priced through the template: layer 2 only
 
 
 def test_one_layer_differing_in_what_the_cost_model_reads_is_not() -> None:

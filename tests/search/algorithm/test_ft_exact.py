@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from search.algorithm.chain import layer_index
+from search.algorithm.chain import find_chain, layer_index
 from search.algorithm.evaluate import evaluate, tables
 from search.algorithm.exhaustive import exhaustive_search
 from search.algorithm.frontier import RTOL
@@ -127,15 +127,18 @@ def test_stack_pruning_on_a_real_model():
 LASTS = ("head", "pointwise", "none", "two")
 
 
-def reusable(n: int, last: str, keep_input: bool, extra_output: bool, skip_residual: bool, side_output: bool) -> bool:
-    """Whether block_stack's stack lets the template stand for every layer, worked out from how
-    the generator builds it: wiring within the rules (no second output, no residual across two
-    blocks, nothing after the stack reading inside the last block), and the last block's output
-    kept for backward exactly when the template's is (a block's own first op keeps it iff
-    keep_input; after the stack, a linear head keeps it and an add does not)."""
-    wired = not extra_output and not skip_residual and not (side_output and last != "pointwise")
-    last_kept = last in ("head", "two") and not side_output
-    return n >= 3 and wired and last_kept == keep_input
+def reusable(n: int, last: str, extra_output: bool, skip_residual: bool, side_output: bool) -> bool:
+    """Whether block_stack's stack lets FT reuse blocks, worked out from how the generator builds
+    it: at least 3 layers, wired within the rules (no second output, no residual across two
+    blocks, nothing after the stack reading inside the last block)."""
+    return n >= 3 and not extra_output and not skip_residual and not (side_output and last != "pointwise")
+
+
+def solo(last: str, keep_input: bool, side_output: bool) -> bool:
+    """Whether the last block prices otherwise than the template, and is solved on its own: its
+    output is kept for backward when the template's is not, or the reverse (a block's own first
+    op keeps it iff keep_input; after the stack, a linear head keeps it and an add does not)."""
+    return (last in ("head", "two") and not side_output) != keep_input
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -145,15 +148,20 @@ def test_block_reuse_equals_exhaustive_whatever_the_boundary(n, last, flags, eig
     """Stacks of 2-6 identical blocks with side branches, side inputs, the last block's output
     read by a head, by an add, by both or by nothing, second outputs, residuals across blocks and
     outputs beside the block's, at 4 and 8 devices (every ZeRO stage, recomputation per layer):
-    FT with block reuse finds the exhaustive frontier, reuses blocks wherever the stack is
-    uniform, and every point re-costs to what it reports."""
+    FT with block reuse finds the exhaustive frontier, reuses blocks wherever the wiring allows
+    (solving the last block on its own where it prices otherwise than the template), and every
+    point re-costs to what it reports."""
     side_branch, side_input, keep_input, extra_output, skip_residual, side_output = flags
     g = block_stack(n, side_branch=side_branch, side_input=side_input, last=last, keep_input=keep_input,
                     extra_output=extra_output, skip_residual=skip_residual, side_output=side_output)
     cluster, meshes = (CLUSTER_8, MESH_8) if eight else (CLUSTER, MESH_4)
     ft = search(g, cluster, JOB, SearchOptions(meshes=tuple(meshes), reuse_blocks=True))
     ex = exhaustive_search(g, cluster, JOB, meshes=meshes)
-    assert ft.stats["block_reuse"] == reusable(n, last, keep_input, extra_output, skip_residual, side_output)
+    assert ft.stats["block_reuse"] == reusable(n, last, extra_output, skip_residual, side_output)
+    if ft.stats["block_reuse"]:
+        chain = find_chain(g, solo=True)
+        assert chain is not None and chain.solo == solo(last, keep_input, side_output)
+        assert ft.stats["layers_solved_once"] == n - 1 - chain.solo
     same_frontier(ft.points, ex.points)
     check_points(ft)
 
@@ -163,9 +171,11 @@ def test_last_block_priced_as_itself(last, keep_input):
     """The reproduction of issue 16: 5 identical blocks, the last one's output read by nothing
     (or kept by nothing) while the template's is kept - or the reverse, where the template's is
     kept by nothing and the head keeps the last one's. Priced like the template, the last block
-    over-stated memory in the first case and under-stated it in the second."""
+    over-stated memory in the first case and under-stated it in the second; now the template
+    covers blocks 1-3 and block 4 is priced with its own tables."""
     g = block_stack(5, last=last, keep_input=keep_input)
     ft = search(g, CLUSTER, JOB, SearchOptions(meshes=tuple(MESH_4)))
+    assert ft.stats["block_reuse"] and ft.stats["layers_solved_once"] == 3
     ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_4)
     same_frontier(ft.points, ex.points)
     check_points(ft)
@@ -174,12 +184,12 @@ def test_last_block_priced_as_itself(last, keep_input):
 @pytest.mark.parametrize("last,keep_input", [("head", True), ("none", True), ("none", False)])
 def test_block_reuse_on_a_tensor_mesh(last, keep_input):
     """The same on dp 2 x tp 2, where every op has several layouts and the boundary's is tied
-    across the stack: with the stack uniform (reused) or not (declined)."""
+    across the stack: with the stack uniform, or its last block solved on its own."""
     g = block_stack(3, last=last, keep_input=keep_input)
     opts = SearchOptions(meshes=tuple(MESH_2x2), zero_stages=(0,), recompute=False)
     ft = search(g, CLUSTER, JOB, opts)
     ex = exhaustive_search(g, CLUSTER, JOB, meshes=MESH_2x2, zero_stages=(0,), recompute=False)
-    assert ft.stats["block_reuse"] == reusable(3, last, keep_input, False, False, False)
+    assert ft.stats["block_reuse"] and ft.stats["layers_solved_once"] == 2 - solo(last, keep_input, False)
     same_frontier(ft.points, ex.points)
     check_points(ft)
 
