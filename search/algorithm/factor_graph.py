@@ -157,6 +157,7 @@ class _MeshFactors:
         elif chain:
             self.rename = {chain.layers[-1][-1]: chain.boundary}
         self.boundary = chain.boundary if chain else None
+        self.template = set(chain.template) if chain else set()  # solved under its own names
         self.domain = {name: len(oc.configs) for name, oc in op_costs.items()}
         self.domain.update({recompute_var(i): 2 for i in set(layer_of.values())})
         self.choices = (0, 1) if recompute_var(1) in self.domain else (0,)
@@ -209,7 +210,10 @@ class _MeshFactors:
                 if layer is not None and fixed.get(layer):
                     ec = EdgeCosts(src=ec.src, dst=ec.dst, time=ec.recomputed_time, mem=recomputed_mem(ec.mem),
                                    comm=ec.comm)
-                out.append(_edge_factor(ec, self.rename.get(src, src), op.name, rc))
+                # the template reads the boundary already; with a stack of 3 whose last layer is
+                # solved on its own, its output is the renamed op, but not to itself
+                src_var = src if op.name in self.template else self.rename.get(src, src)
+                out.append(_edge_factor(ec, src_var, op.name, rc))
         return out
 
     def solved(self, ops: list[Op], layer: int | None, keep: tuple[str, ...],
