@@ -41,7 +41,7 @@ Assignment = Mapping[str, np.ndarray | int]
 # ---- one mesh ------------------------------------------------------------------------------------
 def mesh_costs(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int, chain: Chain | None) -> dict[str, OpCosts]:
     """Op cost tables for every op FT will see (with a stack: all but layers 2..n-1)."""
-    covered = {n for layer in chain.layers[2:] for n in layer} if chain else set()
+    covered = chain.covered if chain else set()
     outputs = layer_outputs(graph)
     return {op.name: cm.op_costs(op, mesh, zero, checkpoint=op.name in outputs)
             for op in graph.ops if op.name not in covered}

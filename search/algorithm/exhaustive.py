@@ -39,7 +39,7 @@ def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job, profile=profile)
     meshes = placeable_meshes(graph, meshes if meshes is not None else mesh_candidates(cluster))
-    chain = find_chain(graph) if tie_blocks else None
+    chain = find_chain(graph, solo=True) if tie_blocks else None  # FT's block reuse, so FT's tie
     tied = {layer[-1]: chain.boundary for layer in chain.layers[1:]} if chain else {}
     layer_of = layer_index(graph) if recompute else {}
     rc_vars = sorted({recompute_var(i) for i in layer_of.values()})

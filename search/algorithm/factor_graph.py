@@ -146,8 +146,18 @@ class _MeshFactors:
         self.graph, self.cm, self.mesh, self.op_costs = graph, cm, mesh, op_costs
         self.layer_of, self.eps, self.edge_weights = layer_of, eps, edge_weights
         self.stats = Stats()
-        # ops after the stack read the last layer's output; the boundary variable stands for it
-        self.rename: dict[str, str] = {chain.layers[-1][-1]: chain.boundary} if chain else {}
+        # ops after the stack read the last layer's output; the boundary variable stands for it -
+        # or, with the last layer solved on its own, for the output it reads, its own output tied
+        # to the boundary by an equality factor (`solo_out`)
+        self.rename: dict[str, str] = {}
+        self.solo_out: str | None = None
+        if chain and chain.solo:
+            self.rename = {chain.layers[-2][-1]: chain.boundary}
+            self.solo_out = chain.layers[-1][-1]
+        elif chain:
+            self.rename = {chain.layers[-1][-1]: chain.boundary}
+        self.boundary = chain.boundary if chain else None
+        self.template = set(chain.template) if chain else set()  # solved under its own names
         self.domain = {name: len(oc.configs) for name, oc in op_costs.items()}
         self.domain.update({recompute_var(i): 2 for i in set(layer_of.values())})
         self.choices = (0, 1) if recompute_var(1) in self.domain else (0,)
@@ -189,6 +199,10 @@ class _MeshFactors:
             if layer is not None and layer in fixed:
                 oc = _with_recompute(oc, fixed[layer])
             out.append(_op_factor(op.name, oc, rc))
+            if op.name == self.solo_out and self.boundary is not None:
+                same = np.arange(len(oc.configs))
+                out.append(leaf((self.boundary, op.name), np.stack([same, same], 1), np.zeros(len(same)),
+                                np.zeros(len(same)), note=f"tie {op.name}={self.boundary}"))
             # its producers, and the ops it must agree with among those solved together
             partners = [pr.a for pr in self.pairs.get(op.name, []) if pr.a in names]
             for src in dict.fromkeys([*(t.source for t in op.inputs if t.source is not None), *partners]):
@@ -196,7 +210,10 @@ class _MeshFactors:
                 if layer is not None and fixed.get(layer):
                     ec = EdgeCosts(src=ec.src, dst=ec.dst, time=ec.recomputed_time, mem=recomputed_mem(ec.mem),
                                    comm=ec.comm)
-                out.append(_edge_factor(ec, self.rename.get(src, src), op.name, rc))
+                # the template reads the boundary already; with a stack of 3 whose last layer is
+                # solved on its own, its output is the renamed op, but not to itself
+                src_var = src if op.name in self.template else self.rename.get(src, src)
+                out.append(_edge_factor(ec, src_var, op.name, rc))
         return out
 
     def solved(self, ops: list[Op], layer: int | None, keep: tuple[str, ...],
@@ -227,7 +244,8 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     it separately, as pipelines place them on different stages; `edge_weights`: price the edges
     under one pipeline stage's weights (`op_costs` then come weighed)."""
     layer_of = layer_index(graph) if recompute else {}
-    chain = find_chain(graph) if reuse_blocks else None
+    # a pipeline's stages cut the stack layer by layer: every layer, the last too, the template's
+    chain = find_chain(graph, solo=split_outside is None) if reuse_blocks else None
     op_costs = op_costs if op_costs is not None else mesh_costs(graph, cm, mesh, zero, chain)
     if chain and len(op_costs[chain.boundary].configs) != len(op_costs[chain.template[-1]].configs):
         return prepare_mesh(graph, cm, mesh, reuse_blocks=False, eps=eps, zero=zero, recompute=recompute,

@@ -17,7 +17,11 @@ Read top to bottom:
    live configurations in the factor's scope, which is FT's dynamic programme over a
    topological order with the cut as state. Every join is followed by Pareto reduction
    (factor_graph.eliminate_all; the frontier algebra is frontier.py).
-4. Repeated layers (transformer blocks, chain.py) are solved once: the template layer's
+4. Repeated layers (transformer blocks, chain.py) are solved once, where each layer provably
+   prices like the template (chain.find_chain; a last layer that does not - what reads its
+   output after the stack keeps it for backward otherwise than the next layer would - is priced
+   with its own tables and solved with the rest of the graph, `Chain.solo`; a stack that is not
+   uniform otherwise is solved op by op): the template layer's
    internal ops are eliminated to a factor over (its input op, its output op). The strategy
    space ties the residual stream's configuration across the stack (every block boundary uses
    the same layout, as every Megatron/FSDP plan does), while every op inside every layer
@@ -113,7 +117,7 @@ def _mesh_problems(graph: OpGraph, cm: CostModel, options: SearchOptions) -> lis
     the graph already eliminated (steps 2 to 4)."""
     candidates = list(options.meshes) if options.meshes is not None else mesh_candidates(cm.cluster)
     meshes = placeable_meshes(graph, candidates)
-    chain = find_chain(graph) if options.reuse_blocks else None
+    chain = find_chain(graph, solo=True) if options.reuse_blocks else None
     tables = [(mesh, zero, mesh_costs(graph, cm, mesh, zero, chain)) for mesh in meshes for zero in options.zero_stages]
     if options.prune:
         tables = _drop_dominated_stages(tables, cm)
@@ -222,7 +226,7 @@ def _stats(graph: OpGraph, solutions: list[Solution], points: list[FrontierPoint
         "largest_factor": max((s.stats.max_factor_points for s in solutions), default=0),
         "pairs_combined": int(sum(s.stats.pairs for s in solutions)),
         "block_reuse": first_chain is not None,
-        "layers_solved_once": len(first_chain.layers) - 1 if first_chain is not None else 0,
+        "layers_solved_once": first_chain.reused if first_chain is not None else 0,
         "pipeline": options.pipeline,
         "pipeline_shapes": sum(1 for s in solutions if s.pipeline is not None),
         "allow_async_pipeline": options.allow_async,
@@ -238,7 +242,7 @@ def finish_mesh(prob: MeshProblem, eps: float = 0.0, envelope: Envelope | None =
     stats, domain, factors = prob.stats, prob.domain, list(prob.factors)
     if prob.chain:
         assert prob.unit is not None and prob.outside is not None
-        n = len(prob.chain.layers) - 1
+        n = prob.chain.reused
         unit, outside = _drop_dominated_boundaries(prob.unit, prob.outside) if prune else (prob.unit, prob.outside)
         bound = _StackBound(unit, outside, n, envelope if prune else None, prob.buffers)
         stack = _chain(bound.prune(unit, 1), n, domain, eps, stats, {}, bound)

@@ -128,7 +128,7 @@ class MeshSolution:
         edge_map: dict[tuple[str, str], tuple[str, str]] = {}
         chain = self.chain
         if chain:
-            for i in range(2, len(chain.layers)):
+            for i in range(2, 1 + chain.reused):
                 prev_out = chain.layers[i - 1][-1]
                 for a, b in zip(chain.template, chain.layers[i], strict=True):
                     op_map[b] = a

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
+from pydantic import ValidationError
 
-from search.errors import InputError
+from search.errors import InputError, invalid
 from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, SaveKind, TensorRef, label_size
 
 if TYPE_CHECKING:
@@ -855,7 +856,10 @@ def capture_module(module: nn.Module, example_args: tuple[torch.Tensor, ...], na
         raise InputError(f"cannot capture {name}: torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     cap = _Capture(ep, input_labels or [], name)
     cap.run()
-    return cap.graph(name, meta or {})
+    try:
+        return cap.graph(name, meta or {})
+    except ValidationError as e:  # the model computes what the search cannot price (complex numbers)
+        raise invalid(e, f"cannot capture {name}: invalid graph") from None
 
 
 def _get_attr(root: nn.Module, dotted: str) -> nn.Module:

@@ -15,6 +15,7 @@ The JSON form (``format: paretoplan.graph/1``) is documented in README.md.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
@@ -60,10 +61,9 @@ class TensorRef(BaseModel):
 
     @model_validator(mode="after")
     def _same_rank(self) -> TensorRef:
+        # sizes and dtypes are checked by the graph, which can name the op and the tensor
         if len(self.shape) != len(self.dims):
             raise ValueError(f"shape {list(self.shape)} and dims {list(self.dims)} differ in rank")
-        if any(s < 0 for s in self.shape):
-            raise ValueError(f"negative size in shape {list(self.shape)}")
         return self
 
     @property
@@ -105,7 +105,8 @@ class Op(BaseModel):
     splittable: tuple[str, ...] = Field(
         default=(), description="labels a mesh axis may shard, in a canonical order"
     )
-    flops: float = Field(default=0.0, ge=0.0, description="forward FLOPs of the whole (unsharded) op")
+    flops: float = Field(default=0.0, ge=0.0, allow_inf_nan=False,
+                         description="forward FLOPs of the whole (unsharded) op")
     saves: SaveKind = "inputs"
 
     def labels(self) -> set[str]:
@@ -147,6 +148,8 @@ class OpGraph(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> OpGraph:
+        """Everything the search would otherwise price silently wrong, as a ValueError naming the
+        op and the tensor (the CLI's exit 2, the service's 422, through `parse_graph`)."""
         if self.format != GRAPH_FORMAT:
             raise ValueError(f"unsupported graph format {self.format!r}; expected {GRAPH_FORMAT!r}")
         if not self.ops:
@@ -156,6 +159,7 @@ class OpGraph(BaseModel):
             if op.name in seen:
                 raise ValueError(f"duplicate op name {op.name!r}")
             seen.add(op.name)
+        by_name = {op.name: op for op in self.ops}
         for op in self.ops:
             for t in op.inputs:
                 if t.source is not None and t.source not in seen:
@@ -166,11 +170,18 @@ class OpGraph(BaseModel):
             for s in op.splittable:
                 if s not in labels:
                     raise ValueError(f"op {op.name!r}: splittable label {s!r} is on none of its tensors")
+            _check_tensors(op, by_name)
         order = _topological_order(self.ops)
         if order is None:
             raise ValueError("graph has a cycle")
-        by_name = {op.name for op in self.ops}
+        _check_params(self.ops)
+        if not any(self.batch_label in t.dims for op in self.ops for t in (*op.inputs, op.output)):
+            raise ValueError(f"batch_label {self.batch_label!r} names no dimension of any tensor: "
+                             f"the search could not split the batch")
+        in_block: dict[str, str] = {}
         for block in self.blocks:
+            if not block.layers or any(not layer for layer in block.layers):
+                raise ValueError(f"block {block.prefix!r}: a block stack needs layers and a layer needs ops")
             sizes = {len(layer) for layer in block.layers}
             if len(sizes) > 1:
                 raise ValueError(f"block {block.prefix!r}: layers have different op counts")
@@ -178,6 +189,10 @@ class OpGraph(BaseModel):
                 for name in layer:
                     if name not in by_name:
                         raise ValueError(f"block {block.prefix!r} names unknown op {name!r}")
+                    if name in in_block:
+                        raise ValueError(f"op {name!r} is named twice by the blocks ({in_block[name]!r} and "
+                                         f"{block.prefix!r})")
+                    in_block[name] = block.prefix
         return self
 
     # ---- navigation -------------------------------------------------------------------------
@@ -217,6 +232,77 @@ class OpGraph(BaseModel):
 
     def dump(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
+
+
+# dtypes the cost model sizes (torch's names, as capture writes them); complex numbers are not
+# among them: an element would be priced at a real activation's size, half of what it holds
+_DTYPE = re.compile(r"(bool|long|half|float|double|bfloat16|(u?int|float)\d+(_\w+)?)")
+
+
+def _tensor_name(op: Op, t: TensorRef, i: int | None) -> str:
+    if i is None:
+        return f"op {op.name!r} output"
+    return f"op {op.name!r} input {i} ({'graph input' if t.source is None else f'from op {t.source!r}'})"
+
+
+def _check_tensors(op: Op, by_name: dict[str, Op]) -> None:
+    """Sizes and dtypes of an op's tensors, each of them against its producer's output, and each
+    label against itself across the op's operands."""
+    refs: list[tuple[str, TensorRef | ParamRef]] = [(_tensor_name(op, t, i), t) for i, t in enumerate(op.inputs)]
+    refs.append((_tensor_name(op, op.output, None), op.output))
+    refs += [(f"op {op.name!r} parameter {p.name!r}", p) for p in op.params]
+    for where, t in refs:
+        if any(s <= 0 for s in t.shape):
+            raise ValueError(f"{where}: shape {list(t.shape)} has a size below 1")
+        if not _DTYPE.fullmatch(t.dtype):
+            kind = "complex dtypes are not supported" if t.dtype.startswith(("complex", "c")) else "unknown dtype"
+            raise ValueError(f"{where}: {kind}: {t.dtype!r}")
+    for i, t in enumerate(op.inputs):
+        if t.source is None:
+            continue
+        out = by_name[t.source].output
+        where = _tensor_name(op, t, i)
+        if t.dtype != out.dtype:
+            raise ValueError(f"{where}: dtype {t.dtype!r} disagrees with its producer's output ({out.dtype!r}); "
+                             f"a cast is an op of its own")
+        # A reader sees the producer's output through any folded view (reshape, transpose, slice,
+        # expand): with other labels the shapes may differ. With the very same labels only a
+        # repeat_interleave, which keeps them, changes a size, and only by a whole multiple.
+        if t.dims == out.dims and any(a % b for a, b in zip(t.shape, out.shape, strict=True)):
+            raise ValueError(f"{where}: shape {list(t.shape)} disagrees with its producer's output "
+                             f"{list(out.shape)} (same dims {list(t.dims)})")
+    # a label is one dimension of the op: every operand carrying it has its size - but for 1
+    # (broadcast) and, in an attention, grouped-query K/V heads (a divisor of the query heads)
+    sizes: dict[str, tuple[int, str]] = {}
+    for where, t in refs:
+        for d, n in zip(t.dims, t.shape, strict=True):
+            if n == 1:
+                continue
+            first = sizes.setdefault(d, (n, where))
+            grouped = op.kind == "attention" and (first[0] % n == 0 or n % first[0] == 0)
+            if first[0] != n and not grouped:
+                raise ValueError(f"{where}: dimension {d!r} has size {n}, but {first[0]} in {first[1]}")
+
+
+def _check_params(ops: Iterable[Op]) -> None:
+    """One parameter name is one tensor: its shape and dtype agree wherever it is read, exactly
+    one op owns it (stores, updates and synchronises it), and that op comes first."""
+    first: dict[str, tuple[Op, ParamRef]] = {}
+    for op in ops:
+        for p in op.params:
+            if p.name not in first:
+                if not p.owner:
+                    raise ValueError(f"op {op.name!r} parameter {p.name!r}: owner is false, but no earlier op "
+                                     f"holds it")
+                first[p.name] = (op, p)
+                continue
+            holder, q = first[p.name]
+            if p.owner and holder.name != op.name:
+                raise ValueError(f"op {op.name!r} parameter {p.name!r}: already owned by op {holder.name!r} "
+                                 f"(a tied parameter sets owner false)")
+            if math.prod(p.shape) != math.prod(q.shape) or p.dtype != q.dtype:
+                raise ValueError(f"op {op.name!r} parameter {p.name!r}: {list(p.shape)} {p.dtype} disagrees with "
+                                 f"op {holder.name!r}'s {list(q.shape)} {q.dtype}")
 
 
 def _topological_order(ops: Iterable[Op]) -> list[Op] | None:

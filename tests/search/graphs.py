@@ -82,3 +82,64 @@ def stack(n_layers: int, batch: int = B) -> OpGraph:
         prev = add.name
     ops.append(linear("head", act(prev, ("batch", "seq", "hidden")), "vocab"))
     return OpGraph(name="stack", ops=tuple(ops), blocks=(BlockInfo(prefix="blocks", layers=tuple(layers)),))
+
+
+def block_stack(n_layers: int, *, side_branch: bool = False, side_input: bool = False, last: str = "head",
+                extra_output: bool = False, skip_residual: bool = False, side_output: bool = False,
+                keep_input: bool = True) -> OpGraph:
+    """A stack of `n_layers` identical blocks whose boundary varies the ways block reuse must
+    price exactly (issue 16):
+    - `side_branch`: each block forks a pointwise op off its norm that only its add reads;
+    - `side_input`: each block also reads a graph input (a mask-like tensor of its own);
+    - `last`: what reads the last block's output - "head" (a linear, which keeps it for its
+      backward), "pointwise" (an add, which keeps nothing), "none" (nothing reads it), "two"
+      (a linear and an add);
+    - `extra_output`: each block's norm is also read by the next block (a second output);
+    - `skip_residual`: each block from the third on also adds the output of the block two back;
+    - `side_output`: the head also reads the last block's linear (an output beside the block's);
+    - `keep_input`: False makes each block's first op keep only its own output, so inside the
+      stack nothing keeps a block's output for backward, while a "head" after it does.
+    Every op keeps the batch, so a data axis splits them all."""
+    ops: list[Op] = [linear("inp", act(None, ("batch", "seq", "h")), "hidden")]
+    outs = ["inp"]
+    layers = []
+    prev_ln: str | None = None
+    for i in range(n_layers):
+        x = act(outs[-1], ("batch", "seq", "hidden"))
+        ln_in = [x]
+        if side_input:
+            ln_in.append(TensorRef(source=None, shape=(B, S, H), dims=("batch", "seq", "hidden")))
+        if keep_input and len(ln_in) == 1:
+            ln = norm(f"blocks.{i}.ln", x)
+        else:
+            ln = pointwise(f"blocks.{i}.ln", ln_in, saves="inputs" if keep_input else "output")
+        fc_src = act(ln.name, ln.output.dims)
+        if extra_output and prev_ln is not None:
+            mix = pointwise(f"blocks.{i}.mix", [fc_src, act(prev_ln, ("batch", "seq", "hidden"))], saves="none")
+        else:  # the first block has no earlier norm: it mixes in its own, so every block has the same ops
+            mix = pointwise(f"blocks.{i}.mix", [fc_src, act(ln.name, ln.output.dims)], saves="none")
+        fc = linear(f"blocks.{i}.fc", act(mix.name, mix.output.dims), "hidden")
+        add_in = [x, act(fc.name, fc.output.dims)]
+        block = [ln, mix, fc]
+        if side_branch:
+            br = pointwise(f"blocks.{i}.branch", [act(ln.name, ln.output.dims)])
+            block.append(br)
+            add_in.append(act(br.name, br.output.dims))
+        if skip_residual:
+            add_in.append(act(outs[-2] if len(outs) >= 2 else outs[-1], ("batch", "seq", "hidden")))
+        add = pointwise(f"blocks.{i}.add", add_in, saves="none")
+        block.append(add)
+        ops += block
+        layers.append(tuple(o.name for o in block))
+        outs.append(add.name)
+        prev_ln = ln.name
+    h = act(outs[-1], ("batch", "seq", "hidden"))
+    if last in ("head", "two"):
+        head_in = act(layers[-1][2], ("batch", "seq", "hidden")) if side_output else h
+        ops.append(linear("head", head_in, "vocab") if not side_output else
+                   pointwise("head", [h, head_in]))
+    if last in ("pointwise", "two"):
+        ops.append(pointwise("tail", [h, h], saves="none"))
+    if last == "none" and side_output:
+        ops.append(pointwise("tail", [act(layers[-1][2], ("batch", "seq", "hidden"))]))
+    return OpGraph(name="block-stack", ops=tuple(ops), blocks=(BlockInfo(prefix="blocks", layers=tuple(layers)),))
