@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from search.errors import InputError, invalid
 from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, SaveKind, TensorRef, label_size
+from search.models.moe import EXPERT_LABEL, LOAD_ASSUMPTION, balanced_experts
 
 if TYPE_CHECKING:
     from search.models.zoo import ModelSpec
@@ -435,6 +436,10 @@ class _Capture:
             return self.loss(node, self.first_act(node, acts), acts[1:], _first_tensor(out_val))
         if t is aten.cat.default:
             return self.cat(node, args, _first_tensor(out_val))
+        if t is torch.ops.paretoplan.moe_dispatch.default:
+            return self.moe_dispatch(node, args, _first_tensor(out_val))
+        if t is torch.ops.paretoplan.moe_combine.default:
+            return self.moe_combine(node, args, _first_tensor(out_val))
         return self.elementwise(node, acts, prms, out_val)
 
     # -- op builders ----------------------------------------------------------------------
@@ -561,6 +566,11 @@ class _Capture:
         split = [a.labels[0]] if len(a.shape) >= 2 else []
         if kind == "matmul" and len(a.shape) >= 3:
             split += [a.labels[1]]  # heads of a batched attention matmul
+        if kind == "linear" and len(b_shape) == 3 and len(a.shape) == 3 and a.shape[0] == b_shape[0]:
+            # routed experts' GEMM (search/models/moe.py): buffers [E, C, k] against stacked
+            # weights [E, k, n]; the expert dim is one dimension of both, and the tokens are the batch
+            L.union(a.labels[0], b_labels[0])
+            split += [a.labels[1]]
         if n_label is not None:
             split.append(n_label)
         split.append(k_label)
@@ -709,6 +719,25 @@ class _Capture:
         return self.emit(node, "loss", [x, *others], tuple(out_val.shape), [], _dtype(out_val), [], [x.labels[0]],
                          6.0 * math.prod(x.shape), "output")
 
+    def moe_dispatch(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> _Act:
+        """Routed tokens [T, H] into per-expert buffers [E, C, H] (search/models/moe.py). The
+        buffers' token dim keeps the tokens' label: a rank's buffers hold its own tokens until the
+        experts need them split by expert (the all-to-all an expert axis pays on the edge)."""
+        x = self.activation(node, args[0], "tokens")
+        labels = [self.glabel(EXPERT_LABEL), x.labels[0], x.labels[-1]]
+        return self.emit(node, "dispatch", [x], tuple(out_val.shape), labels, _dtype(out_val), [],
+                         [x.labels[0], x.labels[-1]], 0.0, "none")
+
+    def moe_combine(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> _Act:
+        """Each token's top-k expert outputs [E, C, H], scaled by its routing weights [T, k] and
+        summed into [T, H]: a multiply and an add per routed copy."""
+        y = self.activation(node, args[0], "expert outputs")
+        w = self.activation(node, args[1], "routing weights")
+        tokens = self.b.labels.union(w.labels[0], y.labels[1])
+        flops = 2.0 * w.shape[0] * w.shape[-1] * y.shape[-1]
+        return self.emit(node, "combine", [y, w], tuple(out_val.shape), [tokens, y.labels[-1]], _dtype(out_val), [],
+                         [tokens, y.labels[-1]], flops, "inputs")
+
     def cat(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> _Act:
         L = self.b.labels
         tensors = args[0]
@@ -762,6 +791,9 @@ class _Capture:
     # -- finishing ------------------------------------------------------------------------
     def graph(self, name: str, meta: dict[str, str | int | float]) -> OpGraph:
         self.name_hidden()
+        if EXPERT_LABEL in self.global_labels:  # the experts' weights, older, would name it otherwise
+            L = self.b.labels
+            L.names[L.find(self.global_labels[EXPERT_LABEL])] = EXPERT_LABEL
         owned: set[str] = set()
         ops = [self.finished_op(raw, owned) for raw in self.b.ops]
         # Pointwise ops may shard only dimensions that the graph's inputs or some compute op
@@ -1018,5 +1050,18 @@ def capture_model(spec: ModelSpec, batch: int, seq_len: int | None = None) -> Op
     meta: GraphMeta = {"model": spec.name, "global_batch": batch, "params": spec.param_count()}
     if seq is not None and spec.kind != "vision":
         meta["seq_len"] = seq
-    return capture_with_blocks(module, args, spec.blocks_attr, name=spec.name,
-                               input_labels=_INPUT_LABELS.get(spec.kind, []), meta=meta)
+    with balanced_experts(module) as experts:
+        g = capture_with_blocks(module, args, spec.blocks_attr, name=spec.name,
+                                input_labels=_INPUT_LABELS.get(spec.kind, []), meta=meta)
+    return _moe_meta(g, [e for _, e in experts])
+
+
+def _moe_meta(g: OpGraph, experts: list[int]) -> OpGraph:
+    """A graph with routed experts says so in its meta: how many experts per layer, how many each
+    token visits and the load the shapes assume (plans repeat it in their summaries)."""
+    combine = [op for op in g.ops if op.kind == "combine"]
+    if not experts or not combine:
+        return g
+    meta = {**g.meta, "moe_experts": max(experts), "moe_top_k": combine[0].inputs[1].shape[-1],
+            "moe_layers": len(combine), "moe_load": LOAD_ASSUMPTION}
+    return g.model_copy(update={"meta": meta})

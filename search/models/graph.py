@@ -45,6 +45,8 @@ OP_KINDS = (
     "conv",         # convolution: batch, out channels (column), in channels (row)
     "pool",         # pooling: batch and channels
     "loss",         # cross-entropy to a scalar; its output has no consumers
+    "dispatch",     # routed tokens [T, H] into per-expert buffers [expert, C, H] (search/models/moe.py)
+    "combine",      # per-expert outputs [expert, C, H] and routing weights [T, k] back to tokens [T, H]
     "opaque",       # anything else: only its batch dimension may be split
 )
 
@@ -280,6 +282,9 @@ def _check_tensors(op: Op, by_name: dict[str, Op]) -> None:
                 continue
             first = sizes.setdefault(d, (n, where))
             grouped = op.kind == "attention" and (first[0] % n == 0 or n % first[0] == 0)
+            # routing moves T tokens' k copies into E buffers of C = ceil(T k / E): the token label
+            # has one size on the tokens' side and another on the buffers' side
+            grouped |= op.kind in ("dispatch", "combine")
             if first[0] != n and not grouped:
                 raise ValueError(f"{where}: dimension {d!r} has size {n}, but {first[0]} in {first[1]}")
 

@@ -52,6 +52,7 @@ __all__ = [
     "GPT",
     "Bert",
     "Llama",
+    "MoELM",
     "ViT",
     "ResNet",
     "VGG",
@@ -353,6 +354,62 @@ class LlamaBlock(nn.Module):
         return x + self.ffn(self.ffn_norm(x))
 
 
+class RoutedExperts(nn.Module):
+    """A layer's experts as transformers 5 holds them (search/models/moe.py): SwiGLU experts with
+    stacked weights ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``, called on the tokens
+    with each token's top-k expert indices and weights. Runs each expert on the tokens routed to
+    it, whatever the load; capture prices it at a balanced load."""
+
+    def __init__(self, dim: int, hidden: int, n_experts: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(n_experts, 2 * hidden, dim))
+        self.down_proj = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.act_fn = F.silu
+
+    def forward(self, tokens: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(tokens)
+        for e in range(self.gate_up_proj.shape[0]):
+            tok, slot = torch.where(top_k_index == e)
+            gate, up = F.linear(tokens[tok], self.gate_up_proj[e]).chunk(2, dim=-1)
+            y = F.linear(self.act_fn(gate) * up, self.down_proj[e]) * top_k_weights[tok, slot, None]
+            out = out.index_add(0, tok, y.to(out.dtype))
+        return out
+
+
+class MoEFFN(nn.Module):
+    """Mixtral's sparse feed-forward: a linear router, softmax, top-k experts with renormalised
+    weights, the experts' outputs summed per token."""
+
+    def __init__(self, dim: int, hidden: int, n_experts: int, top_k: int) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(dim, n_experts, bias=False)
+        self.experts = RoutedExperts(dim, hidden, n_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        probs = torch.softmax(self.router(tokens).float(), dim=-1)
+        weights, index = torch.topk(probs, self.top_k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        return self.experts(tokens, index, weights).reshape(x.shape)
+
+
+class MoEBlock(nn.Module):
+    """Mixtral decoder layer: the Llama layer with the SwiGLU feed-forward replaced by MoEFFN."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, hidden: int, n_experts: int, top_k: int, *,
+                 eps: float, rope_theta: float) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(dim, eps=eps)
+        self.attn = Attention(dim, n_heads, n_kv_heads=n_kv_heads, bias=False, causal=True, rope_theta=rope_theta)
+        self.ffn_norm = nn.RMSNorm(dim, eps=eps)
+        self.ffn = MoEFFN(dim, hidden, n_experts, top_k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.ffn(self.ffn_norm(x))
+
+
 # --------------------------------------------------------------------------------------
 # Transformer models
 # --------------------------------------------------------------------------------------
@@ -459,6 +516,34 @@ class Llama(ZooModule):
         self.norm = nn.RMSNorm(dim, eps=eps)
         self.lm_head = nn.Linear(dim, vocab_size, bias=False)
         self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        h = self.tok_emb(input_ids)
+        for layer in self.layers:
+            h = layer(h)
+        return _lm_loss(self.lm_head(self.norm(h)), targets)
+
+
+class MoELM(ZooModule):
+    """Mixtral-style decoder (Jiang et al. 2024): Llama's layers with routed SwiGLU experts."""
+
+    def __init__(self, vocab_size: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int, hidden: int,
+                 n_experts: int, top_k: int, *, eps: float = 1e-5, rope_theta: float = 1e6) -> None:
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab_size, dim)
+        self.layers = nn.ModuleList(
+            MoEBlock(dim, n_heads, n_kv_heads, hidden, n_experts, top_k, eps=eps, rope_theta=rope_theta)
+            for _ in range(n_layers)
+        )
+        self.norm = nn.RMSNorm(dim, eps=eps)
+        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.init_weights()
+
+    def _init_extra(self) -> None:
+        for m in self.modules():
+            if isinstance(m, RoutedExperts):
+                nn.init.normal_(m.gate_up_proj, mean=0.0, std=0.02)
+                nn.init.normal_(m.down_proj, mean=0.0, std=0.02)
 
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         h = self.tok_emb(input_ids)
@@ -702,6 +787,22 @@ def _llama(name: str, title: str, n_layers: int, dim: int, n_heads: int, n_kv_he
     )
 
 
+def _moe(name: str, title: str, n_layers: int, dim: int, n_heads: int, n_kv_heads: int, hidden: int,
+         n_experts: int, top_k: int, *, vocab: int = 32000, seq: int = 4096) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        family="moe",
+        kind="lm",
+        build=partial(MoELM, vocab, dim, n_layers, n_heads, n_kv_heads, hidden, n_experts, top_k),
+        default_seq_len=seq,
+        image_size=None,
+        vocab_size=vocab,
+        description=f"{title}: {n_layers} layers, d={dim}, {n_heads} heads, {n_experts} SwiGLU experts of {hidden} "
+                    f"(top-{top_k})",
+        blocks_attr="layers",
+    )
+
+
 def _vit(name: str, title: str, patch: int, n_layers: int, dim: int, n_heads: int, mlp: int,
          *, image_size: int = 224, num_classes: int = 1000) -> ModelSpec:
     return ModelSpec(
@@ -764,6 +865,9 @@ ZOO: dict[str, ModelSpec] = _register(
     _llama("llama-7b", "Llama 2 7B", 32, 4096, 32, 32, 11008),
     _llama("llama-70b", "Llama 2 70B", 80, 8192, 64, 8, 28672),
     _llama("llama-tiny", "Llama tiny (test model)", 2, 64, 4, 2, 176, vocab=512, seq=64),
+    # Mixtral 8x7B (Jiang et al. 2024, Table 1 and the released config.json): 8 experts, top-2.
+    _moe("mixtral-8x7b", "Mixtral 8x7B", 32, 4096, 32, 8, 14336, 8, 2),
+    _moe("moe-tiny", "MoE tiny (test model)", 2, 64, 4, 2, 64, 4, 2, vocab=512, seq=64),
     # ViT (Dosovitskiy et al. 2021, Table 1), 224x224 ImageNet-1k head.
     _vit("vit-base", "ViT-B/16", 16, 12, 768, 12, 3072),
     _vit("vit-large", "ViT-L/16", 16, 24, 1024, 16, 4096),
