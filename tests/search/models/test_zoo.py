@@ -51,6 +51,7 @@ PUBLISHED: dict[str, float] = {
     "resnet152": 60.2e6,
     "wrn50-2": 68.9e6,
     "vgg16": 138.4e6,
+    "mixtral-8x7b": 46.7e9,  # Mistral AI's Mixtral announcement (Dec 2023): 46.7B total, 12.9B per token
 }
 
 # Published figures rounded to two significant digits, which the exact architecture misses
@@ -90,6 +91,8 @@ EXACT: dict[str, int] = {
     "cnn-tiny": 25_674,
     "gpt2-tiny": 136_960,
     "llama-tiny": 158_016,
+    "mixtral-8x7b": 46_702_792_704,  # HF MixtralForCausalLM
+    "moe-tiny": 189_248,
 }
 
 TINY_REAL = ["gpt2-tiny", "llama-tiny", "cnn-tiny", "bert-tiny", "vit-tiny"]
@@ -108,12 +111,12 @@ def _meta_build(spec: ModelSpec) -> nn.Module:
 
 
 def test_zoo_names() -> None:
-    expected = set(PUBLISHED) | {"gpt2-tiny", "llama-tiny", "cnn-tiny"}
+    expected = set(PUBLISHED) | {"gpt2-tiny", "llama-tiny", "cnn-tiny", "moe-tiny"}
     assert set(ZOO) == expected
     for name, spec in ZOO.items():
         assert spec.name == name
         assert spec.kind in ("lm", "mlm", "vision")
-        assert spec.family in ("gpt2", "gpt3", "bert", "llama", "vit", "resnet", "vgg", "wrn", "cnn")
+        assert spec.family in ("gpt2", "gpt3", "bert", "llama", "moe", "vit", "resnet", "vgg", "wrn", "cnn")
         assert spec.description
         if spec.kind == "vision":
             assert spec.image_size and spec.num_classes and spec.default_seq_len is None
@@ -196,6 +199,20 @@ def test_llama_70b_gqa_shape() -> None:
             lambda t: t.LlamaConfig(
                 num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                 intermediate_size=176, vocab_size=512,
+            ),
+        ),
+        (
+            "moe-tiny",
+            lambda t: t.MixtralConfig(
+                num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, vocab_size=512,
+            ),
+        ),
+        (
+            "mixtral-8x7b",
+            lambda t: t.MixtralConfig(
+                num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000,
             ),
         ),
     ],
