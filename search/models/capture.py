@@ -1053,10 +1053,10 @@ def capture_model(spec: ModelSpec, batch: int, seq_len: int | None = None) -> Op
     with balanced_experts(module) as experts:
         g = capture_with_blocks(module, args, spec.blocks_attr, name=spec.name,
                                 input_labels=_INPUT_LABELS.get(spec.kind, []), meta=meta)
-    return _moe_meta(g, [e for _, e in experts])
+    return moe_meta(g, [e for _, e in experts])
 
 
-def _moe_meta(g: OpGraph, experts: list[int]) -> OpGraph:
+def moe_meta(g: OpGraph, experts: list[int]) -> OpGraph:
     """A graph with routed experts says so in its meta: how many experts per layer, how many each
     token visits and the load the shapes assume (plans repeat it in their summaries)."""
     combine = [op for op in g.ops if op.kind == "combine"]

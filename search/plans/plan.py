@@ -22,7 +22,16 @@ from search.algorithm.results import FrontierPoint, SearchResult, Solution, Spli
 from search.models.graph import Op, OpGraph
 from search.plans.flops import mfu, model_flops
 from search.prices.accuracy import PricedFrom
-from search.prices.mesh import Config, Mesh, default_role, format_placement, op_configs, output_placement, param_placement
+from search.prices.mesh import (
+    EXPERT_LABEL,
+    Config,
+    Mesh,
+    default_role,
+    format_placement,
+    op_configs,
+    output_placement,
+    param_placement,
+)
 
 PLAN_VERSION = 2  # 2: mesh axes carry a role; one role per axis
 
@@ -32,7 +41,8 @@ class AxisSpec(BaseModel):
     name: str
     size: int
     stride: int
-    role: Literal["data", "tensor"]  # what torch runs on this axis: DDP/ZeRO/FSDP or parallelize_module
+    role: Literal["data", "tensor", "expert"]  # what torch runs on this axis: DDP/ZeRO/FSDP, parallelize_module,
+    #                                            or routed experts split over it (all-to-all dispatch and combine)
 
     @model_validator(mode="before")
     @classmethod
@@ -161,6 +171,8 @@ def _role(op: Op, label: str | None, batch: str) -> str:
         return "rep"
     if label == batch:
         return "batch"
+    if label == EXPERT_LABEL:
+        return "experts"
     in_params = any(label in p.dims for p in op.params)
     if op.kind == "attention":
         return "heads"
@@ -205,7 +217,29 @@ def summarize(graph: OpGraph, mesh: Mesh, configs: dict[str, tuple[str | None, .
         total = sum(weights.values()) or 1
         desc = " ".join(f"{r} {100 * w / total:.0f}%" for r, w in weights.most_common() if w / total >= 0.005)
         parts.append(f"{ax.name}: {desc}")
+    experts = _experts_clause(graph, mesh, configs)
+    if experts:
+        parts.append(experts)
     return " | ".join(parts)
+
+
+def _experts_clause(graph: OpGraph, mesh: Mesh, configs: dict[str, tuple[str | None, ...]]) -> str:
+    """For a graph with routed experts: how many experts each rank holds (over which axes they are
+    split) and the load the prices assume."""
+    total = graph.meta.get("moe_experts")
+    if not isinstance(total, int):
+        return ""
+    ways = 1
+    axes = []
+    first = next((op for op in graph.ops if EXPERT_LABEL in op.splittable and op.params), None)
+    if first is not None:
+        for ai, ax in enumerate(mesh.axes):
+            if configs[first.name][ai] == EXPERT_LABEL:
+                ways *= ax.size
+                axes.append(ax.name)
+    over = f" (split over {'x'.join(axes)}, all-to-all dispatch and combine)" if axes else ""
+    return (f"experts: {total // ways} of {total} per rank{over}, top-{graph.meta.get('moe_top_k', '?')}, "
+            f"load {graph.meta.get('moe_load', 'balanced')}")
 
 
 def build_plans(result: SearchResult, points: list[FrontierPoint] | None = None) -> list[Plan]:

@@ -39,6 +39,7 @@ from search.prices.cluster import Cluster
 from search.prices.compute import Kernel, gemm_shape, op_time
 from search.prices.mesh import (
     DATA,
+    EXPERT,
     TENSOR,
     Config,
     Mesh,
@@ -82,6 +83,9 @@ PRECISION_BYTES: dict[str, Bytes] = {
 }
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
+# Axes that split the batch: a parameter replicated there has its gradient synchronised by DDP /
+# FSDP over them (an expert axis splits the experts' own weights, which need none there)
+BATCH_ROLES = (DATA, EXPERT)
 # Cross entropy keeps its log-probabilities (one copy of its input, the logits) for backward; its
 # backward, the step's first, while every activation is still kept, makes the gradient of the
 # log-probabilities and of the logits: two more. For a language model that moment is the peak,
@@ -303,8 +307,9 @@ class CostModel:
         # recomputing an op also pays the checkpoint's own work (profile; host contention as ops)
         rc_extra = self.profile.recompute_op() * self.contention if self.profile is not None else 0.0
         # FSDP2 (ZeRO 0, 2, 3) makes every parameter a DTensor; ZeRO-1's DDP keeps plain tensors
-        data_parallel = any(ax.role == DATA and ax.size > 1 for ax in mesh.axes)
-        r_opt = math.prod(ax.size for ax in mesh.axes if ax.role == DATA)
+        # an expert axis is a data axis to every parameter it does not split (search/prices/mesh.py)
+        data_parallel = any(ax.role in BATCH_ROLES and ax.size > 1 for ax in mesh.axes)
+        r_opt = math.prod(ax.size for ax in mesh.axes if ax.role in BATCH_ROLES)
         for ci, cfg in enumerate(cfgs):
             shards = math.prod(ax.size for ax, lab in zip(mesh.axes, cfg, strict=True) if lab is not None)
             out_local = out_numel / shard_factor(output_placement(cfg, op), mesh)
@@ -324,7 +329,7 @@ class CostModel:
                          if lab is not None and lab not in p.dims and lab in op.output.dims]
                 # ZeRO shards states over the data axes only (FSDP2 / ZeroRedundancyOptimizer run
                 # there); on a tensor axis the gradient is all-reduced whatever the stage
-                sharded = [ai for ai in group if mesh.axes[ai].role == DATA]
+                sharded = [ai for ai in group if mesh.axes[ai].role in BATCH_ROLES]
                 r = math.prod(mesh.axes[ai].size for ai in sharded)
                 for ai in group:
                     n = mesh.axes[ai].size
@@ -341,7 +346,7 @@ class CostModel:
                         comm[ci, ai] += w * (n - 1) / n
                     # on a data axis FSDP2 syncs a unit per call (ZeRO-1's DDP: buckets); on a
                     # tensor axis each partial gradient is all-reduced by a hook of its own
-                    share = (1.0 if mesh.axes[ai].role != DATA else
+                    share = (1.0 if mesh.axes[ai].role not in BATCH_ROLES else
                              None if zero == 1 else self._unit_share.get(p.name, 1.0))
                     for i, (kind, nbytes) in enumerate(steps):
                         t = self.bucketed_time(mesh, ai, kind, nbytes, share)

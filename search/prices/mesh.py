@@ -11,6 +11,12 @@ every configuration offered must be executable as planned):
   replicate; it runs as DDP / ZeRO / FSDP2 over that dimension;
 - ``tensor``: no op splits the batch; each op splits one of its own dimensions (Megatron's
   column / row / head / sequence parallelism) or replicates; it runs as ``parallelize_module``.
+- ``expert``: the ops of routed experts (those that carry the ``expert`` label: the grouped
+  GEMMs and the activation between them) split the experts, every other op the batch, as on a
+  data axis. Each rank holds experts / n experts and receives their tokens from the other ranks
+  of the axis by all-to-all (dispatch) and sends the results back (combine); the expert weights'
+  gradients are then synchronised only over the data axes, across the ranks holding the same
+  experts. Offered only for graphs with experts (expert_meshes).
 An axis on which most ops split the batch but one op splits its hidden size would need gathers
 that DDP does not perform, so that mix is not in the space.
 
@@ -33,13 +39,14 @@ from search.models.graph import Op, OpGraph, ParamRef, TensorRef
 from search.prices.cluster import Cluster
 
 REPLICATE = None  # a configuration's entry for "this axis replicates the op"
-DATA, TENSOR = "data", "tensor"
-ROLES = (DATA, TENSOR)
+DATA, TENSOR, EXPERT = "data", "tensor", "expert"
+ROLES = (DATA, TENSOR, EXPERT)
+EXPERT_LABEL = "expert"  # the experts' dimension label (search/models/moe.py)
 
 
 def default_role(axis_name: str) -> str:
     """The role of an axis named the way mesh_candidates names them (for plans written without roles)."""
-    return DATA if axis_name == "dp" else TENSOR
+    return DATA if axis_name == "dp" else EXPERT if axis_name == "ep" else TENSOR
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,7 @@ class MeshAxis:
     name: str
     size: int
     stride: int  # how many devices apart consecutive members of one group are
-    role: str  # "data" or "tensor" (see the module docstring)
+    role: str  # "data", "tensor" or "expert" (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -120,7 +127,9 @@ def axis_choices(op: Op, axis: MeshAxis, batch: str) -> list[str | None]:
     parallel style exists for its kind)."""
     if axis.size == 1:
         return [REPLICATE]
-    if axis.role == DATA:
+    if axis.role == EXPERT and EXPERT_LABEL in op.splittable:
+        return [EXPERT_LABEL]
+    if axis.role in (DATA, EXPERT):
         if batch in op.splittable:
             return [batch]
         carries = any(batch in t.dims for t in (*op.inputs, op.output))
@@ -149,8 +158,37 @@ def op_configs(op: Op, mesh: Mesh, batch: str = "batch") -> list[Config]:
 
 
 def data_ways(mesh: Mesh) -> int:
-    """Into how many shards the data axes split the batch."""
-    return math.prod(a.size for a in mesh.axes if a.role == DATA)
+    """Into how many shards the data (and expert) axes split the batch."""
+    return math.prod(a.size for a in mesh.axes if a.role in (DATA, EXPERT))
+
+
+def num_experts(graph: OpGraph) -> int:
+    """How many experts the graph's MoE layers hold (the fewest, if they differ); 0 without experts."""
+    sizes = [op.label_size(EXPERT_LABEL) for op in graph.ops if EXPERT_LABEL in op.splittable]
+    return min(sizes) if sizes else 0
+
+
+def expert_meshes(graph: OpGraph, meshes: list[Mesh]) -> list[Mesh]:
+    """For a graph with routed experts, each mesh with a data axis also factored as data x expert
+    for every expert-parallel size that divides both the data axis and the number of experts
+    (the expert axis inside the data axis, next to tp: its all-to-alls are the most frequent
+    collectives after tensor parallelism's, so they take the faster links first)."""
+    experts = num_experts(graph)
+    if experts < 2:
+        return meshes
+    out = list(meshes)
+    for mesh in meshes:
+        if any(a.role == EXPERT for a in mesh.axes):
+            continue
+        for i, a in enumerate(mesh.axes):
+            if a.role != DATA:
+                continue
+            for ep in range(2, a.size + 1):
+                if a.size % ep or experts % ep:
+                    continue
+                split = (MeshAxis(a.name, a.size // ep, a.stride * ep, DATA), MeshAxis("ep", ep, a.stride, EXPERT))
+                out.append(Mesh(pp=mesh.pp, axes=mesh.axes[:i] + split + mesh.axes[i + 1:]))
+    return out
 
 
 def unplaceable_op(ops: Iterable[Op], mesh: Mesh, batch: str) -> Op | None:
@@ -160,9 +198,10 @@ def unplaceable_op(ops: Iterable[Op], mesh: Mesh, batch: str) -> Op | None:
 
 
 def placeable_meshes(graph: OpGraph, meshes: list[Mesh]) -> list[Mesh]:
-    """The meshes every op of `graph` can run on; InputError naming why when there are none."""
+    """The meshes every op of `graph` can run on, with their expert-parallel variants for a graph
+    with routed experts (expert_meshes); InputError naming why when there are none."""
     out, why = [], []
-    for mesh in meshes:
+    for mesh in expert_meshes(graph, meshes):
         odd = unplaceable_op(graph.ops, mesh, graph.batch_label)
         if odd is None:
             out.append(mesh)

@@ -143,3 +143,36 @@ def block_stack(n_layers: int, *, side_branch: bool = False, side_input: bool = 
     if last == "none" and side_output:
         ops.append(pointwise("tail", [act(layers[-1][2], ("batch", "seq", "hidden"))]))
     return OpGraph(name="block-stack", ops=tuple(ops), blocks=(BlockInfo(prefix="blocks", layers=tuple(layers)),))
+
+
+def moe_layer(batch: int = 8, seq: int = 4, dim: int = 8, experts: int = 4, top_k: int = 2, layers: int = 1) -> OpGraph:
+    """A small language model around routed experts, captured from the zoo's MoE feed-forward:
+    embedding, `layers` x (router, top-k, dispatch, two grouped GEMMs, combine), head, loss."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from search.models.capture import capture_with_blocks, moe_meta
+    from search.models.moe import balanced_experts
+    from search.models.zoo import MoEFFN
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(16, dim)
+            self.layers = nn.ModuleList(MoEFFN(dim, dim, experts, top_k) for _ in range(layers))
+            self.head = nn.Linear(dim, 16, bias=False)
+
+        def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            h = self.emb(ids)
+            for layer in self.layers:
+                h = layer(h)
+            return F.cross_entropy(self.head(h).flatten(0, 1).float(), targets.flatten(0, 1))
+
+    with torch.device("meta"):
+        model = Model()
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    with balanced_experts(model) as found:
+        g = capture_with_blocks(model, (ids, ids), "layers" if layers > 1 else None, "moe-layer",
+                                [["batch", "seq"], ["batch", "seq"]])
+    return moe_meta(g, [e for _, e in found])
