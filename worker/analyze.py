@@ -24,6 +24,7 @@ as attention does, sees the redistributed tensor), else the producer's own style
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from functools import lru_cache
@@ -37,6 +38,7 @@ from search.models.zoo import TEST_MODELS, ZOO, ModelSpec
 from search.prices.boundaries import Boundaries, exit_allowed
 from search.prices.costmodel import COLLECTIVE_NAMES, NONE, forward_collective
 from search.prices.mesh import (
+    EXPERT_LABEL,
     input_grad_placement,
     input_placement,
     output_grad_placement,
@@ -46,13 +48,16 @@ from search.prices.mesh import (
 from worker.spec import ExecSpec, ExpectedComm, MeshDim, PipelineExec, StyleSpec
 from worker.stages import split_of
 
+# mesh roles over which the batch is split: an expert axis splits it for every op but the experts'
+BATCH_ROLES = ("data", "expert")
+
 
 class Unsupported(InputError):
     """The Plan (or this machine) cannot be executed as planned; the message says why."""
 
 
 STYLE_KINDS = {"linear": (nn.Linear,), "embedding": (nn.Embedding,), "norm": (nn.LayerNorm, nn.RMSNorm)}
-ROLE_DIM = {"data": "dp", "tensor": "tp", "replicate": "rep"}
+ROLE_DIM = {"data": "dp", "tensor": "tp", "expert": "ep", "replicate": "rep"}
 
 
 def model_spec(name: str) -> ModelSpec:
@@ -441,7 +446,9 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     if graph is None:
         graph = _captured(plan.model, plan.global_batch, plan.seq_len)
     cfgs = op_configs(plan, graph)
-    roles = [axis_role(graph, cfgs, a, ax.name) if ax.size > 1 else "replicate" for a, ax in enumerate(plan.mesh.axes)]
+    _check_experts(plan, graph, cfgs)
+    roles = ["expert" if ax.role == "expert" else axis_role(graph, cfgs, a, ax.name) if ax.size > 1 else "replicate"
+             for a, ax in enumerate(plan.mesh.axes)]
     tensor_axis = _tensor_axis(plan, roles)
     mesh = runtime_mesh(plan, roles)
     _check_batch_split(plan, mesh, pipe)
@@ -454,6 +461,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
         ta = _TensorAxis(graph, cfgs, tensor_axis, plan.mesh.axes[tensor_axis].name, modules, plan.zero_stage)
         ta.build()
         styles, expected = ta.style_list(), ta.expected(_unit_namer(graph))
+    expected += _expert_comms(plan, graph, cfgs, _unit_namer(graph))
     ties = _ties(model)
     _check_ties(ties, styles, graph, pipe.stages)
     mode, reshard, dp_notes = _data_parallel(plan, mesh, tensor_axis is not None, pipe)
@@ -471,6 +479,69 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
         recompute=list(plan.recompute), pipeline=pipe, expected_comms=expected, notes=notes,
         summary=plan.summary, predicted_time_s=plan.predicted.time_s,
         predicted_memory_bytes=plan.predicted.memory_bytes, plan=plan.model_dump())
+
+
+def _check_experts(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]]) -> None:
+    """Expert parallelism runs over one expert axis, beside data parallelism (worker/experts.py);
+    what else the search prices for experts has no executor yet, and is refused saying so."""
+    expert_axes = [a for a, ax in enumerate(plan.mesh.axes) if ax.role == "expert" and ax.size > 1]
+    for a, ax in enumerate(plan.mesh.axes):
+        if ax.size == 1 or ax.role != "tensor":
+            continue
+        for op in graph.ops:
+            lab = cfgs[op.name][a]
+            if lab is not None and EXPERT_LABEL in op.labels() and op.kind != "dispatch":
+                what = ("the experts" if lab == EXPERT_LABEL else f"{lab!r} inside the experts "
+                        f"(expert-tensor parallelism)")
+                raise Unsupported(f"op {op.name!r} splits {what} on tensor axis {ax.name!r}: priced, but not executed "
+                                  f"(parallelize_module has no style for stacked 3-D expert weights; expert "
+                                  f"parallelism runs on an expert axis)")
+    if not expert_axes:
+        return
+    if len(expert_axes) > 1:
+        raise Unsupported("the plan splits the experts over two mesh axes: one expert axis is executed")
+    if plan.mesh.pp > 1:
+        raise Unsupported("expert parallelism inside a pipeline stage is not executed")
+    if any(ax.role == "tensor" and ax.size > 1 for ax in plan.mesh.axes):
+        raise Unsupported("expert parallelism beside tensor parallelism is not executed (the experts' "
+                          "all-to-all would run on DTensor activations)")
+    if plan.zero_stage == 1:
+        raise Unsupported("ZeRO-1 with expert parallelism is not executed: ZeroRedundancyOptimizer would shard "
+                          "each rank's own experts' states over ranks that hold other experts")
+    a = expert_axes[0]
+    for op in graph.ops:
+        lab = cfgs[op.name][a]
+        reads_batch = any(graph.batch_label in t.dims for t in (*op.inputs, op.output))
+        if lab not in (EXPERT_LABEL, graph.batch_label) and not (lab is None and not reads_batch):
+            raise Unsupported(f"op {op.name!r} places {lab or 'a replica'} on expert axis {plan.mesh.axes[a].name!r}: "
+                              f"an expert axis splits the experts' ops by expert and every other op by batch")
+
+
+def _expert_comms(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]],
+                  unit: Callable[[str], str]) -> list[ExpectedComm]:
+    """The all-to-alls the cost model prices on the expert axis, where the experts module performs
+    them: per MoE layer, the dispatch's token counts (forward), then each edge whose placement
+    changes between batch and expert, forward and backward (the tokens in, the results out)."""
+    axes = [a for a, ax in enumerate(plan.mesh.axes) if ax.role == "expert" and ax.size > 1]
+    if not axes:
+        return []
+    a = axes[0]
+    ops = {op.name: op for op in graph.ops}
+    bounds = Boundaries(graph)
+    out: list[ExpectedComm] = []
+    for v in graph.ops:
+        if v.kind == "dispatch":
+            out.append(ExpectedComm(unit=unit(v.module), module=v.module, phase="forward", kind="all_to_all",
+                                    source=f"{v.name} token counts"))
+        for t in v.inputs:
+            if (t.source is None or not bounds.pays(t.source, v.name)
+                    or {cfgs[t.source][a], cfgs[v.name][a]} != {EXPERT_LABEL, graph.batch_label}):
+                continue
+            mod = v.module if v.kind == "combine" else ops[t.source].module  # the experts module either way
+            for phase in ("forward", "backward"):
+                out.append(ExpectedComm(unit=unit(mod), module=mod, phase=phase, kind="all_to_all",
+                                        source=f"{t.source} -> {v.name}"))
+    return out
 
 
 def _check_device_count(plan: Plan) -> None:
@@ -491,7 +562,7 @@ def _tensor_axis(plan: Plan, roles: list[str]) -> int | None:
 
 
 def _check_batch_split(plan: Plan, mesh: list[MeshDim], pipe: PipelineExec) -> None:
-    n_data = next((d.size for d in mesh if d.role == "data"), 1)
+    n_data = math.prod(d.size for d in mesh if d.role in BATCH_ROLES)
     if plan.global_batch % (n_data * pipe.micro_batches):
         raise Unsupported(f"global batch {plan.global_batch} does not split into {n_data} data-parallel ranks x "
                           f"{pipe.micro_batches} micro-batches")
@@ -542,7 +613,7 @@ def _data_parallel(plan: Plan, mesh: list[MeshDim], tensor_parallel: bool, pipe:
     """How the data axis runs its ZeRO stage ('none', 'ddp', 'zero1' or 'fsdp'), whether FSDP
     reshards parameters after the forward, and notes on where that departs from the plan's words."""
     z = plan.zero_stage
-    if not any(d.role == "data" for d in mesh):
+    if not any(d.role in BATCH_ROLES for d in mesh):
         return "none", False, ([f"ZeRO-{z} has no data-parallel axis to shard over: nothing is sharded "
                                 f"(the cost model agrees)"] if z else [])
     mode = {0: "ddp", 1: "zero1", 2: "fsdp", 3: "fsdp"}[z]
@@ -560,6 +631,10 @@ def _data_parallel(plan: Plan, mesh: list[MeshDim], tensor_parallel: bool, pipe:
                      "step, gradients reduce-scattered")
     if z == 0:
         notes.append("ZeRO-0 runs as replicated data parallelism (FSDP2's replicate, i.e. DDP): gradients all-reduced")
+    if any(d.role == "expert" for d in mesh):
+        notes.append("expert parallelism: each expert-axis rank holds its share of every layer's experts, whose "
+                     "gradients synchronise over the data axis only; the other parameters over data x expert. The "
+                     "routing is the model's own, unbalanced as it comes; the plan's prices assume a balanced load")
     return mode, z == 3, notes
 
 

@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 from worker import measure
 from worker.analyze import model_spec
 from worker.data import global_batch, local_batch
+from worker.experts import expert_rows, shard_experts
 from worker.parallelize import (
     DTYPES,
     apply_data_parallel,
@@ -61,20 +62,27 @@ def reference_model(name: str, seed: int) -> nn.Module:
     return model_spec(name).build()
 
 
-def materialize(module: nn.Module, name: str, seed: int, device: torch.device, ties: list[list[str]]) -> None:
+def materialize(module: nn.Module, name: str, seed: int, device: torch.device, ties: list[list[str]],
+                rows: dict[str, tuple[int, int]] | None = None) -> None:
     """Allocate this rank's shards and fill them from the reference initialisation.
 
     DTensor's random initialisation is not offset-based on CPU, so initialising shards in place
     would not reproduce the single-process model; instead the host builds the reference once and
     ``set_model_state_dict`` (torch.distributed.checkpoint) copies each rank's shard of every
-    parameter. The device only ever holds this rank's shards."""
+    parameter. The device only ever holds this rank's shards. `rows`: the rows of the reference's
+    stacked expert weights each expert-parallel parameter holds (worker/experts.py)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     module.to_empty(device=device)
     retie(module, ties)
     ref = reference_model(name, seed).state_dict()
     wanted = module.state_dict().keys()
+    rows = rows or {}
     full = {k: ref[canonical(k)] for k in wanted}
+    for k in wanted:
+        if canonical(k) in rows:
+            first, end = rows[canonical(k)]
+            full[k] = full[k][first:end]
     set_model_state_dict(module, full, options=StateDictOptions(full_state_dict=True, strict=True))
 
 
@@ -100,11 +108,20 @@ def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: i
         module = StageModule(model, zs.blocks_attr, first, end, stage_index == 0, stage_index == spec.pipeline.stages - 1)
     if spec.dim("tensor"):
         apply_tensor_parallel(module, spec, _made(mesh)["tp"])
+    experts: list[str] = []
+    if spec.dim("expert"):
+        ep = _made(mesh)["ep"]
+        experts = shard_experts(module, ep.get_group(), ep.get_local_rank(), ep.size())
+    rows = expert_rows(module)
     apply_recompute(module, spec.recompute)
     prefixes = [zs.blocks_attr] if zs.blocks_attr else []
-    if spec.dim("data"):
-        apply_data_parallel(module, spec, _made(mesh)["dp"], prefixes)
-    materialize(module, spec.model, seed, device, spec.ties)
+    if spec.dim("data") and spec.dim("expert"):
+        apply_data_parallel(module, spec, _made(mesh)["dp", "ep"]._flatten("dp_ep"), prefixes, experts,
+                            _made(mesh)["dp"])
+    elif spec.dim("data") or spec.dim("expert"):
+        dim = "dp" if spec.dim("data") else "ep"
+        apply_data_parallel(module, spec, _made(mesh)[dim], prefixes, experts, None)
+    materialize(module, spec.model, seed, device, spec.ties, rows)
     reduce_partial_grads(module)
     if spec.dim("data"):
         module = wrap_ddp(module, spec, _made(mesh).get_group("dp"))
@@ -153,8 +170,9 @@ class Runner:
                                      mesh_dim_names=tuple(d.name for d in spec.mesh)) if spec.mesh else None
         coord = {d.name: self.mesh.get_local_rank(d.name) for d in spec.mesh} if self.mesh else {}
         self.coord = coord
-        self.data_index = coord.get("dp", 0)
-        self.data_count = spec.size("data")
+        # the batch splits over data x expert, data outermost (the plan's Shard over both)
+        self.data_index = coord.get("dp", 0) * spec.size("expert") + coord.get("ep", 0)
+        self.data_count = spec.size("data") * spec.size("expert")
         self.n_stages = spec.pipeline.stages
         self.stage = coord.get("pp", 0)
         self.is_last = self.stage == self.n_stages - 1

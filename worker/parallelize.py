@@ -124,27 +124,39 @@ def block_units(module: nn.Module, prefixes: list[str]) -> list[nn.Module]:
     return out
 
 
-def apply_data_parallel(module: nn.Module, spec: ExecSpec, dp_mesh: DeviceMesh, prefixes: list[str]) -> None:
-    """fully_shard / replicate over the data-parallel mesh dimension, block by block, then the root."""
+def apply_data_parallel(module: nn.Module, spec: ExecSpec, dp_mesh: DeviceMesh, prefixes: list[str],
+                        experts: list[str] | None = None, experts_mesh: DeviceMesh | None = None) -> None:
+    """fully_shard / replicate over the data-parallel mesh dimension, block by block, then the root.
+    Under expert parallelism `dp_mesh` is data x expert, and each experts module of `experts` (each
+    rank holding different experts) is wrapped first on its own over `experts_mesh`, the data
+    dimension alone, or, with none, left out of every unit: its gradients need no synchronisation."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy()
     if spec.precision != "fp32":
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[spec.precision], reduce_dtype=torch.float32)
     units = block_units(module, prefixes)
+    experts = [e for e in experts or [] if has_module(module, e)]
+    ignored = ({p for e in experts for p in module.get_submodule(e).parameters()}
+               if experts and experts_mesh is None else None)
     if spec.data_parallel == "fsdp":
         # a pipeline stage runs several micro-batches per step: keep the parameters gathered
         # between them rather than gathering per micro-batch (torchtitan does the same)
         reshard = spec.reshard_after_forward and spec.pipeline.stages == 1
+        if experts_mesh is not None:
+            for e in experts:
+                fully_shard(module.get_submodule(e), mesh=experts_mesh, reshard_after_forward=reshard, mp_policy=mp)
         for u in units:
-            fully_shard(u, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
-        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+            fully_shard(u, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, ignored_params=ignored)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, ignored_params=ignored)
     elif spec.data_parallel == "ddp":
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-
+        if experts_mesh is not None:
+            for e in experts:
+                replicate(module.get_submodule(e), mesh=experts_mesh, mp_policy=mp)
         for u in units:
-            replicate(u, mesh=dp_mesh, mp_policy=mp)
-        replicate(module, mesh=dp_mesh, mp_policy=mp)
+            replicate(u, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
+        replicate(module, mesh=dp_mesh, mp_policy=mp, ignored_params=ignored)
 
 
 def wrap_ddp(module: nn.Module, spec: ExecSpec, dp_group) -> nn.Module:

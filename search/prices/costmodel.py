@@ -395,6 +395,9 @@ class CostModel:
             # overlaps at all (NCCL on its own streams: fully; gloo on the cores computing: not)
             hide = self.device.comm_overlap
             t_sync = max(0.0, t_sync - hide * (t_fb - t_fwd)) + max(0.0, t_gather - hide * t_fwd) + t_after
+            if op.kind == "dispatch":  # before the tokens, their per-expert counts cross each expert axis
+                t_counts = self._expert_counts(op, mesh, comm[ci])
+                t_fwd, t_fb = t_fwd + t_counts, t_fb + t_counts
             time[ci] = t_fb + t_sync + t_opt
             step[ci] = t_sync + t_opt
             fwd[ci] = t_fwd + rc_extra
@@ -405,6 +408,19 @@ class CostModel:
         return OpCosts(configs=cfgs, time=time, mem=parts.sum(axis=1), parts=parts, comm=comm,
                        time_rc=time + fwd, mem_rc=parts_rc.sum(axis=1), parts_rc=parts_rc, step=step,
                        estimated=not measured)
+
+    def _expert_counts(self, op: Op, mesh: Mesh, comm: np.ndarray) -> float:
+        """The all-to-all of a dispatch's per-expert token counts (int64) over each expert axis,
+        which tells every rank how many tokens it will receive from each other one (the split sizes
+        of the token all-to-all that follows, as torchtitan exchanges them): latency, mostly."""
+        t = 0.0
+        experts = op.output.shape[0]
+        for ai, ax in enumerate(mesh.axes):
+            if ax.role == EXPERT and ax.size > 1:
+                nbytes = 8.0 * experts * ax.size  # as if unsharded on the axis: every rank's counts
+                t += self.collective_time(mesh, ai, ALL_TO_ALL, nbytes)
+                comm[ai] += nbytes * (ax.size - 1) / ax.size / ax.size
+        return t
 
     def _saved_bytes(self, op: Op, cfg: Config, mesh: Mesh, out_local: float, in_locals: list[float]) -> float:
         saved = 0.0

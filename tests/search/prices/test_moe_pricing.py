@@ -113,3 +113,16 @@ def test_expert_gemms_compute_a_share_of_the_flops(graph):
     alone = cm.op_costs(op, Mesh(pp=1, axes=(MeshAxis("dp", 1, 1, "data"),)), zero=0)
     split = cm.op_costs(op, EP4, zero=0)
     assert split.time[0] < alone.time[0]
+
+
+def test_the_dispatch_first_exchanges_its_token_counts(graph):
+    """One all-to-all of the per-expert counts (int64) per dispatch and expert axis, forward only
+    (the token all-to-all's split sizes), paid again when the layer's forward is recomputed."""
+    cm = CostModel(graph, CLUSTER, JOB)
+    dispatch = by_kind(graph, "dispatch")[0]
+    bw, lat = CLUSTER.link(4, 1)
+    counts = 2 * lat + (8 * 4 * 4) * (3 / 4) / 4 / bw  # 4 experts' counts from each of 4 ranks
+    on_ep, on_dp = cm.op_costs(dispatch, EP4, zero=0), cm.op_costs(dispatch, DP4, zero=0)
+    assert on_ep.time[0] - on_dp.time[0] == pytest.approx(counts, rel=1e-9)
+    assert on_ep.time_rc[0] - on_dp.time_rc[0] == pytest.approx(2 * counts, rel=1e-9)
+    assert on_ep.comm[0, 1] == pytest.approx(8 * 4 * 3 / 4)
