@@ -1050,7 +1050,7 @@ def capture_model(spec: ModelSpec, batch: int, seq_len: int | None = None) -> Op
     meta: GraphMeta = {"model": spec.name, "global_batch": batch, "params": spec.param_count()}
     if seq is not None and spec.kind != "vision":
         meta["seq_len"] = seq
-    with balanced_experts(module) as experts:
+    with balanced_experts(module, multiple=batch) as experts:
         g = capture_with_blocks(module, args, spec.blocks_attr, name=spec.name,
                                 input_labels=_INPUT_LABELS.get(spec.kind, []), meta=meta)
     return moe_meta(g, [e for _, e in experts])

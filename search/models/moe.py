@@ -8,9 +8,12 @@ grouped GEMM whose FLOPs capture could only guess from its element count (~8,000
 Mixtral). So for capture the experts' forward is swapped for the same computation at the shapes of
 a balanced load, each step an op the search can price and shard:
 
-- ``paretoplan::moe_dispatch``: tokens [T, H] -> per-expert buffers [E, C, H], C = ceil(T k / E)
+- ``paretoplan::moe_dispatch``: tokens [T, H] -> per-expert buffers [E, C, H], C = T k / E
   (every expert receives the same share of the T k routed tokens: the load-balance assumption,
-  capacity factor 1, stated in the graph's meta and every plan's summary);
+  capacity factor 1, stated in the graph's meta and every plan's summary), rounded up to a
+  multiple of the global batch so that the buffers split over every data-parallel size the
+  batch splits over (Qwen1.5-MoE's 60 experts leave a fraction otherwise; at most one token per
+  sequence more per expert);
 - two batched GEMMs against the stacked weights (``bmm``), with the activation between them:
   2 T k H (2I) + 2 T k I H FLOPs forward, what the experts really compute for T k token copies;
 - ``paretoplan::moe_combine``: [E, C, H] and the routing weights [T, k] -> [T, H], each token's
@@ -27,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from types import MethodType
 
 import torch
@@ -37,13 +41,13 @@ LOAD_ASSUMPTION = "balanced (each expert gets tokens x top_k / experts, capacity
 
 
 @torch.library.custom_op("paretoplan::moe_dispatch", mutates_args=())
-def moe_dispatch(tokens: torch.Tensor, top_k_index: torch.Tensor, num_experts: int) -> torch.Tensor:
+def moe_dispatch(tokens: torch.Tensor, top_k_index: torch.Tensor, num_experts: int, multiple: int) -> torch.Tensor:
     raise RuntimeError("paretoplan::moe_dispatch stands for the routing during capture on the meta device only")
 
 
 @moe_dispatch.register_fake
-def _dispatch_shape(tokens: torch.Tensor, top_k_index: torch.Tensor, num_experts: int) -> torch.Tensor:
-    return tokens.new_empty((num_experts, capacity(tokens.shape[0], top_k_index.shape[-1], num_experts),
+def _dispatch_shape(tokens: torch.Tensor, top_k_index: torch.Tensor, num_experts: int, multiple: int) -> torch.Tensor:
+    return tokens.new_empty((num_experts, capacity(tokens.shape[0], top_k_index.shape[-1], num_experts, multiple),
                              tokens.shape[-1]))
 
 
@@ -57,9 +61,9 @@ def _combine_shape(expert_out: torch.Tensor, top_k_weights: torch.Tensor, top_k_
     return expert_out.new_empty((top_k_weights.shape[0], expert_out.shape[-1]))
 
 
-def capacity(tokens: int, top_k: int, num_experts: int) -> int:
-    """Tokens per expert under a balanced load (rounded up: an expert's buffer holds whole tokens)."""
-    return math.ceil(tokens * top_k / num_experts)
+def capacity(tokens: int, top_k: int, num_experts: int, multiple: int = 1) -> int:
+    """Tokens per expert under a balanced load, rounded up to a multiple of `multiple`."""
+    return math.ceil(tokens * top_k / num_experts / multiple) * multiple
 
 
 def is_experts(module: nn.Module) -> bool:
@@ -72,22 +76,23 @@ def is_experts(module: nn.Module) -> bool:
 
 
 def _balanced_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                      top_k_weights: torch.Tensor) -> torch.Tensor:
+                      top_k_weights: torch.Tensor, *, multiple: int) -> torch.Tensor:
     gate_up, down, act = self.gate_up_proj, self.down_proj, self.act_fn
     assert isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and callable(act)  # is_experts checked
-    x = torch.ops.paretoplan.moe_dispatch(hidden_states, top_k_index, gate_up.shape[0])
+    x = torch.ops.paretoplan.moe_dispatch(hidden_states, top_k_index, gate_up.shape[0], multiple)
     gate, up = torch.bmm(x, gate_up.transpose(1, 2)).chunk(2, dim=-1)
     y = torch.bmm(act(gate) * up, down.transpose(1, 2))
     return torch.ops.paretoplan.moe_combine(y, top_k_weights.to(y.dtype), top_k_index)
 
 
 @contextmanager
-def balanced_experts(model: nn.Module) -> Iterator[list[tuple[str, int]]]:
+def balanced_experts(model: nn.Module, multiple: int = 1) -> Iterator[list[tuple[str, int]]]:
     """Within the block, every experts container of `model` computes at a balanced load's shapes
-    (for capture); yields (module path, number of experts) of each."""
+    (for capture), its buffers rounded up to a multiple of `multiple` tokens (the global batch);
+    yields (module path, number of experts) of each."""
     found = [(name, m) for name, m in model.named_modules() if is_experts(m)]
     for _, m in found:
-        m.forward = MethodType(_balanced_forward, m)
+        m.forward = MethodType(partial(_balanced_forward, multiple=multiple), m)
     try:
         yield [(name, int(m.gate_up_proj.shape[0])) for name, m in found]
     finally:
@@ -95,8 +100,10 @@ def balanced_experts(model: nn.Module) -> Iterator[list[tuple[str, int]]]:
             del m.forward
 
 
-def expert_flops(tokens: int, top_k: int, hidden: int, intermediate: int, num_experts: int) -> float:
+def expert_flops(tokens: int, top_k: int, hidden: int, intermediate: int, num_experts: int,
+                 multiple: int = 1) -> float:
     """Forward FLOPs of one MoE layer's routed experts at a balanced load: the router's GEMM and,
-    for each of the tokens x top_k copies, a SwiGLU expert (gate_up H -> 2I, down I -> H)."""
-    copies = num_experts * capacity(tokens, top_k, num_experts)
+    for each of the tokens x top_k copies (as the buffers round them), a SwiGLU expert (gate_up
+    H -> 2I, down I -> H)."""
+    copies = num_experts * capacity(tokens, top_k, num_experts, multiple)
     return 2.0 * tokens * hidden * num_experts + 2.0 * copies * hidden * 2 * intermediate + 2.0 * copies * intermediate * hidden

@@ -37,7 +37,7 @@ def layer_ops(g: OpGraph, layer: int) -> list:
 
 
 # (source, batch, seq, hidden, expert intermediate, experts, top-k); Qwen2-MoE's 10 tokens x 4
-# copies do not fill 6 whole buffers: each holds ceil(40 / 6) = 7, and is priced so
+# copies do not fill 6 equal buffers: each holds 40 / 6 rounded up to a multiple of the batch, 8
 CASES = [("moe-tiny", 4, 64, 64, 64, 4, 2), ("mixtral", 2, 16, 64, 96, 4, 2), ("qwen2-moe", 2, 5, 64, 32, 6, 4)]
 
 
@@ -52,10 +52,11 @@ def test_expert_flops_match_the_analytic_count(source, batch, seq, hidden, inter
     grouped = [op for op in ops if op.kind == "linear" and any(len(p.shape) == 3 for p in op.params)]
     assert len(router) == 1 and len(grouped) == 2
     got = router[0].flops + sum(op.flops for op in grouped)
-    assert got == expert_flops(tokens, top_k, hidden, inter, experts)
+    assert got == expert_flops(tokens, top_k, hidden, inter, experts, multiple=batch)
     assert [op.kind for op in ops].count("dispatch") == 1 and [op.kind for op in ops].count("combine") == 1
     assert not [op for op in g.ops if op.kind == "opaque"]
-    c = capacity(tokens, top_k, experts)
+    c = capacity(tokens, top_k, experts, multiple=batch)
+    assert c == {"moe-tiny": 128, "mixtral": 16, "qwen2-moe": 8}[source]
     for op in grouped:
         assert op.inputs[0].shape[:2] == (experts, c) and op.inputs[0].dims[:2] == ("expert", g.batch_label)
         assert op.params[0].dims[0] == "expert" and "expert" in op.splittable
@@ -76,8 +77,15 @@ def test_combine_prices_each_routed_copy():
     combine = next(op for op in g.ops if op.kind == "combine")
     y, w = combine.inputs
     assert combine.flops == 2.0 * 4 * 64 * 2 * 64  # a multiply and an add per copy and feature
-    assert w.shape == (4 * 64, 2) and y.shape == (4, capacity(256, 2, 4), 64)
+    assert w.shape == (4 * 64, 2) and y.shape == (4, 128, 64)
     assert combine.output.dims == (g.batch_label, "hidden")
+
+
+def test_buffers_split_over_every_data_parallel_size_the_batch_does():
+    """Qwen1.5-MoE's 60 experts and top-4 leave 64 x 4096 x 4 / 60 = 17476.3 tokens per expert: the
+    buffers hold 17536 (a multiple of the batch, 0.3% more), which 2, 4, ..., 64 ranks split."""
+    assert capacity(64 * 4096, 4, 60, multiple=64) == 17536
+    assert capacity(64 * 4096, 2, 8, multiple=64) == 64 * 4096 * 2 // 8  # Mixtral: exact
 
 
 def test_capture_leaves_the_model_as_it_was():
