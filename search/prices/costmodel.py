@@ -33,13 +33,14 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from search.models.graph import Op, OpGraph, TensorRef
+from search.models.graph import Op, OpGraph, ParamRef, TensorRef
 from search.prices.boundaries import INFEASIBLE, Boundaries, Pair, exit_allowed
 from search.prices.cluster import Cluster
 from search.prices.compute import Kernel, gemm_shape, op_time
 from search.prices.mesh import (
     DATA,
     EXPERT,
+    EXPERT_LABEL,
     TENSOR,
     Config,
     Mesh,
@@ -177,6 +178,7 @@ class CostModel:
         consumers = graph.consumers()
         self.bounds = Boundaries(graph)
         self._unit_share = sync_unit_shares(graph)
+        self._unit_share_ep = sync_unit_shares(graph, experts_apart=True)
         self._grad_bytes = graph.param_count() * self.bytes.grad  # what DDP's buckets hold
         self._output_saved = {
             op.name: op.saves in ("output", "attention")
@@ -310,6 +312,7 @@ class CostModel:
         # an expert axis is a data axis to every parameter it does not split (search/prices/mesh.py)
         data_parallel = any(ax.role in BATCH_ROLES and ax.size > 1 for ax in mesh.axes)
         r_opt = math.prod(ax.size for ax in mesh.axes if ax.role in BATCH_ROLES)
+        expert_axis = any(ax.role == EXPERT and ax.size > 1 for ax in mesh.axes)
         for ci, cfg in enumerate(cfgs):
             shards = math.prod(ax.size for ax, lab in zip(mesh.axes, cfg, strict=True) if lab is not None)
             out_local = out_numel / shard_factor(output_placement(cfg, op), mesh)
@@ -347,7 +350,7 @@ class CostModel:
                     # on a data axis FSDP2 syncs a unit per call (ZeRO-1's DDP: buckets); on a
                     # tensor axis each partial gradient is all-reduced by a hook of its own
                     share = (1.0 if mesh.axes[ai].role not in BATCH_ROLES else
-                             None if zero == 1 else self._unit_share.get(p.name, 1.0))
+                             None if zero == 1 else (self._unit_share_ep if expert_axis else self._unit_share).get(p.name, 1.0))
                     for i, (kind, nbytes) in enumerate(steps):
                         t = self.bucketed_time(mesh, ai, kind, nbytes, share)
                         if zero == 3 and i == 1 and ai in sharded:
@@ -591,13 +594,19 @@ class CostModel:
         return worst + gathered
 
 
-def sync_unit_shares(graph: OpGraph) -> dict[str, float]:
+def sync_unit_shares(graph: OpGraph, experts_apart: bool = False) -> dict[str, float]:
     """Each owned parameter's share of the elements of its FSDP2 unit: its block layer (the
     first block stack's layers are wrapped one by one) or the root (everything else), as
-    worker.parallelize wraps them. A unit's gradient (and ZeRO parameter) collective is one call."""
+    worker.parallelize wraps them. A unit's gradient (and ZeRO parameter) collective is one call.
+    `experts_apart`: under expert parallelism each layer's expert weights are a unit of their own
+    (they sync over the data axis alone, the rest of the layer over data x expert)."""
     layer_of = {name: i for b in graph.blocks[:1] for i, layer in enumerate(b.layers) for name in layer}
-    owned = [(p.name, p.numel, layer_of.get(op.name, -1)) for op in graph.ops for p in op.params if p.owner]
-    totals: dict[int, float] = {}
+
+    def unit(op: Op, p: ParamRef) -> tuple[int, bool]:
+        return layer_of.get(op.name, -1), experts_apart and EXPERT_LABEL in p.dims
+
+    owned = [(p.name, p.numel, unit(op, p)) for op in graph.ops for p in op.params if p.owner]
+    totals: dict[tuple[int, bool], float] = {}
     for _, numel, u in owned:
         totals[u] = totals.get(u, 0.0) + numel
     return {name: numel / totals[u] if totals[u] > 0 else 1.0 for name, numel, u in owned}

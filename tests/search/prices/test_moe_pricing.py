@@ -11,7 +11,7 @@ import math
 import pytest
 
 from search.prices.cluster import make_cluster
-from search.prices.costmodel import CostModel, TrainingJob
+from search.prices.costmodel import CostModel, TrainingJob, sync_unit_shares
 from search.prices.mesh import (
     EXPERT,
     Mesh,
@@ -126,3 +126,15 @@ def test_the_dispatch_first_exchanges_its_token_counts(graph):
     assert on_ep.time[0] - on_dp.time[0] == pytest.approx(counts, rel=1e-9)
     assert on_ep.time_rc[0] - on_dp.time_rc[0] == pytest.approx(2 * counts, rel=1e-9)
     assert on_ep.comm[0, 1] == pytest.approx(8 * 4 * 3 / 4)
+
+
+def test_under_expert_parallelism_the_experts_are_an_fsdp_unit_of_their_own():
+    """The executor wraps each layer's experts apart (they sync over dp only): their gradient
+    collective is a call of its own, which their share of the latency says."""
+    g = moe_layer(layers=2)
+    plain, apart = sync_unit_shares(g), sync_unit_shares(g, experts_apart=True)
+    experts = [p for op in grouped(g) for p in op.params]
+    others = [p for op in g.ops for p in op.params if p.owner and "expert" not in p.dims and op.name in g.blocks[0].layers[0]]
+    assert sum(apart[p.name] for p in experts) == pytest.approx(2.0)  # one whole unit per layer
+    assert sum(plain[p.name] for p in experts) < 2.0
+    assert sum(apart[p.name] for p in others) == pytest.approx(1.0)  # the layer's unit without them
