@@ -186,6 +186,8 @@ class PipeShape:
         return self.mesh.pp
 
     def describe(self) -> str:
+        if self.stages == 1:  # one stage: no schedule, the micro-batches accumulate gradients
+            return f"{self.mesh.describe()} zero{self.zero} accumulate m{self.micro_batches}"
         v = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         return f"{self.mesh.describe()} zero{self.zero} {self.schedule}{v} m{self.micro_batches}"
 

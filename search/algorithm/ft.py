@@ -30,8 +30,8 @@ Read top to bottom:
    mesh first finds real plans close to the frontier, and a partial stack of L layers whose most
    optimistic completion (the remaining layers' ideal point, then their convex hull, plus the
    rest of the graph) is beaten by one of those plans is dropped during the doubling.
-6. With pipelines, the pipeline stage search (pipeline.py) adds a frontier per pipeline shape,
-   bounded by the plans found without one.
+6. With pipelines (and with gradient accumulation, a pipeline of one stage), the pipeline stage
+   search (pipeline.py) adds a frontier per pipeline shape, bounded by the plans found without one.
 7. The per-mesh frontiers are merged and reduced; each final point's configuration of every op
    is read back through the factors' provenance (`Solution.read_back`).
 """
@@ -77,6 +77,8 @@ class SearchOptions:
     recompute: bool = True                   # every layer of the block stack may be recomputed
     profile: DeviceProfile | ProfileLookup | None = None  # price from measured costs (search/prices/profile.py)
     pipeline: bool = False                   # pipeline plans join the frontier (pipeline.py)
+    accumulate: bool = False                 # one-stage plans may run the batch as m micro-batches
+    #                                          (gradient accumulation, pipeline.py with p = 1)
     allow_async: bool = False                # ... PipeDream-2BW's among them (1-stale weights)
 
 
@@ -89,7 +91,8 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOp
     cm = CostModel(graph, cluster, job, profile=options.profile)
     problems = _mesh_problems(graph, cm, options)
     envelope = _prepass(problems, options)
-    steps = len(problems) + (1 if options.pipeline else 0)
+    staged = options.pipeline or options.accumulate  # the stage search runs (pipeline.py)
+    steps = len(problems) + (1 if staged else 0)
     solutions: list[Solution] = []
     for prob in problems:
         sol = finish_mesh(prob, options.eps, envelope, options.prune)
@@ -97,7 +100,7 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOp
         envelope = _grown(envelope, sol.root)  # what this mesh achieves bounds what later meshes need to keep
         if progress:
             progress(len(solutions) / steps, f"{sol.describe()}: {_frontier_size(solutions)} frontier points so far")
-    if options.pipeline:
+    if staged:
         solutions += _pipelines(graph, cluster, job, solutions, options)
         if progress:
             progress(1.0, f"pipelines: {_frontier_size(solutions)} frontier points so far")
@@ -174,7 +177,8 @@ def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: li
     may cost and still matter."""
     known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
     return list(search_pipelines(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
-                                 options.eps, profile=options.profile, envelope=known if options.prune else None))
+                                 options.eps, profile=options.profile, envelope=known if options.prune else None,
+                                 pipelines=options.pipeline, accumulate=options.accumulate))
 
 
 # ---- 7. the merged frontier --------------------------------------------------------------------
@@ -224,6 +228,7 @@ def _stats(graph: OpGraph, solutions: list[Solution], points: list[FrontierPoint
         "block_reuse": first_chain is not None,
         "layers_solved_once": len(first_chain.layers) - 1 if first_chain is not None else 0,
         "pipeline": options.pipeline,
+        "accumulate": options.accumulate,
         "pipeline_shapes": sum(1 for s in solutions if s.pipeline is not None),
         "allow_async_pipeline": options.allow_async,
     }

@@ -66,19 +66,32 @@ from search.prices.profile import DeviceProfile, ProfileLookup
 from search.prices.schedule import ScheduleName
 
 STAGE_BAND = 2
-MAX_STAGES = 16  # deeper pipelines leave a layer or two per stage; Megatron's largest runs use <= 16
+# The baseline planners' grid (search/plans/baselines.py): practitioners' usual stage counts and
+# micro-batch counts. The search itself is not limited to it (`pipeline_shapes`).
+MAX_STAGES = 16
 MICRO_BATCH_FACTORS = (1, 2, 4, 8)  # m = factor * p
 PIPELINE_ZERO = (0, 1)
 
 
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 # ---- shapes ------------------------------------------------------------------------------------
 def pipeline_shapes(cluster: Cluster, job: TrainingJob, n_layers: int, zero_stages: tuple[int, ...],
-                    allow_async: bool = False, schedules: tuple[ScheduleName, ...] | None = None) -> list[PipeShape]:
-    """Every (p, sub-mesh, ZeRO stage, m, schedule) the search tries."""
+                    allow_async: bool = False, schedules: tuple[ScheduleName, ...] | None = None,
+                    pipelines: bool = True, accumulate: bool = False) -> list[PipeShape]:
+    """Every (p, sub-mesh, ZeRO stage, m, schedule) the search tries: with `pipelines`, every p
+    from 2 to the layer count that divides the devices, every dp x tp sub-mesh of the rest, and
+    every micro-batch count m >= p whose micro-batch (the per-rank batch / m, down to 1 sample)
+    is whole; with `accumulate`, p = 1 with every m >= 2 that divides the per-rank batch
+    (gradient accumulation: one stage, no bubble, one micro-batch's activations held)."""
     schedules = schedules or (("1f1b", "2bw") if allow_async else ("1f1b",))
     shapes = []
     n = cluster.num_devices
-    for p in range(2, min(n, n_layers, MAX_STAGES) + 1):
+    first = 1 if accumulate else 2
+    last = min(n, n_layers) if pipelines else 1
+    for p in range(first, last + 1):
         if n % p:
             continue
         inner = n // p
@@ -86,14 +99,17 @@ def pipeline_shapes(cluster: Cluster, job: TrainingJob, n_layers: int, zero_stag
         sub = cluster.model_copy(update={"num_devices": inner, "devices_per_node": math.gcd(inner, cluster.devices_per_node)})
         for mesh in mesh_candidates(sub):
             mesh = Mesh(pp=p, axes=mesh.axes)
+            dp = data_ways(mesh)
+            if job.global_batch % dp:
+                continue  # each micro-batch splits over the data-parallel ranks
+            # m >= p: 1F1B with fewer micro-batches than stages is mostly bubble, and the executor
+            # (torch's Schedule1F1B) refuses it; m = 1 on one stage is the search without pipelines
+            counts = [m for m in _divisors(job.global_batch // dp) if m >= max(p, 2)]
             for zero in zero_stages:
-                if zero not in PIPELINE_ZERO:
+                if p > 1 and zero not in PIPELINE_ZERO:
                     continue
-                for f in MICRO_BATCH_FACTORS:
-                    m = f * p
-                    if job.global_batch % (m * data_ways(mesh)):
-                        continue  # each micro-batch splits over the data-parallel ranks
-                    for sched in schedules:
+                for m in counts:
+                    for sched in (schedules if p > 1 else ("1f1b",)):  # one stage has no schedule to choose
                         shapes.append(PipeShape(mesh, zero, m, sched))
     return shapes
 
@@ -281,6 +297,8 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float) -> _S
     band = stage_band(n, p)
     states: dict[int, _State] = {}
     for k in band:
+        if k + (p - 1) * band.start > n or k + (p - 1) * (band.stop - 1) < n:
+            continue  # the other stages cannot cover the rest inside the band (p = 1: k = n only)
         st, sm, idx = _stage_points(S, 0, k, b, weights[0].slots * p2p[b] if p > 1 else 0.0)
         if len(st):
             states[k] = (st, sm, [[(k, int(i))] for i in idx])
@@ -371,15 +389,19 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
 def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stages: tuple[int, ...],
                      recompute: bool = True, allow_async: bool = False, eps: float = 0.0,
                      shapes: list[PipeShape] | None = None, profile: DeviceProfile | ProfileLookup | None = None,
-                     envelope: tuple[np.ndarray, np.ndarray] | None = None) -> list[PipeSolution]:
-    """Every pipeline shape's frontier (empty when the graph has no stack to cut). With an
-    `envelope` of plans known to exist (e.g. the frontier without pipelines), each shape keeps
-    only the points no such plan - nor an earlier shape's - beats; without one, each shape's
-    complete frontier."""
+                     envelope: tuple[np.ndarray, np.ndarray] | None = None, pipelines: bool = True,
+                     accumulate: bool = False) -> list[PipeSolution]:
+    """Every pipeline shape's frontier (empty when the graph has no stack to cut); the shapes as
+    `pipeline_shapes` gives them (`pipelines`: p >= 2, `accumulate`: gradient accumulation on one
+    stage) unless `shapes` names them. With an `envelope` of plans known to exist (e.g. the
+    frontier without pipelines), each shape keeps only the points no such plan - nor an earlier
+    shape's - beats; without one, each shape's complete frontier."""
     chain = find_chain(graph)
     if chain is None or unsupported(graph, chain) is not None:
         return []
-    shapes = shapes if shapes is not None else pipeline_shapes(cluster, job, len(chain.layers), zero_stages, allow_async)
+    if shapes is None:
+        shapes = pipeline_shapes(cluster, job, len(chain.layers), zero_stages, allow_async, pipelines=pipelines,
+                                 accumulate=accumulate)
     graphs: dict[int, tuple[OpGraph, CostModel]] = {}
     out: list[PipeSolution] = []
     for shape in shapes:

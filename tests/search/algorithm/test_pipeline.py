@@ -61,6 +61,54 @@ def test_pipeline_dp_equals_exhaustive(devices):
         assert same_frontier(sols[0].root.t, sols[0].root.m, t, m), sh.describe()
 
 
+@pytest.mark.parametrize("devices", [2, 4])
+def test_accumulation_dp_equals_exhaustive(devices):
+    """Gradient accumulation is the one-stage pipeline: for every ZeRO stage and micro-batch count
+    the stage search gives exactly the exhaustive frontier of its shape."""
+    g = stack(3, batch=JOB.global_batch)
+    cl = make_cluster("h100-80gb", devices)
+    shapes = pipeline_shapes(cl, JOB, 3, (0, 1, 2, 3), pipelines=False, accumulate=True)
+    assert shapes and all(sh.stages == 1 and sh.micro_batches >= 2 for sh in shapes)
+    assert {sh.zero for sh in shapes} == {0, 1, 2, 3}  # unlike a pipeline, every ZeRO stage accumulates
+    picked = {}
+    for sh in shapes:  # per ZeRO stage the fewest and the most micro-batches: keeps it quick
+        picked.setdefault((sh.zero, "few"), sh)
+        picked[(sh.zero, "many")] = sh
+    for sh in picked.values():
+        sols = search_pipelines(g, cl, JOB, (0, 1, 2, 3), shapes=[sh])
+        t, m = exhaustive_pipeline(g, cl, JOB, sh)
+        assert sols, sh.describe()
+        assert same_frontier(sols[0].root.t, sols[0].root.m, t, m), sh.describe()
+
+
+def test_accumulation_holds_one_micro_batch():
+    """Accumulating over m micro-batches keeps one micro-batch's activations: the leanest plan
+    needs less memory than the leanest plan that runs the whole per-rank batch at once."""
+    g = stack(3, batch=JOB.global_batch)
+    cl = make_cluster("h100-80gb", 2)
+    flat = search(g, cl, JOB)
+    acc = search(g, cl, JOB, SearchOptions(accumulate=True))
+    assert min(p.memory_bytes for p in acc.points) < min(p.memory_bytes for p in flat.points)
+    sols = [acc.solutions[p.mesh_index] for p in acc.points]
+    assert any(s.pipeline is not None and s.pipeline.stages == 1 and s.pipeline.micro_batches > 1 for s in sols)
+    assert min(acc.points, key=lambda p: p.memory_bytes).stages == (3,)
+
+
+def test_shapes_reach_micro_batches_of_one_and_a_stage_per_layer():
+    """Megatron-LM's own plans live here: micro-batches of one sample (m = the per-rank batch),
+    and as many stages as layers."""
+    cl = make_cluster("h100-80gb", 16)
+    job = TrainingJob(global_batch=64, seq_len=None)
+    shapes = pipeline_shapes(cl, job, 16, (0, 1))
+    assert max(sh.stages for sh in shapes) == 16
+    for sh in shapes:
+        dp = sh.mesh.num_devices // sh.stages // sh.mesh.axes[-1].size
+        assert sh.micro_batches >= sh.stages and (job.global_batch // dp) % sh.micro_batches == 0
+    # pp 4 x dp 2 x tp 2: per-rank batch 32, micro-batches of 1 to 8 samples
+    got = {sh.micro_batches for sh in shapes if sh.stages == 4 and sh.mesh.axes[-1].size == 2}
+    assert got == {4, 8, 16, 32}
+
+
 @pytest.mark.slow  # re-costs every pipeline point of a 6-layer stack: ~5 s
 def test_every_pipeline_point_recosts_to_itself():
     g = stack(6, batch=32)
