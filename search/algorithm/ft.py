@@ -100,14 +100,17 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOp
         envelope = _grown(envelope, sol.root)  # what this mesh achieves bounds what later meshes need to keep
         if progress:
             progress(len(solutions) / steps, f"{sol.describe()}: {_frontier_size(solutions)} frontier points so far")
+    shape_counts: dict[str, int] = {}
     if staged:
-        solutions += _pipelines(graph, cluster, job, solutions, options)
+        solutions += _pipelines(graph, cluster, job, solutions, options, shape_counts)
         if progress:
             progress(1.0, f"pipelines: {_frontier_size(solutions)} frontier points so far")
     points = _frontier(solutions, options.eps)
     return SearchResult(graph=graph, cluster=cluster, job=job, solutions=solutions, points=points,
                         search_seconds=_time.perf_counter() - start, eps=options.eps,
-                        stats=_stats(graph, solutions, points, options))
+                        stats={**_stats(graph, solutions, points, options),
+                               "pipeline_shapes_tried": shape_counts.get("shapes", 0),
+                               "pipeline_shapes_bounded_out": shape_counts.get("bounded_out", 0)})
 
 
 # ---- 1. meshes and ZeRO stages -----------------------------------------------------------------
@@ -172,13 +175,13 @@ def _grown(envelope: Envelope, root: Factor) -> Envelope:
 
 # ---- 6. pipelines ------------------------------------------------------------------------------
 def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: list[Solution],
-               options: SearchOptions) -> list[Solution]:
+               options: SearchOptions, counts: dict[str, int]) -> list[Solution]:
     """A frontier per pipeline shape; the plans without a pipeline bound what a pipeline stage
     may cost and still matter."""
     known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
     return list(search_pipelines(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
                                  options.eps, profile=options.profile, envelope=known if options.prune else None,
-                                 pipelines=options.pipeline, accumulate=options.accumulate))
+                                 pipelines=options.pipeline, accumulate=options.accumulate, counts=counts))
 
 
 # ---- 7. the merged frontier --------------------------------------------------------------------

@@ -215,3 +215,20 @@ def search_mesh(cl):
     from search.prices.mesh import mesh_candidates
 
     return mesh_candidates(cl)[0]
+
+
+@pytest.mark.parametrize("devices,layers", [(4, 6), (8, 8)])
+def test_shape_bounds_and_stage_pruning_keep_the_frontier_exact(devices, layers):
+    """Skipping whole shapes on their bounds, taking the end stages first and dropping partial
+    splits with the rest's lookahead only remove plans that cannot win: the default space's
+    frontier (pipelines and accumulation) is the same with pruning on and off."""
+    g = stack(layers, batch=32)
+    cl = make_cluster("h100-80gb", devices)
+    job = TrainingJob(global_batch=32, seq_len=None)
+    on = search(g, cl, job, SearchOptions(pipeline=True, accumulate=True))
+    off = search(g, cl, job, SearchOptions(pipeline=True, accumulate=True, prune=False))
+    assert on.stats["pipeline_shapes_tried"] == off.stats["pipeline_shapes_tried"] > 10
+    t1, m1 = [p.time_s for p in on.points], [p.memory_bytes for p in on.points]
+    t2, m2 = [p.time_s for p in off.points], [p.memory_bytes for p in off.points]
+    assert same_frontier(t1, m1, t2, m2)
+    assert any(p.stages is not None and len(p.stages) > 1 for p in on.points)  # pipelines reach it
