@@ -110,7 +110,8 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOp
                         search_seconds=_time.perf_counter() - start, eps=options.eps,
                         stats={**_stats(graph, solutions, points, options),
                                "pipeline_shapes_tried": shape_counts.get("shapes", 0),
-                               "pipeline_shapes_bounded_out": shape_counts.get("bounded_out", 0)})
+                               "pipeline_shapes_bounded_out": shape_counts.get("bounded_out", 0),
+                               "pipeline_shapes_solved": shape_counts.get("solved", 0)})
 
 
 # ---- 1. meshes and ZeRO stages -----------------------------------------------------------------

@@ -224,12 +224,19 @@ def _floor(tables: PipeTables) -> tuple[float, float]:
     shape = tables.shape
     weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule)
     lean = min(weights, key=lambda w: (w.inflight, w.copies))
-    t = m = 0.0
+    # layers 2.. share the template's table objects: weigh each distinct table once
+    uses: dict[int, tuple[OpCosts, int]] = {}
     for oc in tables.op_costs.values():
+        uses[id(oc)] = (oc, uses[id(oc)][1] + 1 if id(oc) in uses else 1)
+    t = m = 0.0
+    for oc, k in uses.values():
         w = weigh_op(oc, lean)
-        t += float(min(w.time.min(), w.time_rc.min()))
-        m += float(min(w.mem.min(), w.mem_rc.min()))
-    t += sum(float(ec.time.min()) * lean.slots for ec in tables.edge_costs.values())
+        t += k * float(min(w.time.min(), w.time_rc.min()))
+        m += k * float(min(w.mem.min(), w.mem_rc.min()))
+    edge_uses: dict[int, tuple[float, int]] = {}
+    for ec in tables.edge_costs.values():
+        edge_uses[id(ec)] = (float(ec.time.min()), edge_uses[id(ec)][1] + 1 if id(ec) in edge_uses else 1)
+    t += sum(v * k for v, k in edge_uses.values()) * lean.slots
     return t / shape.stages, m / shape.stages + tables.buffers
 
 
@@ -509,6 +516,8 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         shapes = pipeline_shapes(cluster, job, len(chain.layers), zero_stages, allow_async, pipelines=pipelines,
                                  accumulate=accumulate)
     graphs: dict[int, tuple[OpGraph, CostModel, Chain | None]] = {}
+    tails: dict[int, set[str]] = {}  # the ops after the stack, per micro-batch graph
+    placeable: dict[tuple[int, tuple[MeshAxis, ...]], bool] = {}
     bases: dict[tuple[int, tuple[MeshAxis, ...], int], dict[str, OpCosts] | None] = {}
 
     def priced(shape: PipeShape) -> tuple[OpGraph, CostModel, Chain | None, dict[str, OpCosts] | None]:
@@ -523,7 +532,12 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         key = (m, shape.mesh.axes, shape.zero)
         if key not in bases:
             sub = Mesh(pp=1, axes=shape.mesh.axes)
-            ok = ch is not None and unplaceable_op(g.ops, sub, g.batch_label) is None
+            if (m, shape.mesh.axes) not in placeable:
+                # layers 2.. repeat the template's ops (the chain's premise, as their prices do)
+                covered = {name for layer in ch.layers[2:] for name in layer} if ch is not None else set()
+                placeable[(m, shape.mesh.axes)] = ch is not None and unplaceable_op(
+                    [op for op in g.ops if op.name not in covered], sub, g.batch_label) is None
+            ok = placeable[(m, shape.mesh.axes)]
             bases[key] = mesh_costs(g, cm, sub, shape.zero, ch) if ok else None
         return g, cm, ch, bases[key]
 
@@ -536,22 +550,25 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         g, cm, ch, base = priced(shape)
         if ch is None or base is None or len(ch.layers) < shape.stages:
             continue
-        bounded.append((shape_bound(g, cm, shape, ch, base, lams), len(bounded), shape))
+        if shape.micro_batches not in tails:
+            tails[shape.micro_batches] = after_stack(g, ch)
+        bounded.append((shape_bound(g, cm, shape, ch, base, lams, tails[shape.micro_batches]), len(bounded), shape))
     bounded.sort(key=lambda x: (x[0].t, x[1]))
     out: list[PipeSolution] = []
-    skipped = 0
+    skipped = solved = 0
     for bound, _, shape in bounded:
         if envelope is not None and len(envelope[0]) and bound.covered(envelope):
             skipped += 1
             continue
         g, cm, ch, base = priced(shape)
+        solved += 1
         sol = solve_shape(g, cm, shape, eps, recompute, envelope, chain=ch, base=base)
         if sol is not None and len(sol.root):
             out.append(sol)
             if envelope is not None:
                 envelope = (np.concatenate([envelope[0], sol.root.t]), np.concatenate([envelope[1], sol.root.m]))
     if counts is not None:
-        counts.update(shapes=len(bounded), bounded_out=skipped)
+        counts.update(shapes=len(bounded), bounded_out=skipped, solved=solved)
     return out
 
 
@@ -594,7 +611,7 @@ class ShapeBound:
 
 
 def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, base: dict[str, OpCosts],
-                lams: np.ndarray) -> ShapeBound:
+                lams: np.ndarray, tail: set[str] | None = None) -> ShapeBound:
     """Lower bounds on every plan of a shape from its op tables (`mesh_costs` on the stage
     sub-mesh) alone: edges, transfers and a tied parameter's second copy cost >= 0 and are left
     out, and each op is taken at its cheapest configuration (with or without recomputation) for
@@ -607,8 +624,8 @@ def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, b
     sub = Mesh(pp=1, axes=shape.mesh.axes)
     covered = {name for layer in chain.layers[2:] for name in layer}
     buffers = cm.buffers(sub, [graph.op(name) for name in base if name not in covered], shape.zero)
-    template = [name for name in chain.template]
-    tail = after_stack(graph, chain)
+    template = list(chain.template)
+    tail = tail if tail is not None else after_stack(graph, chain)
     head = [name for name in base if name not in covered and name not in chain.template and name not in tail]
     tail_ops = [name for name in base if name in tail]
     L = len(lams)
