@@ -9,9 +9,9 @@ Cases are searched as a new user runs them: the default space (every ZeRO stage,
 recomputation, pipelines, gradient accumulation) and, for comparison, the same space without
 pipelines (`--no-pipeline`). Columns: ops in the captured graph, frontier size, how many of its
 points are pipelined (pp > 1) and on how many distinct meshes (pp x dp x tp) they lie, the least
-memory per device on the frontier, search seconds (the search only; capture is reported apart)
-and the process's peak RSS. The table only uses `SearchOptions(pipeline=...)`, so it runs on older
-checkouts too (their default space, whatever it was).
+memory per device on the frontier, search seconds (wall, the search only; capture is reported
+apart), the search's CPU seconds (steadier than wall time on a shared machine) and the process's
+peak RSS. It runs on older checkouts too (their default space, whatever it was).
 """
 
 from __future__ import annotations
@@ -38,10 +38,21 @@ CASES: list[tuple[str, str, int, int, int, bool]] = [
 QUICK = [c for c in CASES if c[2] <= 8]
 
 
+def options(pipeline: bool):
+    """The default space of this checkout (what `paretoplan search` searches), with or without
+    pipelines; checkouts older than gradient accumulation have no `accumulate`."""
+    import dataclasses
+
+    from search.algorithm.ft import SearchOptions
+
+    fields = {f.name for f in dataclasses.fields(SearchOptions)}
+    return SearchOptions(pipeline=pipeline, **({"accumulate": True} if "accumulate" in fields else {}))
+
+
 def run_case(model: str, device: str, devices: int, batch: int, seq: int, pipeline: bool) -> dict:
     import time
 
-    from search.algorithm.ft import SearchOptions, search
+    from search.algorithm.ft import search
     from search.models.capture import capture_model
     from search.models.zoo import get_model
     from search.prices.cluster import make_cluster
@@ -53,7 +64,9 @@ def run_case(model: str, device: str, devices: int, batch: int, seq: int, pipeli
     graph = capture_model(spec, batch, seq)
     capture_s = time.perf_counter() - t0
     job = TrainingJob(global_batch=batch, seq_len=seq, precision="bf16")
-    result = search(graph, make_cluster(device, devices), job, SearchOptions(pipeline=pipeline))
+    cpu0 = time.process_time()
+    result = search(graph, make_cluster(device, devices), job, options(pipeline))
+    cpu_s = time.process_time() - cpu0
     meshes = set()
     piped = 0
     for p in result.points:
@@ -64,7 +77,7 @@ def run_case(model: str, device: str, devices: int, batch: int, seq: int, pipeli
         "model": model, "device": device, "devices": devices, "batch": batch, "seq": seq, "pipeline": pipeline,
         "ops": len(graph.ops), "frontier": len(result.points), "pipelined": piped, "meshes": len(meshes),
         "least_gib": min((p.memory_bytes for p in result.points), default=float("nan")) / 2**30,
-        "search_s": result.search_seconds, "capture_s": capture_s,
+        "search_s": result.search_seconds, "cpu_s": cpu_s, "capture_s": capture_s,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -84,7 +97,8 @@ def main() -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     pin = ["taskset", "-c", "0"] if os.path.exists("/usr/bin/taskset") else []
     print(f"{'model':<12} {'device':<10} {'devices':>7} {'batch':>6} {'seq':>5} {'space':>11} {'ops':>5} "
-          f"{'frontier':>8} {'piped':>6} {'meshes':>6} {'least':>10} {'search s':>9} {'capture s':>9} {'peak RSS':>9}")
+          f"{'frontier':>8} {'piped':>6} {'meshes':>6} {'least':>10} {'search s':>9} {'cpu s':>7} {'capture s':>9} "
+          f"{'peak RSS':>9}")
     for case in cases:
         out = subprocess.run([*pin, sys.executable, __file__, "--case", json.dumps(case)], env=env,
                              capture_output=True, text=True)
@@ -96,7 +110,8 @@ def main() -> None:
         space = "default" if r["pipeline"] else "no-pipeline"
         print(f"{r['model']:<12} {r['device']:<10} {r['devices']:>7} {r['batch']:>6} {r['seq'] or '-':>5} {space:>11} "
               f"{r['ops']:>5} {r['frontier']:>8} {r['pipelined']:>6} {r['meshes']:>6} {r['least_gib']:>6.1f} GiB "
-              f"{r['search_s']:>9.2f} {r['capture_s']:>9.2f} {r['peak_rss_mib']:>6.0f} MiB", flush=True)
+              f"{r['search_s']:>9.2f} {r.get('cpu_s', float('nan')):>7.2f} {r['capture_s']:>9.2f} "
+              f"{r['peak_rss_mib']:>6.0f} MiB", flush=True)
 
 
 if __name__ == "__main__":
