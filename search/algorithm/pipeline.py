@@ -542,7 +542,7 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         return g, cm, ch, bases[key]
 
     # Bound every shape from its op tables alone, then solve the shapes in order of their bound
-    # on time; a shape whose bounds the plans already found beat cannot add a point (every plan
+    # on time (accumulation first); a shape whose bounds the plans already found beat cannot add a point (every plan
     # of the shape lies inside its bounds): exact.
     lams = _slopes(envelope)
     bounded: list[tuple[ShapeBound, int, PipeShape]] = []
@@ -553,7 +553,9 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         if shape.micro_batches not in tails:
             tails[shape.micro_batches] = after_stack(g, ch)
         bounded.append((shape_bound(g, cm, shape, ch, base, lams, tails[shape.micro_batches]), len(bounded), shape))
-    bounded.sort(key=lambda x: (x[0].t, x[1]))
+    # one-stage shapes (accumulation: one solve each, no middle stages) first: they are cheap and
+    # fill the known plans that bound the pipelines; then each kind fastest bound first
+    bounded.sort(key=lambda x: (x[2].stages > 1, x[0].t, x[1]))
     out: list[PipeSolution] = []
     skipped = solved = 0
     for bound, _, shape in bounded:
