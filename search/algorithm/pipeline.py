@@ -256,30 +256,46 @@ class _Stages:
 
     @classmethod
     def build(cls, graph: OpGraph, cm: CostModel, tables: PipeTables, eps: float, recompute: bool,
-              env: _Envelope) -> _Stages | None:
+              env: _Envelope, envelope: tuple[np.ndarray, np.ndarray] | None = None) -> _Stages | None:
         """One factor graph per distinct stage weighting (FT's per-mesh problem, its ops weighed
-        here and its edges by prepare_mesh): the first and last stage's now, the others when the
-        stage DP first asks for them (`bounded_out` may make that never); None if the stack
-        cannot be solved as one layer."""
+        here and its edges by prepare_mesh): the last stage's first, then the first stage's, the
+        others when the stage DP first asks for them; None if the stack cannot be solved as one
+        layer or, with an `envelope` of known plans, if they beat every plan of the shape
+        (`_ends_beaten`): judged first with the last stage's weights standing in for the first's
+        (no more memory, the same time, for every assignment), so a losing shape costs one solve."""
         shape, chain = tables.shape, tables.chain
         weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule)
         sub = Mesh(pp=1, axes=shape.mesh.axes)
         covered = {name for layer in chain.layers[2:] for name in layer}  # priced through the template
+        first, last = weights[0], weights[-1]
 
-        def solve(w: Weights) -> MeshProblem | None:
+        def solve(w: Weights, head: bool = False) -> MeshProblem | None:
             weighted = {name: weigh_op(oc, w) for name, oc in tables.op_costs.items() if name not in covered}
             prob = prepare_mesh(graph, cm, sub, True, eps, shape.zero, recompute, weighted,
-                                split_outside=(w == weights[0], w == weights[-1]), edge_weights=w)
+                                split_outside=(head or w == first, w == last), edge_weights=w)
             return prob if prob.unit is not None else None
 
-        ends: dict[Weights, MeshProblem] = {}
-        for w in dict.fromkeys((weights[0], weights[-1])):
-            prob = solve(w)
-            if prob is None:
+        known = envelope is not None and len(envelope[0]) > 0
+        lp = solve(last, head=known)
+        if lp is None:
+            return None
+        ends: dict[Weights, MeshProblem] = {last: lp}
+        if known:
+            assert envelope is not None and lp.unit is not None and lp.head is not None and lp.tail is not None
+            if _ends_beaten(tables, weights, lp.unit, lp.head, lp.unit, lp.tail, envelope):
                 return None
-            ends[w] = prob
-        domain = ends[weights[0]].domain
-        head, tail = ends[weights[0]].head, ends[weights[-1]].tail
+        if first != last:
+            fp = solve(first)
+            if fp is None:
+                return None
+            ends[first] = fp
+            if known:
+                assert envelope is not None and fp.unit is not None and fp.head is not None and lp.tail is not None
+                assert lp.unit is not None
+                if _ends_beaten(tables, weights, fp.unit, fp.head, lp.unit, lp.tail, envelope):
+                    return None
+        domain = ends[first].domain
+        head, tail = ends[first].head, ends[last].tail
         assert head is not None and tail is not None
         return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env)
 
@@ -299,56 +315,6 @@ class _Stages:
         assert unit is not None
         sel = unit.keys[:, 0] == b
         return (float(unit.t[sel].min()), float(unit.m[sel].min())) if sel.any() else (np.inf, np.inf)
-
-    def bounded_out(self, tables: PipeTables, envelope: tuple[np.ndarray, np.ndarray]) -> bool:
-        """Whether the plans known to exist beat every plan of this shape, judged from the first
-        and last stage's frontiers alone (before the middle stages are solved), per boundary
-        configuration as `ShapeBound` regions: the first stage holds the ops before the stack
-        and at least k layers, the last the ops after it and at least k, and the iteration time
-        is at least every stage's average. Exact: each bound is a sum of frontiers' minima."""
-        weights, p, n = self.weights, len(self.weights), len(tables.chain.layers)
-        lams = _slopes(envelope)
-        w0, wl = weights[0], weights[-1]
-        u0, ul = self.ends[w0].unit, self.ends[wl].unit
-        head, tail = self.ends[w0].head, self.ends[wl].tail
-        assert u0 is not None and ul is not None and head is not None and tail is not None
-        band = stage_band(n, p) if p > 1 else range(n, n + 1)
-        k = max(band.start, n - (p - 1) * (band.stop - 1))  # the fewest layers an end stage holds
-
-        def least(f: Factor, b: int, scale: float = 1.0) -> np.ndarray:
-            """Over f's points of boundary b: least time, least memory, least scale t + lam m."""
-            sel = f.keys[:, 0] == b
-            t, m = f.t[sel], f.m[sel]
-            if not len(t):
-                return np.full(2 + len(lams), np.inf)
-            return np.concatenate([[t.min(), m.min()], (scale * t[:, None] + lams[None, :] * m[:, None]).min(axis=0)])
-
-        for b in self.boundary_configs():
-            send = w0.slots * float(tables.p2p[b]) if p > 1 else 0.0
-            if p == 1:
-                whole = least(head, b) + (n - 1) * least(u0, b) + least(tail, b)
-                bound = ShapeBound(float(whole[0]), float(whole[1]) + tables.buffers, lams,
-                                   whole[2:] + lams * tables.buffers)
-            else:
-                s0 = least(head, b) + (k - 1) * least(u0, b)
-                sl = least(tail, b) + k * least(ul, b)
-                t_all = least(head, b)[0] + least(tail, b)[0] + (n - 1) * least(u0, b)[0]
-                t_avg = (t_all + (p - 1) * send) / p
-                t_lb = max(t_avg, s0[0] + send, sl[0])
-                m_lb = max(s0[1], sl[1]) + tables.buffers
-                lines = np.maximum(s0[2:] + send, sl[2:]) if len(lams) else np.zeros(0)
-                if len(lams):
-                    # average time with the first or the last stage's memory: each op counted once
-                    own0 = least(head, b, 1.0 / p) + (k - 1) * least(u0, b, 1.0 / p)
-                    ownl = least(tail, b, 1.0 / p) + k * least(ul, b, 1.0 / p)
-                    lines = np.maximum(lines, own0[2:] + t_avg - s0[0] / p)
-                    lines = np.maximum(lines, ownl[2:] + t_avg - sl[0] / p)
-                bound = ShapeBound(t_lb, m_lb, lams, lines + lams * tables.buffers)
-            if not np.isfinite(bound.t) or not np.isfinite(bound.m):
-                continue  # no plan through this boundary configuration
-            if not bound.covered(envelope):
-                return False
-        return True
 
     def __call__(self, s: int, k: int) -> Factor:
         if (s, k) not in self.cache:
@@ -473,8 +439,8 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
         return None
     known_t, known_m = envelope if envelope is not None else (np.zeros(0), np.zeros(0))
     env = _Envelope(known_t, known_m, tables.buffers, _floor(tables) if envelope is not None else (0.0, 0.0))
-    S = _Stages.build(graph, cm, tables, eps, recompute, env)
-    if S is None or (envelope is not None and len(envelope[0]) and S.bounded_out(tables, envelope)):
+    S = _Stages.build(graph, cm, tables, eps, recompute, env, envelope)
+    if S is None:
         return None
     chain = tables.chain
     # per boundary configuration (the stack's tied layout): the best splits into stages
@@ -572,6 +538,56 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     if counts is not None:
         counts.update(shapes=len(bounded), bounded_out=skipped, solved=solved)
     return out
+
+
+def _ends_beaten(tables: PipeTables, weights: list[Weights], u0: Factor, head: Factor, ul: Factor, tail: Factor,
+                 envelope: tuple[np.ndarray, np.ndarray]) -> bool:
+    """Whether the plans known to exist beat every plan of this shape, judged from the first
+    and last stage's frontiers alone (before the middle stages are solved; `u0` and `head`
+    under the first stage's weights or any lower bound of them), per boundary configuration as
+    `ShapeBound` regions: the first stage holds the ops before the stack and at least k layers,
+    the last the ops after it and at least k, and the iteration time is at least every stage's
+    average. Exact: each bound is a sum of frontiers' minima."""
+    p, n = len(weights), len(tables.chain.layers)
+    lams = _slopes(envelope)
+    w0 = weights[0]
+    band = stage_band(n, p) if p > 1 else range(n, n + 1)
+    k = max(band.start, n - (p - 1) * (band.stop - 1))  # the fewest layers an end stage holds
+
+    def least(f: Factor, b: int, scale: float = 1.0) -> np.ndarray:
+        """Over f's points of boundary b: least time, least memory, least scale t + lam m."""
+        sel = f.keys[:, 0] == b
+        t, m = f.t[sel], f.m[sel]
+        if not len(t):
+            return np.full(2 + len(lams), np.inf)
+        return np.concatenate([[t.min(), m.min()], (scale * t[:, None] + lams[None, :] * m[:, None]).min(axis=0)])
+
+    for b in [int(x) for x in np.unique(head.keys[:, 0])]:
+        send = w0.slots * float(tables.p2p[b]) if p > 1 else 0.0
+        if p == 1:
+            whole = least(head, b) + (n - 1) * least(u0, b) + least(tail, b)
+            bound = ShapeBound(float(whole[0]), float(whole[1]) + tables.buffers, lams,
+                               whole[2:] + lams * tables.buffers)
+        else:
+            s0 = least(head, b) + (k - 1) * least(u0, b)
+            sl = least(tail, b) + k * least(ul, b)
+            t_all = least(head, b)[0] + least(tail, b)[0] + (n - 1) * least(u0, b)[0]
+            t_avg = (t_all + (p - 1) * send) / p
+            t_lb = max(t_avg, s0[0] + send, sl[0])
+            m_lb = max(s0[1], sl[1]) + tables.buffers
+            lines = np.maximum(s0[2:] + send, sl[2:]) if len(lams) else np.zeros(0)
+            if len(lams):
+                # average time with the first or the last stage's memory: each op counted once
+                own0 = least(head, b, 1.0 / p) + (k - 1) * least(u0, b, 1.0 / p)
+                ownl = least(tail, b, 1.0 / p) + k * least(ul, b, 1.0 / p)
+                lines = np.maximum(lines, own0[2:] + t_avg - s0[0] / p)
+                lines = np.maximum(lines, ownl[2:] + t_avg - sl[0] / p)
+            bound = ShapeBound(t_lb, m_lb, lams, lines + lams * tables.buffers)
+        if not np.isfinite(bound.t) or not np.isfinite(bound.m):
+            continue  # no plan through this boundary configuration
+        if not bound.covered(envelope):
+            return False
+    return True
 
 
 def _slopes(envelope: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
