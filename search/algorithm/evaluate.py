@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -214,6 +215,11 @@ class PipeTables:
     @property
     def zero(self) -> int:
         return self.shape.zero
+
+    @cached_property
+    def tail(self) -> set[str]:
+        """The ops after the stack (on the last stage), found once per shape."""
+        return after_stack(self.graph, self.chain)
 
     def describe(self) -> str:
         return self.shape.describe()

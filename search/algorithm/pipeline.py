@@ -268,19 +268,20 @@ class _Stages:
         sub = Mesh(pp=1, axes=shape.mesh.axes)
         covered = {name for layer in chain.layers[2:] for name in layer}  # priced through the template
         first, last = weights[0], weights[-1]
+        known = (chain, tables.tail)
 
         def solve(w: Weights, head: bool = False) -> MeshProblem | None:
             weighted = {name: weigh_op(oc, w) for name, oc in tables.op_costs.items() if name not in covered}
             prob = prepare_mesh(graph, cm, sub, True, eps, shape.zero, recompute, weighted,
-                                split_outside=(head or w == first, w == last), edge_weights=w)
+                                split_outside=(head or w == first, w == last), edge_weights=w, known=known)
             return prob if prob.unit is not None else None
 
-        known = envelope is not None and len(envelope[0]) > 0
-        lp = solve(last, head=known)
+        beaten = envelope is not None and len(envelope[0]) > 0  # known plans to judge the ends by
+        lp = solve(last, head=beaten)
         if lp is None:
             return None
         ends: dict[Weights, MeshProblem] = {last: lp}
-        if known:
+        if beaten:
             assert envelope is not None and lp.unit is not None and lp.head is not None and lp.tail is not None
             if _ends_beaten(tables, weights, lp.unit, lp.head, lp.unit, lp.tail, envelope):
                 return None
@@ -289,7 +290,7 @@ class _Stages:
             if fp is None:
                 return None
             ends[first] = fp
-            if known:
+            if beaten:
                 assert envelope is not None and fp.unit is not None and fp.head is not None and lp.tail is not None
                 assert lp.unit is not None
                 if _ends_beaten(tables, weights, fp.unit, fp.head, lp.unit, lp.tail, envelope):
