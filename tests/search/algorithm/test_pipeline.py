@@ -232,3 +232,35 @@ def test_shape_bounds_and_stage_pruning_keep_the_frontier_exact(devices, layers)
     t2, m2 = [p.time_s for p in off.points], [p.memory_bytes for p in off.points]
     assert same_frontier(t1, m1, t2, m2)
     assert any(p.stages is not None and len(p.stages) > 1 for p in on.points)  # pipelines reach it
+
+
+def test_every_shape_lies_inside_its_bound():
+    """`shape_bound` is a lower bound: every point of every shape's complete frontier (solved with
+    no pruning) is at least as slow and as large as the bound, and above each of its lines."""
+    from search.algorithm.chain import find_chain
+    from search.algorithm.evaluate import mesh_costs
+    from search.algorithm.pipeline import shape_bound, solve_shape
+    from search.prices.costmodel import CostModel
+    from search.prices.mesh import Mesh
+
+    g = stack(6, batch=32)
+    cl = make_cluster("h100-80gb", 8)
+    job = TrainingJob(global_batch=32, seq_len=None)
+    lams = np.array([1e-12, 1e-10, 1e-9, 1e-8])  # seconds per byte, around this stack's trade-offs
+    shapes = pipeline_shapes(cl, job, 6, (0, 1, 2, 3), accumulate=True)
+    assert {sh.stages for sh in shapes} == {1, 2, 4}
+    checked = 0
+    for sh in shapes:
+        mg = micro_batch_graph(g, sh.micro_batches)
+        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
+        chain = find_chain(mg)
+        sol = solve_shape(mg, cm, sh)
+        if sol is None:
+            continue
+        bound = shape_bound(mg, cm, sh, chain, mesh_costs(mg, cm, Mesh(pp=1, axes=sh.mesh.axes), sh.zero, chain), lams)
+        t, m = sol.root.t, sol.root.m
+        tol = 1 - 1e-9
+        assert np.all(t >= bound.t * tol) and np.all(m >= bound.m * tol), sh.describe()
+        assert np.all(t[:, None] + lams[None, :] * m[:, None] >= bound.b[None, :] * tol), sh.describe()
+        checked += 1
+    assert checked > 20
