@@ -544,14 +544,21 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
 def _ends_beaten(tables: PipeTables, weights: list[Weights], u0: Factor, head: Factor, ul: Factor, tail: Factor,
                  envelope: tuple[np.ndarray, np.ndarray]) -> bool:
     """Whether the plans known to exist beat every plan of this shape, judged from the first
-    and last stage's frontiers alone (before the middle stages are solved; `u0` and `head`
-    under the first stage's weights or any lower bound of them), per boundary configuration as
-    `ShapeBound` regions: the first stage holds the ops before the stack and at least k layers,
-    the last the ops after it and at least k, and the iteration time is at least every stage's
-    average. Exact: each bound is a sum of frontiers' minima."""
+    and last stage's frontiers alone (`ends_bounds`)."""
+    bounds = ends_bounds(tables, weights, u0, head, ul, tail, _slopes(envelope))
+    return all(bound.covered(envelope) for bound in bounds.values())
+
+
+def ends_bounds(tables: PipeTables, weights: list[Weights], u0: Factor, head: Factor, ul: Factor, tail: Factor,
+                lams: np.ndarray) -> dict[int, ShapeBound]:
+    """Per boundary configuration, where every plan of this shape lies, from the first and last
+    stage's frontiers alone (before the middle stages are solved; `u0` and `head` under the
+    first stage's weights or any lower bound of them): the first stage holds the ops before the
+    stack and at least k layers, the last the ops after it and at least k, and the iteration
+    time is at least every stage's average. Exact: each bound is a sum of frontiers' minima."""
     p, n = len(weights), len(tables.chain.layers)
-    lams = _slopes(envelope)
     w0 = weights[0]
+    out: dict[int, ShapeBound] = {}
     band = stage_band(n, p) if p > 1 else range(n, n + 1)
     k = max(band.start, n - (p - 1) * (band.stop - 1))  # the fewest layers an end stage holds
 
@@ -584,11 +591,9 @@ def _ends_beaten(tables: PipeTables, weights: list[Weights], u0: Factor, head: F
                 lines = np.maximum(lines, own0[2:] + t_avg - s0[0] / p)
                 lines = np.maximum(lines, ownl[2:] + t_avg - sl[0] / p)
             bound = ShapeBound(t_lb, m_lb, lams, lines + lams * tables.buffers)
-        if not np.isfinite(bound.t) or not np.isfinite(bound.m):
-            continue  # no plan through this boundary configuration
-        if not bound.covered(envelope):
-            return False
-    return True
+        if np.isfinite(bound.t) and np.isfinite(bound.m):  # else no plan goes through this layout
+            out[b] = bound
+    return out
 
 
 def _slopes(envelope: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:

@@ -264,3 +264,70 @@ def test_every_shape_lies_inside_its_bound():
         assert np.all(t[:, None] + lams[None, :] * m[:, None] >= bound.b[None, :] * tol), sh.describe()
         checked += 1
     assert checked > 20
+
+
+def test_a_shape_is_not_pruned_by_plans_slightly_worse_than_its_own():
+    """Known plans a hair slower and larger than a shape's own frontier beat none of its points:
+    with them as the envelope (end-stage bounds, the DP's lookahead, partial-stage pruning all
+    on) the shape still returns its complete frontier."""
+    from search.algorithm.chain import find_chain
+    from search.algorithm.evaluate import mesh_costs
+    from search.algorithm.pipeline import solve_shape
+    from search.prices.costmodel import CostModel
+    from search.prices.mesh import Mesh
+
+    g = stack(6, batch=32)
+    cl = make_cluster("h100-80gb", 8)
+    job = TrainingJob(global_batch=32, seq_len=None)
+    checked = 0
+    for sh in pipeline_shapes(cl, job, 6, (0, 1, 2, 3), accumulate=True):
+        mg = micro_batch_graph(g, sh.micro_batches)
+        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
+        full = solve_shape(mg, cm, sh)
+        if full is None:
+            continue
+        chain = find_chain(mg)
+        base = mesh_costs(mg, cm, Mesh(pp=1, axes=sh.mesh.axes), sh.zero, chain)
+        near = (full.root.t * (1 + 1e-6), full.root.m * (1 + 1e-6))
+        pruned = solve_shape(mg, cm, sh, envelope=near, chain=chain, base=base)
+        assert pruned is not None, sh.describe()
+        assert same_frontier(pruned.root.t, pruned.root.m, full.root.t, full.root.m), sh.describe()
+        checked += 1
+    assert checked > 20
+
+
+def test_every_shape_lies_inside_its_end_stage_bounds():
+    """`ends_bounds` (from the first and last stage's frontiers, and from the last stage's
+    weights standing in for the first's) holds every point of the shape's complete frontier
+    through that boundary layout."""
+    from search.algorithm.evaluate import pipe_tables, stage_weights
+    from search.algorithm.pipeline import _Envelope, _Stages, ends_bounds, solve_shape
+    from search.prices.costmodel import CostModel
+
+    g = stack(6, batch=32)
+    cl = make_cluster("h100-80gb", 8)
+    job = TrainingJob(global_batch=32, seq_len=None)
+    lams = np.array([1e-12, 1e-10, 1e-9, 1e-8])
+    checked = 0
+    for sh in pipeline_shapes(cl, job, 6, (0, 1), accumulate=True):
+        mg = micro_batch_graph(g, sh.micro_batches)
+        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
+        sol = solve_shape(mg, cm, sh)
+        tabs = pipe_tables(mg, cm, sh)
+        if sol is None or tabs is None:
+            continue
+        S = _Stages.build(mg, cm, tabs, 0.0, True, _Envelope(np.zeros(0), np.zeros(0), tabs.buffers))
+        assert S is not None
+        w = stage_weights(sh.stages, sh.micro_batches, sh.schedule)
+        first, last = S.ends[w[0]], S.ends[w[-1]]
+        lean_head = S.solve(w[-1], head=True) if sh.stages > 1 else last
+        assert lean_head is not None
+        for u0, head in ((first.unit, first.head), (last.unit, lean_head.head)):
+            bounds = ends_bounds(tabs, w, u0, head, last.unit, last.tail, lams)
+            b_of = sol.assigns[tabs.chain.boundary]
+            for i, (t, m) in enumerate(zip(sol.root.t, sol.root.m, strict=True)):
+                bd = bounds[int(b_of[i])]
+                assert t >= bd.t * (1 - 1e-9) and m >= bd.m * (1 - 1e-9), sh.describe()
+                assert np.all(t + lams * m >= bd.b * (1 - 1e-9)), sh.describe()
+        checked += 1
+    assert checked > 10
