@@ -70,11 +70,15 @@ def _add_search(sub: argparse._SubParsersAction[_Parser]) -> None:
     s.add_argument("--zero", default="0,1,2,3", help="ZeRO stages to consider, e.g. 0 or 1,3 (default 0,1,2,3)")
     s.add_argument("--no-recompute", action="store_true", help="never recompute activations of a block")
     s.add_argument("--no-baselines", action="store_true", help="skip the baseline planners (DP, FSDP, Megatron)")
-    s.add_argument("--pipeline", action="store_true",
-                   help="also split the layers into pipeline stages (1F1B; GPipe is costed and always dominated); "
-                        "a slower search")
+    s.add_argument("--no-pipeline", action="store_true",
+                   help="plans without pipeline stages only (by default the layers may also be split into stages "
+                        "under 1F1B; GPipe is costed and always dominated)")
+    s.add_argument("--pipeline", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
+    s.add_argument("--no-accumulation", action="store_true",
+                   help="plans without pipelines run the whole per-rank batch at once (by default they may run it "
+                        "as micro-batches, accumulating gradients)")
     s.add_argument("--allow-async-pipeline", action="store_true",
-                   help="with --pipeline, also consider PipeDream-2BW (double-buffered weights, 1-stale updates)")
+                   help="also consider PipeDream-2BW (double-buffered weights, 1-stale updates)")
     s.add_argument("--json", dest="json_out", help="write the frontier with every full Plan as JSON")
     s.add_argument("--html", dest="html_out", help="write an interactive offline Plotly chart of the frontier")
     s.add_argument("--dump-graph", help="write the captured OpGraph as JSON")
@@ -473,7 +477,11 @@ def _run_plan_from_search(args: argparse.Namespace, device: str):
                         devices_per_node=args.devices_per_node, memory_budget=args.memory_budget,
                         global_batch=args.global_batch, seq_len=args.seq_len,
                         precision=args.precision or ("fp32" if device == "cpu" else "bf16"),
-                        zero_stages=list(_zero_stages(args.zero)), recompute=not args.no_recompute)
+                        zero_stages=list(_zero_stages(args.zero)), recompute=not args.no_recompute,
+                        # the plan picked here is launched at once: search only what the executor runs as
+                        # priced (it does not accumulate gradients, and refuses some pipelines: fp16, a tied
+                        # parameter split over the tensor axis across stages)
+                        pipeline=False, grad_accumulation=False)
     if args.profile:
         fields["profile"] = _read_json(args.profile, "profile")
         if args.device is None:
@@ -578,7 +586,8 @@ def _request(args: argparse.Namespace):
 
     fields = _job_fields(args)
     fields.update(eps=args.eps, zero_stages=list(_zero_stages(args.zero)), recompute=not args.no_recompute,
-                  baselines=not args.no_baselines, pipeline=args.pipeline or args.allow_async_pipeline,
+                  baselines=not args.no_baselines, pipeline=not args.no_pipeline,
+                  grad_accumulation=not args.no_accumulation,
                   allow_async_pipeline=args.allow_async_pipeline, exhaustive=args.exhaustive,
                   reuse_blocks=not args.no_block_reuse)
     try:

@@ -427,6 +427,19 @@ class CostModel:
 
     # ---- edges ------------------------------------------------------------------------------
     def edge_costs(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config]) -> EdgeCosts:
+        """`_edge_costs`, priced once per (producer, consumer, mesh): the pipeline search prices the
+        same edge under every stage weighting and ZeRO stage of a sub-mesh (the tables are read,
+        never written, by their users). Keyed by the ops' identities, kept alive in the entry."""
+        memo: dict[tuple[int, int, Mesh, int, int], tuple[Op, Op, EdgeCosts]] = self.__dict__.setdefault("_edge_memo", {})
+        key = (id(prod), id(cons), mesh, len(prod_cfgs), len(cons_cfgs))
+        hit = memo.get(key)
+        if hit is not None and hit[0] is prod and hit[1] is cons:
+            return hit[2]
+        ec = self._edge_costs(prod, cons, mesh, prod_cfgs, cons_cfgs)
+        memo[key] = (prod, cons, ec)
+        return ec
+
+    def _edge_costs(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config]) -> EdgeCosts:
         """All tensors from `prod` read by `cons` (an op may read one tensor several times).
 
         A tensor with several readers is converted once for all of them (search/prices/boundaries.py):

@@ -354,3 +354,35 @@ def test_baselines_beside_the_frontier(tiny, tiny_doc):
         p = frontier[vs["faster_point"]]
         assert p["memory_bytes"] <= b["memory_bytes"] + 2 and p["time_s"] <= b["time_s"] * (1 + 1e-9)
         assert b["name"] in proc.stdout
+
+
+def test_one_default_space_and_its_opt_outs():
+    """Pipelines and gradient accumulation are searched unless the user opts out; `--pipeline`
+    (the old opt-in) is still accepted and changes nothing; REST takes the same defaults."""
+    from paretoplan.cli import _parser, _request
+    from search import SearchRequest
+
+    def req(*flags: str) -> SearchRequest:
+        return _request(_parser().parse_args([*TINY_SEARCH, *flags]))
+
+    assert req().pipeline and req().grad_accumulation
+    assert req("--pipeline").model_dump() == req().model_dump()
+    assert not req("--no-pipeline").pipeline and req("--no-pipeline").grad_accumulation
+    assert not req("--no-accumulation").grad_accumulation and req("--no-accumulation").pipeline
+    body = SearchRequest(model="gpt2-tiny")
+    assert body.pipeline and body.grad_accumulation
+
+
+def test_default_search_has_accumulation_and_pipelines_in_its_stats(capsys, tmp_path):
+    """A default search of a model with a stack runs the stage search (pipelines and
+    accumulation); --no-pipeline keeps accumulation only."""
+    out = tmp_path / "f.json"
+    argv = ["search", "--model", "gpt2", "--devices", "4", "--device", "h100-80gb", "--global-batch", "8",
+            "--no-baselines", "--json", str(out)]
+    assert main(argv) == 0
+    stats = json.loads(out.read_text())["stats"]
+    assert stats["pipeline"] and stats["accumulate"] and stats["pipeline_shapes_tried"] > 0
+    assert main([*argv, "--no-pipeline"]) == 0
+    stats = json.loads(out.read_text())["stats"]
+    assert not stats["pipeline"] and stats["accumulate"]
+    capsys.readouterr()
