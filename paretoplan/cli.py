@@ -1,4 +1,4 @@
-"""The `paretoplan` command: a thin face over the packages (DESIGN.md section 2).
+"""The `paretoplan` command: a thin face over the packages (docs/architecture.md).
 
 Every user mistake is an `InputError`, printed as one line with exit code 2; a budget no plan
 fits is reported with the least memory any plan needs and exit code 3.
@@ -47,7 +47,7 @@ def _add_job_flags(s: argparse.ArgumentParser) -> None:
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="zoo model name (see `paretoplan models`)")
     src.add_argument("--hf-config", help="a HuggingFace transformers config.json (random init, no download)")
-    src.add_argument("--graph", help="an OpGraph JSON file (format in README)")
+    src.add_argument("--graph", help="an OpGraph JSON file (format in docs/cli.md)")
     s.add_argument("--device", default=None,
                    help="catalog device type (default h100-80gb, or the --profile's device)")
     s.add_argument("--devices", type=int, default=8, help="number of devices (default 8)")
