@@ -7,9 +7,9 @@ from sqlalchemy.orm import Session
 from search import InputError, SearchRequest, parse_size
 from service import validation
 from service.crud import events, jobs, searches, strategies
-from service.crud.errors import NotFound, get_or_404
+from service.crud.errors import Conflict, NotFound, get_or_404
 from service.models import DONE, FAILED, Resize
-from service.schemas import ResizeIn, ResizeOut
+from service.schemas import FrontierOut, ResizeIn, ResizeOut
 
 
 def prepare(job_request: dict, body: ResizeIn) -> tuple[SearchRequest, int, int | None]:
@@ -58,7 +58,18 @@ def out(s: Session, r: Resize) -> ResizeOut:
         status = "failed"
     return ResizeOut(id=r.id, job_id=r.job_id, devices=r.devices, memory_per_device=r.memory_per_device,
                      search_id=r.search_id, status=status, error=search.error, current_strategy_id=current,
-                     strategy=strategy, least_memory_bytes=search.least_memory_bytes, created_at=r.created_at)
+                     strategy=strategy, least_memory_bytes=search.least_memory_bytes,
+                     frontier_url=f"/api/jobs/{r.job_id}/resizes/{r.id}/frontier", created_at=r.created_at)
+
+
+def frontier(s: Session, job_id: int, resize_id: int) -> FrontierOut:
+    """The frontier searched for a resize's resources (its device count and memory per device)."""
+    r = get(s, job_id, resize_id)
+    search = searches.get(s, r.search_id, with_summary=True)
+    if search.status != DONE:
+        detail = f": {search.error}" if search.error else ""
+        raise Conflict(f"resize {resize_id} of job {job_id} has no frontier yet: its search is {search.status}{detail}")
+    return jobs.search_frontier(s, search, job_id)
 
 
 def is_settled(s: Session, r: Resize) -> bool:

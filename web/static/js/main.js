@@ -227,11 +227,11 @@ async function loadFrontier(token, point) {
   if (token !== state.token) return;
   state.frontier = fr;
   const counts = [fr.num_devices, ...state.job.alternates.map((a) => a.devices)];
-  state.series = [{ devices: fr.num_devices, search_id: fr.search_id, color: colorFor(fr.num_devices, counts), points: fr.points }];
+  state.series = [{ devices: fr.num_devices, search_id: fr.search_id, color: colorFor(fr.num_devices, counts), points: fr.frontier }];
   state.baselines = fr.baselines;
   indexPoints();
   $("#frontier").hidden = false;
-  $("#frontier-summary").innerHTML = `<b>${fr.points.length}</b> Pareto-optimal plans for ${esc(fr.model)} (${(fr.params / 1e6).toPrecision(3)} M params) on ${esc(fr.cluster)}` +
+  $("#frontier-summary").innerHTML = `<b>${fr.frontier.length}</b> Pareto-optimal plans for ${esc(fr.model)} (${(fr.params / 1e6).toPrecision(3)} M params) on ${esc(fr.cluster)}` +
     ` · budget ${bytes(fr.memory_budget_bytes)}${fr.feasible ? "" : ' · <b class="nofit">no plan fits the budget</b>'}` +
     ` · searched in ${seconds(fr.search_seconds)}${fr.eps ? ` · ε = ${fr.eps}` : " · exact"}`;
   $("#confidence").textContent = fr.confidence ? fr.confidence.message : "";
@@ -263,7 +263,7 @@ async function loadAlternates(token, counts) {
     try { fr = await api.frontier(state.jobId, alt.devices); } catch { continue; }
     if (token !== state.token) return;
     if (fr.search_id !== alt.search_id || fr.num_devices !== alt.devices) continue;
-    state.series.push({ devices: alt.devices, search_id: alt.search_id, color: colorFor(alt.devices, counts), points: fr.points });
+    state.series.push({ devices: alt.devices, search_id: alt.search_id, color: colorFor(alt.devices, counts), points: fr.frontier });
   }
   if (state.series.length > 1) {
     state.series.sort((a, b) => (a.devices === state.frontier.num_devices ? -1 : b.devices === state.frontier.num_devices ? 1 : a.devices - b.devices));
@@ -619,7 +619,7 @@ function showEstimate(est) {
   const a = est.against_frontier;
   let where = "";
   if (a) {
-    const dom = a.dominated_by != null ? state.frontier.points[a.dominated_by] : null;
+    const dom = a.dominated_by != null ? state.frontier.frontier[a.dominated_by] : null;
     where = `<br><span id="estimate-where">${esc(a.message)}</span>` +
       (dom ? ` <button type="button" class="link" data-open="${dom.id}">show #${a.dominated_by}</button>` : "");
   }
