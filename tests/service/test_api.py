@@ -389,3 +389,28 @@ def test_rest_frontier_has_the_cli_shape(databases, backend, tiny_report):
         lean = c.get(f"/api/jobs/{job['id']}/frontier").json()  # without ?plans the plans stay by id
         assert all(p["plan"] is None for p in lean["frontier"]) and lean["picked"] == cli["picked"]
 
+
+GPT2_SMALL = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128, "vocab_size": 128}
+
+
+@pytest.mark.parametrize(("change", "field", "words"), [
+    ({"n_layer": -3}, "hf_config.n_layer", "must be a positive integer, got -3"),
+    ({"n_embd": 0}, "hf_config.n_embd", "must be a positive integer, got 0"),
+    ({"n_embd": 100, "n_head": 3}, "hf_config.n_head", "must divide n_embd (100)"),
+    ({"model_type": "gtp2"}, "hf_config.model_type", "is not a model type transformers"),
+    ({"model_type": ""}, "hf_config.model_type", "is missing"),
+    ({"model_type": "llama", "num_key_value_heads": 3}, "hf_config.num_key_value_heads", "must divide"),
+    ({"model_type": "t5"}, "hf_config.model_type", "cannot be captured"),
+], ids=["negative layers", "zero width", "heads not dividing the width", "unknown model_type", "no model_type",
+        "kv heads not dividing the heads", "not a trainable head capture supports"])
+def test_a_bad_hf_config_is_a_422_naming_its_field_and_stores_nothing(client, change, field, words):
+    before = count_rows(client.db_url)
+    cfg = {**GPT2_SMALL, **change}
+    if cfg["model_type"] == "llama":
+        cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+               "intermediate_size": 128, "vocab_size": 128, **change}
+    r = client.post("/api/jobs", json={"hf_config": cfg, "device": "cpu", "devices": 2})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert detail.startswith(field) and words in detail, detail
+    assert count_rows(client.db_url) == before
