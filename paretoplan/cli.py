@@ -273,8 +273,8 @@ def _search(args: argparse.Namespace) -> int:
 
     req = _request(args)
     for out in (args.json_out, args.html_out, args.dump_graph):  # fail before a long search, not after
-        if out and not Path(out).resolve().parent.is_dir():
-            raise InputError(f"cannot write {out!r}: folder {str(Path(out).parent)!r} does not exist")
+        if out:
+            _check_writable(out)
     o = run_search(req)
     result = o.result
     if args.dump_graph:
@@ -316,8 +316,8 @@ def _estimate(args: argparse.Namespace) -> int:
         req = EstimateRequest(**fields)
     except ValidationError as e:
         raise invalid(e, "arguments", _as_flag) from None
-    if args.json_out and not Path(args.json_out).resolve().parent.is_dir():
-        raise InputError(f"cannot write {args.json_out!r}: folder {str(Path(args.json_out).parent)!r} does not exist")
+    if args.json_out:
+        _check_writable(args.json_out)
     frontier = None
     if args.frontier:
         try:
@@ -388,8 +388,7 @@ def _profile(args: argparse.Namespace) -> int:
 
     if not args.out:
         raise InputError("--out is required: the profile JSON to write")
-    if not Path(args.out).resolve().parent.is_dir():
-        raise InputError(f"cannot write {args.out!r}: folder {str(Path(args.out).parent)!r} does not exist")
+    _check_writable(args.out)
     if args.calibrate:
         from profiler.calibrate import calibrate, load_report
 
@@ -437,8 +436,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise InputError(f"--steps must be at least 1, got {args.steps}")
-    if args.report and not Path(args.report).resolve().parent.is_dir():
-        raise InputError(f"cannot write {args.report!r}: folder {str(Path(args.report).parent)!r} does not exist")
+    if args.report:
+        _check_writable(args.report)
     device = default_device()
     plan = _run_plan_from_search(args, device) if args.model else _run_plan_from_file(args)
     settings = RunSettings(steps=args.steps, warmup=min(args.warmup, max(args.steps - 1, 0)), seed=args.seed,
@@ -615,6 +614,16 @@ def _print_baselines(result, bases) -> None:
         print(f"{b.name:<30} {_ms(b.time_s):>8} ms {format_size(int(b.memory_bytes)):>10}   {faster} / {leaner}")
     for b in result.stats.get("infeasible_baselines", []):
         print(f"{b['name']:<30} {'infeasible':>11} {'':>10}   {b['reason']}")
+
+
+def _check_writable(path: str) -> None:
+    """An output path that can take a file, checked before the work that produces it: a missing
+    folder or a directory (`--json out/`) would otherwise fail only after the whole search."""
+    p = Path(path)
+    if path.endswith(("/", "\\")) or p.is_dir():
+        raise InputError(f"cannot write {path!r}: it is a directory; give a file name, e.g. {str(p / 'out.json')!r}")
+    if not p.resolve().parent.is_dir():
+        raise InputError(f"cannot write {path!r}: folder {str(p.parent)!r} does not exist")
 
 
 def _write(path: str, text: str) -> None:
