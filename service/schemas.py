@@ -152,6 +152,9 @@ class StrategyOut(BaseModel):
     summary: str
     against_frontier: dict[str, Any] | None = None
     plan: dict[str, Any] = Field(description="the full Plan (search.plans.plan.Plan)")
+    launchable_here: bool = Field(default=True, description="whether the machine the service runs on (and starts "
+                                                            "its workers on) can run this plan")
+    not_launchable_reason: str | None = Field(default=None, description="why not, when it cannot")
 
 
 class SelectIn(BaseModel):

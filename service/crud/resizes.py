@@ -7,18 +7,29 @@ from sqlalchemy.orm import Session
 from search import InputError, SearchRequest, parse_size
 from service import validation
 from service.crud import events, jobs, searches, strategies
-from service.crud.errors import Conflict, NotFound, get_or_404
+from service.crud.errors import Conflict, FieldError, NotFound, get_or_404
 from service.models import DONE, FAILED, Resize
 from service.schemas import FrontierOut, ResizeIn, ResizeOut
 
 
 def prepare(job_request: dict, body: ResizeIn) -> tuple[SearchRequest, int, int | None]:
-    """The job's request for the new resources, validated (InputError otherwise)."""
-    memory = parse_size(body.memory_per_device) if body.memory_per_device is not None else None
+    """The job's request for the new resources, validated (FieldError naming the field otherwise)."""
+    try:
+        memory = parse_size(body.memory_per_device) if body.memory_per_device is not None else None
+    except InputError as e:
+        raise FieldError("memory_per_device", f"memory_per_device: {e}") from None
     if memory is not None and memory > 2**62:
-        raise InputError(f"memory_per_device {body.memory_per_device!r} is beyond any device")
-    req = validation.resized(SearchRequest.model_validate(job_request), body.devices, memory, body.devices_per_node)
-    req, devices = validation.check(req)
+        raise FieldError("memory_per_device", f"memory_per_device {body.memory_per_device!r} is beyond any device")
+    # the job's other fields were valid when it was submitted: what fails now is the new device count
+    # (or the node size that goes with it)
+    field = "devices_per_node" if body.devices_per_node is not None else "devices"
+    try:
+        req = validation.resized(SearchRequest.model_validate(job_request), body.devices, memory, body.devices_per_node)
+        req, devices = validation.check(req)
+    except FieldError:
+        raise
+    except InputError as e:
+        raise FieldError(field, str(e)) from None
     return req, devices, memory
 
 
