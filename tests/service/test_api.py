@@ -414,3 +414,29 @@ def test_a_bad_hf_config_is_a_422_naming_its_field_and_stores_nothing(client, ch
     detail = r.json()["detail"]
     assert detail.startswith(field) and words in detail, detail
     assert count_rows(client.db_url) == before
+
+
+def test_a_resize_error_names_its_field(client, tiny_report):
+    job = submit(client, global_batch=8)
+    post_result(client, claim(client, "w1"), tiny_report)
+    bad_devices = client.post(f"/api/jobs/{job['id']}/resize", json={"devices": 3})
+    assert bad_devices.status_code == 422 and bad_devices.json()["errors"][0]["loc"] == ["body", "devices"]
+    assert "size" in bad_devices.json()["detail"]  # the words alone would have pointed at memory
+    bad_memory = client.post(f"/api/jobs/{job['id']}/resize", json={"devices": 4, "memory_per_device": "lots"})
+    assert bad_memory.status_code == 422 and bad_memory.json()["errors"][0]["loc"] == ["body", "memory_per_device"]
+    assert "lots" in bad_memory.json()["detail"]
+
+
+def test_a_strategy_says_whether_this_machine_can_run_it(client, tiny_report):
+    from service.host import launch_blocker
+
+    job = submit(client)
+    post_result(client, claim(client, "w1"), tiny_report)
+    fr = client.get(f"/api/jobs/{job['id']}/frontier").json()
+    st = client.get(f"/api/strategies/{fr['frontier'][0]['id']}").json()
+    assert st["launchable_here"] is True and st["not_launchable_reason"] is None  # 2 CPU processes of gpt2-tiny
+    plan = st["plan"]
+    assert "processes" in launch_blocker({**plan, "num_devices": 100_000}) or "GPUs" in launch_blocker(
+        {**plan, "num_devices": 100_000})
+    assert "not in the zoo" in launch_blocker({**plan, "model": "hf:gpt2:mine"})
+    assert "2BW" in launch_blocker({**plan, "async_weights": True})
