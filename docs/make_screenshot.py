@@ -77,7 +77,11 @@ def main() -> None:
                 page = browser.new_page(viewport={"width": 1400, "height": 900})
                 page.goto(f"{url}/?job={job['id']}&point={job['picked_strategy_id']}")
                 page.wait_for_selector("#chart .scatterlayer .point")
-                page.wait_for_timeout(1000)  # Plotly's transitions settle
+                # the form's zoo and catalog lists have loaded
+                page.wait_for_function("document.querySelectorAll('#f-device option:not([disabled])').length > 0 && "
+                                       "document.querySelectorAll('#f-model option:not([disabled])').length > 0")
+                page.wait_for_selector("#panel:not([hidden]) #panel-summary")  # the plan opened beside the chart
+                page.wait_for_timeout(1500)  # the chart settles at its new width and places its labels again
                 page.screenshot(path=str(args.out))
                 browser.close()
         finally:

@@ -184,7 +184,9 @@ export function figure(model) {
       ...(xScale === "log" ? logTicks(xr, byteTick) : {}) },
     yaxis: { title: { text: `iteration time (${tu.name})` }, type: yScale, range: yr, zeroline: false,
       ...(yScale === "log" ? logTicks(yr, timeTick) : {}) },
-    legend: { orientation: "h", y: -0.16, x: 0, font: { size: 11 } },
+    // anchored by its top below the axis title: a tall legend (many baselines) used to cover the title
+    legend: { orientation: "h", y: -0.2, yanchor: "top", x: 0, font: { size: 11 },
+      entrywidth: model.width && model.width < 900 ? 0.5 : 0.33, entrywidthmode: "fraction" },
     shapes, annotations, font: { family: "system-ui, sans-serif", size: 12 }, plot_bgcolor: "#fff",
   };
   return { traces, layout };
@@ -228,7 +230,8 @@ export function placeLabels(labels, marks, g) {
       for (const [dx, dy] of [[0, -1], [1, 0], [0, 1], [-1, 0], [1, -1], [1, 1], [-1, 1], [-1, -1]]) {
         const ox = dx * (r + (dx ? w / 2 : 0)), oy = dy * (r * 0.8 + (dy ? h / 2 : 0));
         const box = [cx + ox - w / 2, cy + oy - h / 2, cx + ox + w / 2, cy + oy + h / 2];
-        const inPlot = box[0] >= left && box[2] <= left + plotW && box[1] >= 0 && box[3] <= top + plotH;
+        // inside the plot area: the margins hold the axis titles and the budget lines' names
+        const inPlot = box[0] >= left && box[2] <= left + plotW && box[1] >= top && box[3] <= top + plotH;
         if (inPlot && !placed.some((p) => hits(p, box)) && !boxes.some((m) => hits(m, box))) { best = { box, ox, oy }; break; }
       }
       if (best) break;
@@ -261,6 +264,19 @@ function runText(r) {
 
 // Draw (or redraw) the chart; resolves once it is on screen. onSelect(strategyId) on a click.
 export async function draw(el, model, onSelect) {
+  el._lastDraw = [model, onSelect];
+  if (!el._labelObserver && window.ResizeObserver) {
+    // labels are placed in pixels: a chart that changes size (the plan panel opening, the window)
+    // places them again, or they would overlap where they did not before
+    let timer = null, lastWidth = el.clientWidth, lastHeight = el.clientHeight;
+    el._labelObserver = new ResizeObserver(() => {
+      if (el.clientWidth === lastWidth && el.clientHeight === lastHeight) return;
+      lastWidth = el.clientWidth; lastHeight = el.clientHeight;
+      clearTimeout(timer);
+      timer = setTimeout(() => { if (el._lastDraw) draw(el, ...el._lastDraw); }, 150);
+    });
+    el._labelObserver.observe(el);
+  }
   const config = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["select2d", "lasso2d"] };
   const size = () => { const s = el._fullLayout && el._fullLayout._size; return s ? { l: s.l, t: s.t, w: s.w, h: s.h } : null; };
   const sized = (area) => figure({ ...model, width: el.clientWidth, height: el.clientHeight, area });
