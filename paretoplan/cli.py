@@ -1,4 +1,4 @@
-"""The `paretoplan` command: a thin face over the packages (DESIGN.md section 2).
+"""The `paretoplan` command: a thin face over the packages (docs/architecture.md).
 
 Every user mistake is an `InputError`, printed as one line with exit code 2; a budget no plan
 fits is reported with the least memory any plan needs and exit code 3.
@@ -47,7 +47,7 @@ def _add_job_flags(s: argparse.ArgumentParser) -> None:
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="zoo model name (see `paretoplan models`)")
     src.add_argument("--hf-config", help="a HuggingFace transformers config.json (random init, no download)")
-    src.add_argument("--graph", help="an OpGraph JSON file (format in README)")
+    src.add_argument("--graph", help="an OpGraph JSON file (format in docs/cli.md)")
     s.add_argument("--device", default=None,
                    help="catalog device type (default h100-80gb, or the --profile's device)")
     s.add_argument("--devices", type=int, default=8, help="number of devices (default 8)")
@@ -277,8 +277,8 @@ def _search(args: argparse.Namespace) -> int:
 
     req = _request(args)
     for out in (args.json_out, args.html_out, args.dump_graph):  # fail before a long search, not after
-        if out and not Path(out).resolve().parent.is_dir():
-            raise InputError(f"cannot write {out!r}: folder {str(Path(out).parent)!r} does not exist")
+        if out:
+            _check_writable(out)
     o = run_search(req)
     result = o.result
     if args.dump_graph:
@@ -320,8 +320,8 @@ def _estimate(args: argparse.Namespace) -> int:
         req = EstimateRequest(**fields)
     except ValidationError as e:
         raise invalid(e, "arguments", _as_flag) from None
-    if args.json_out and not Path(args.json_out).resolve().parent.is_dir():
-        raise InputError(f"cannot write {args.json_out!r}: folder {str(Path(args.json_out).parent)!r} does not exist")
+    if args.json_out:
+        _check_writable(args.json_out)
     frontier = None
     if args.frontier:
         try:
@@ -392,8 +392,7 @@ def _profile(args: argparse.Namespace) -> int:
 
     if not args.out:
         raise InputError("--out is required: the profile JSON to write")
-    if not Path(args.out).resolve().parent.is_dir():
-        raise InputError(f"cannot write {args.out!r}: folder {str(Path(args.out).parent)!r} does not exist")
+    _check_writable(args.out)
     if args.calibrate:
         from profiler.calibrate import calibrate, load_report
 
@@ -441,8 +440,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise InputError(f"--steps must be at least 1, got {args.steps}")
-    if args.report and not Path(args.report).resolve().parent.is_dir():
-        raise InputError(f"cannot write {args.report!r}: folder {str(Path(args.report).parent)!r} does not exist")
+    if args.report:
+        _check_writable(args.report)
     device = default_device()
     plan = _run_plan_from_search(args, device) if args.model else _run_plan_from_file(args)
     settings = RunSettings(steps=args.steps, warmup=min(args.warmup, max(args.steps - 1, 0)), seed=args.seed,
@@ -624,6 +623,16 @@ def _print_baselines(result, bases) -> None:
         print(f"{b.name:<30} {_ms(b.time_s):>8} ms {format_size(int(b.memory_bytes)):>10}   {faster} / {leaner}")
     for b in result.stats.get("infeasible_baselines", []):
         print(f"{b['name']:<30} {'infeasible':>11} {'':>10}   {b['reason']}")
+
+
+def _check_writable(path: str) -> None:
+    """An output path that can take a file, checked before the work that produces it: a missing
+    folder or a directory (`--json out/`) would otherwise fail only after the whole search."""
+    p = Path(path)
+    if path.endswith(("/", "\\")) or p.is_dir():
+        raise InputError(f"cannot write {path!r}: it is a directory; give a file name, e.g. {str(p / 'out.json')!r}")
+    if not p.resolve().parent.is_dir():
+        raise InputError(f"cannot write {path!r}: folder {str(p.parent)!r} does not exist")
 
 
 def _write(path: str, text: str) -> None:

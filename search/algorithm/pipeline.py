@@ -1,4 +1,4 @@
-"""Pipeline parallelism in the search (DESIGN.md section 5, last part).
+"""Pipeline parallelism in the search (docs/design.md, Pipelines).
 
 A pipeline plan puts the devices in a pp x dp x tp mesh: the block stack is cut into p stages of
 consecutive layers (the ops before the stack go with stage 0, those after it with the last

@@ -5,7 +5,7 @@ and fastest-varying, so a tp group of at most a node's size stays inside a node)
 op's *configuration* assigns every axis of size > 1 either one of the op's splittable dimension
 labels or replication.
 
-Each axis has one *role*, because torch's parallel APIs work per mesh dimension (DESIGN.md 3:
+Each axis has one *role*, because torch's parallel APIs work per mesh dimension (docs/design.md, Strategy space:
 every configuration offered must be executable as planned):
 - ``data``: every op that carries the batch splits it there, the others (a position embedding)
   replicate; it runs as DDP / ZeRO / FSDP2 over that dimension;
