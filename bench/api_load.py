@@ -163,7 +163,7 @@ def run_backend(backend: str, args, report_json: str, tmp: Path) -> dict:
         def frontier(job_id: int) -> float:
             t = time.perf_counter()
             r = clients.get().get(f"/api/jobs/{job_id}/frontier")
-            assert r.status_code == 200 and r.json()["points"], r.text[:200]
+            assert r.status_code == 200 and r.json()["frontier"], r.text[:200]
             return time.perf_counter() - t
 
         with ThreadPoolExecutor(args.clients) as pool:  # warm-up

@@ -3,7 +3,7 @@
     python bench/cost_model_accuracy.py                      # both models, one shot (~3 min on 2 cores)
     python bench/cost_model_accuracy.py --profile cpu.json   # priced with a DeviceProfile of this machine
     python bench/cost_model_accuracy.py --reports runs/      # also write every RunReport (for calibration)
-    python bench/cost_model_accuracy.py --held-out           # the README table: calibrate on one model, score another (~3-5 min)
+    python bench/cost_model_accuracy.py --held-out           # docs/benchmarks.md: calibrate on one model, score another (3-5 min)
 
 For gpt2-tiny and llama-tiny, searches the 'cpu' catalog device with 4 devices on one node (4
 gloo processes here), fp32, global batch 8, then runs every frontier plan the executor can run

@@ -1,6 +1,6 @@
 """What profiling costs: distinct op signatures, reuse from a base profile, and seconds.
 
-    python bench/profile_cost.py            # the table in README.md (a few minutes on 2 cores)
+    python bench/profile_cost.py            # the table in docs/benchmarks.md (a few minutes on 2 cores)
     python bench/profile_cost.py --quick    # smaller shapes, for a smoke run
 
 Runs the real profiler (profiler.run.run_profile) on this machine, one run after the other, each
@@ -33,7 +33,7 @@ from search.prices.profile import DeviceProfile
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="shorter sequences (a smoke run, not the README table)")
+    ap.add_argument("--quick", action="store_true", help="shorter sequences (a smoke run, not the docs/benchmarks.md table)")
     ap.add_argument("--out", help="write the final profile here")
     args = ap.parse_args()
     g_seq, l_seq = (64, 32) if args.quick else (256, 128)

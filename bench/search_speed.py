@@ -1,10 +1,17 @@
-"""How fast FT finds the whole exact frontier: one fresh process per case, pinned to one core.
+"""How fast the search finds the whole exact frontier: one fresh process per case, pinned to one
+core with one BLAS thread.
 
-    python bench/search_speed.py            # the table for the README
-    python bench/search_speed.py --quick    # the two small cases only
+    python bench/search_speed.py                 # the table for the README
+    python bench/search_speed.py --quick         # the small cases only
+    PYTHONPATH=/path/to/old/tree python bench/search_speed.py   # the same table for another checkout
 
-Columns: ops in the captured graph, configurations per op (largest, over all meshes), frontier
-size, search seconds (FT only; capture is reported apart), and the process's peak RSS.
+Cases are searched as a new user runs them: the default space (every ZeRO stage, per-layer
+recomputation, pipelines, gradient accumulation) and, for comparison, the same space without
+pipelines (`--no-pipeline`). Columns: ops in the captured graph, frontier size, how many of its
+points are pipelined (pp > 1) and on how many distinct meshes (pp x dp x tp) they lie, the least
+memory per device on the frontier, search seconds (wall, the search only; capture is reported
+apart), the search's CPU seconds (steadier than wall time on a shared machine) and the process's
+peak RSS. It runs on older checkouts too (their default space, whatever it was).
 """
 
 from __future__ import annotations
@@ -16,40 +23,61 @@ import resource
 import subprocess
 import sys
 
-CASES = [
-    # model, devices, global batch, eps, space: "ops" = per-op sharding only (the issue-2 space),
-    # "full" = also every ZeRO stage and per-layer activation recomputation
-    ("gpt2-medium", 8, 32, 0.0, "ops"),
-    ("bert-large", 8, 64, 0.0, "ops"),
-    ("llama-7b", 64, 256, 0.0, "ops"),
-    ("gpt3-175b", 1024, 1536, 0.0, "ops"),
-    ("gpt3-175b", 1024, 1536, 0.01, "ops"),
-    ("gpt2-medium", 8, 32, 0.0, "full"),
-    ("llama-7b", 64, 256, 0.0, "full"),
-    ("gpt3-175b", 1024, 1536, 0.0, "full"),
-    ("gpt3-175b", 1024, 1536, 0.01, "full"),
+# (model, device, devices, global batch, seq len or 0 for the model's, pipelines)
+CASES: list[tuple[str, str, int, int, int, bool]] = [
+    ("gpt2-medium", "h100-80gb", 8, 32, 0, True),
+    ("gpt3-1.3b", "v100-32gb", 8, 256, 2048, True),  # GPT-1.3B as in Aceso's smallest case (see README)
+    ("llama-7b", "h100-80gb", 64, 256, 0, True),
+    ("llama-70b", "h100-80gb", 64, 64, 4096, True),
+    ("llama-70b", "h100-80gb", 128, 128, 4096, True),
+    ("gpt3-175b", "a100-80gb", 1024, 1536, 2048, True),
+    ("gpt3-175b", "a100-80gb", 1024, 1536, 2048, False),
+    ("llama-70b", "h100-80gb", 64, 64, 4096, False),
+    ("llama-70b", "h100-80gb", 128, 128, 4096, False),
 ]
+QUICK = [c for c in CASES if c[2] <= 8]
 
 
-def run_case(model: str, devices: int, batch: int, eps: float, space: str) -> dict:
+def options(pipeline: bool):
+    """The default space of this checkout (what `paretoplan search` searches), with or without
+    pipelines; checkouts older than gradient accumulation have no `accumulate`."""
+    import dataclasses
+
+    from search.algorithm.ft import SearchOptions
+
+    fields = {f.name for f in dataclasses.fields(SearchOptions)}
+    return SearchOptions(pipeline=pipeline, **({"accumulate": True} if "accumulate" in fields else {}))
+
+
+def run_case(model: str, device: str, devices: int, batch: int, seq: int, pipeline: bool) -> dict:
     import time
 
-    from search.algorithm.ft import SearchOptions, search
+    from search.algorithm.ft import search
     from search.models.capture import capture_model
     from search.models.zoo import get_model
     from search.prices.cluster import make_cluster
     from search.prices.costmodel import TrainingJob
 
     t0 = time.perf_counter()
-    graph = capture_model(get_model(model), batch)
+    spec = get_model(model)
+    seq = seq or spec.default_seq_len  # as `paretoplan search` fills it in
+    graph = capture_model(spec, batch, seq)
     capture_s = time.perf_counter() - t0
-    full = space == "full"
-    options = SearchOptions(eps=eps, zero_stages=(0, 1, 2, 3) if full else (0,), recompute=full)
-    result = search(graph, make_cluster("h100-80gb", devices), TrainingJob(global_batch=batch), options)
+    job = TrainingJob(global_batch=batch, seq_len=seq, precision="bf16")
+    cpu0 = time.process_time()
+    result = search(graph, make_cluster(device, devices), job, options(pipeline))
+    cpu_s = time.process_time() - cpu0
+    meshes = set()
+    piped = 0
+    for p in result.points:
+        sol = result.solutions[p.mesh_index]
+        meshes.add(sol.mesh.describe())
+        piped += sol.mesh.pp > 1
     return {
-        "model": model, "devices": devices, "batch": batch, "eps": eps, "space": space, "ops": len(graph.ops),
-        "configs_per_op": result.stats["max_configs_per_op"], "frontier": len(result.points),
-        "search_s": result.search_seconds, "capture_s": capture_s,
+        "model": model, "device": device, "devices": devices, "batch": batch, "seq": seq, "pipeline": pipeline,
+        "ops": len(graph.ops), "frontier": len(result.points), "pipelined": piped, "meshes": len(meshes),
+        "least_gib": min((p.memory_bytes for p in result.points), default=float("nan")) / 2**30,
+        "search_s": result.search_seconds, "cpu_s": cpu_s, "capture_s": capture_s,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -57,23 +85,32 @@ def run_case(model: str, devices: int, batch: int, eps: float, space: str) -> di
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", help="cases whose model name contains this")
     p.add_argument("--case", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.case:
         print(json.dumps(run_case(*json.loads(args.case))))
         return
-    cases = CASES[:2] if args.quick else CASES
+    cases = QUICK if args.quick else CASES
+    if args.only:
+        cases = [c for c in cases if args.only in c[0]]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     pin = ["taskset", "-c", "0"] if os.path.exists("/usr/bin/taskset") else []
-    print(f"{'model':<12} {'devices':>7} {'batch':>6} {'space':>5} {'mode':>9} {'ops':>5} {'configs/op':>10} {'frontier':>8} "
-          f"{'search s':>9} {'capture s':>9} {'peak RSS':>9}")
+    print(f"{'model':<12} {'device':<10} {'devices':>7} {'batch':>6} {'seq':>5} {'space':>11} {'ops':>5} "
+          f"{'frontier':>8} {'piped':>6} {'meshes':>6} {'least':>10} {'search s':>9} {'cpu s':>7} {'capture s':>9} "
+          f"{'peak RSS':>9}")
     for case in cases:
         out = subprocess.run([*pin, sys.executable, __file__, "--case", json.dumps(case)], env=env,
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True)
+        if out.returncode:
+            print(f"{case}: failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}",
+                  flush=True)
+            continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        mode = "exact" if r["eps"] == 0 else f"eps={r['eps']}"
-        print(f"{r['model']:<12} {r['devices']:>7} {r['batch']:>6} {r['space']:>5} {mode:>9} {r['ops']:>5} "
-              f"{r['configs_per_op']:>10} {r['frontier']:>8} {r['search_s']:>9.2f} {r['capture_s']:>9.2f} "
+        space = "default" if r["pipeline"] else "no-pipeline"
+        print(f"{r['model']:<12} {r['device']:<10} {r['devices']:>7} {r['batch']:>6} {r['seq'] or '-':>5} {space:>11} "
+              f"{r['ops']:>5} {r['frontier']:>8} {r['pipelined']:>6} {r['meshes']:>6} {r['least_gib']:>6.1f} GiB "
+              f"{r['search_s']:>9.2f} {r.get('cpu_s', float('nan')):>7.2f} {r['capture_s']:>9.2f} "
               f"{r['peak_rss_mib']:>6.0f} MiB", flush=True)
 
 

@@ -1,4 +1,4 @@
-"""The `paretoplan` command: a thin face over the packages (DESIGN.md section 2).
+"""The `paretoplan` command: a thin face over the packages (docs/architecture.md).
 
 Every user mistake is an `InputError`, printed as one line with exit code 2; a budget no plan
 fits is reported with the least memory any plan needs and exit code 3.
@@ -47,7 +47,7 @@ def _add_job_flags(s: argparse.ArgumentParser) -> None:
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="zoo model name (see `paretoplan models`)")
     src.add_argument("--hf-config", help="a HuggingFace transformers config.json (random init, no download)")
-    src.add_argument("--graph", help="an OpGraph JSON file (format in README)")
+    src.add_argument("--graph", help="an OpGraph JSON file (format in docs/cli.md)")
     s.add_argument("--device", default=None,
                    help="catalog device type (default h100-80gb, or the --profile's device)")
     s.add_argument("--devices", type=int, default=8, help="number of devices (default 8)")
@@ -70,11 +70,15 @@ def _add_search(sub: argparse._SubParsersAction[_Parser]) -> None:
     s.add_argument("--zero", default="0,1,2,3", help="ZeRO stages to consider, e.g. 0 or 1,3 (default 0,1,2,3)")
     s.add_argument("--no-recompute", action="store_true", help="never recompute activations of a block")
     s.add_argument("--no-baselines", action="store_true", help="skip the baseline planners (DP, FSDP, Megatron)")
-    s.add_argument("--pipeline", action="store_true",
-                   help="also split the layers into pipeline stages (1F1B; GPipe is costed and always dominated); "
-                        "a slower search")
+    s.add_argument("--no-pipeline", action="store_true",
+                   help="plans without pipeline stages only (by default the layers may also be split into stages "
+                        "under 1F1B; GPipe is costed and always dominated)")
+    s.add_argument("--pipeline", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
+    s.add_argument("--no-accumulation", action="store_true",
+                   help="plans without pipelines run the whole per-rank batch at once (by default they may run it "
+                        "as micro-batches, accumulating gradients)")
     s.add_argument("--allow-async-pipeline", action="store_true",
-                   help="with --pipeline, also consider PipeDream-2BW (double-buffered weights, 1-stale updates)")
+                   help="also consider PipeDream-2BW (double-buffered weights, 1-stale updates)")
     s.add_argument("--json", dest="json_out", help="write the frontier with every full Plan as JSON")
     s.add_argument("--html", dest="html_out", help="write an interactive offline Plotly chart of the frontier")
     s.add_argument("--dump-graph", help="write the captured OpGraph as JSON")
@@ -273,8 +277,8 @@ def _search(args: argparse.Namespace) -> int:
 
     req = _request(args)
     for out in (args.json_out, args.html_out, args.dump_graph):  # fail before a long search, not after
-        if out and not Path(out).resolve().parent.is_dir():
-            raise InputError(f"cannot write {out!r}: folder {str(Path(out).parent)!r} does not exist")
+        if out:
+            _check_writable(out)
     o = run_search(req)
     result = o.result
     if args.dump_graph:
@@ -316,8 +320,8 @@ def _estimate(args: argparse.Namespace) -> int:
         req = EstimateRequest(**fields)
     except ValidationError as e:
         raise invalid(e, "arguments", _as_flag) from None
-    if args.json_out and not Path(args.json_out).resolve().parent.is_dir():
-        raise InputError(f"cannot write {args.json_out!r}: folder {str(Path(args.json_out).parent)!r} does not exist")
+    if args.json_out:
+        _check_writable(args.json_out)
     frontier = None
     if args.frontier:
         try:
@@ -388,8 +392,7 @@ def _profile(args: argparse.Namespace) -> int:
 
     if not args.out:
         raise InputError("--out is required: the profile JSON to write")
-    if not Path(args.out).resolve().parent.is_dir():
-        raise InputError(f"cannot write {args.out!r}: folder {str(Path(args.out).parent)!r} does not exist")
+    _check_writable(args.out)
     if args.calibrate:
         from profiler.calibrate import calibrate, load_report
 
@@ -437,8 +440,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise InputError(f"--steps must be at least 1, got {args.steps}")
-    if args.report and not Path(args.report).resolve().parent.is_dir():
-        raise InputError(f"cannot write {args.report!r}: folder {str(Path(args.report).parent)!r} does not exist")
+    if args.report:
+        _check_writable(args.report)
     device = default_device()
     plan = _run_plan_from_search(args, device) if args.model else _run_plan_from_file(args)
     settings = RunSettings(steps=args.steps, warmup=min(args.warmup, max(args.steps - 1, 0)), seed=args.seed,
@@ -473,7 +476,11 @@ def _run_plan_from_search(args: argparse.Namespace, device: str):
                         devices_per_node=args.devices_per_node, memory_budget=args.memory_budget,
                         global_batch=args.global_batch, seq_len=args.seq_len,
                         precision=args.precision or ("fp32" if device == "cpu" else "bf16"),
-                        zero_stages=list(_zero_stages(args.zero)), recompute=not args.no_recompute)
+                        zero_stages=list(_zero_stages(args.zero)), recompute=not args.no_recompute,
+                        # the plan picked here is launched at once: search only what the executor runs as
+                        # priced (it does not accumulate gradients, and refuses some pipelines: fp16, a tied
+                        # parameter split over the tensor axis across stages)
+                        pipeline=False, grad_accumulation=False)
     if args.profile:
         fields["profile"] = _read_json(args.profile, "profile")
         if args.device is None:
@@ -578,7 +585,8 @@ def _request(args: argparse.Namespace):
 
     fields = _job_fields(args)
     fields.update(eps=args.eps, zero_stages=list(_zero_stages(args.zero)), recompute=not args.no_recompute,
-                  baselines=not args.no_baselines, pipeline=args.pipeline or args.allow_async_pipeline,
+                  baselines=not args.no_baselines, pipeline=not args.no_pipeline,
+                  grad_accumulation=not args.no_accumulation,
                   allow_async_pipeline=args.allow_async_pipeline, exhaustive=args.exhaustive,
                   reuse_blocks=not args.no_block_reuse)
     try:
@@ -615,6 +623,16 @@ def _print_baselines(result, bases) -> None:
         print(f"{b.name:<30} {_ms(b.time_s):>8} ms {format_size(int(b.memory_bytes)):>10}   {faster} / {leaner}")
     for b in result.stats.get("infeasible_baselines", []):
         print(f"{b['name']:<30} {'infeasible':>11} {'':>10}   {b['reason']}")
+
+
+def _check_writable(path: str) -> None:
+    """An output path that can take a file, checked before the work that produces it: a missing
+    folder or a directory (`--json out/`) would otherwise fail only after the whole search."""
+    p = Path(path)
+    if path.endswith(("/", "\\")) or p.is_dir():
+        raise InputError(f"cannot write {path!r}: it is a directory; give a file name, e.g. {str(p / 'out.json')!r}")
+    if not p.resolve().parent.is_dir():
+        raise InputError(f"cannot write {path!r}: folder {str(p.parent)!r} does not exist")
 
 
 def _write(path: str, text: str) -> None:

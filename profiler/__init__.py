@@ -1,4 +1,4 @@
-"""paretoplan: profiler - measured costs for the search's cost model (DESIGN.md section 6).
+"""paretoplan: profiler - measured costs for the search's cost model (docs/cli.md, Profiling).
 
 - `ops`: the distinct op signatures a search will price, timed forward and backward;
 - `collectives`: all-reduce, all-gather, reduce-scatter, all-to-all and send/recv over spawned

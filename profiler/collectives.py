@@ -28,7 +28,7 @@ from search import InputError
 from search.prices.profile import COLLECTIVE_KINDS, CollectiveFit
 
 DEFAULT_SIZES = tuple(4096 * 4**k for k in range(7))  # 4 KiB .. 16 MiB
-PROCESSES_PER_CORE = 4  # gloo ranks this machine will host per CPU core (DESIGN 8a runs 4 on 2 cores)
+PROCESSES_PER_CORE = 4  # gloo ranks this machine will host per CPU core (the held-out bench runs 4 on 2 cores)
 
 
 class CollectiveBenchmarkError(RuntimeError):

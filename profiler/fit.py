@@ -1,4 +1,4 @@
-"""Least-squares alpha-beta fits: time = alpha + beta * x (DESIGN.md section 6).
+"""Least-squares alpha-beta fits: time = alpha + beta * x (docs/cli.md, Profiling).
 
 Message sizes span orders of magnitude, so the fit minimises the *relative* error of every point
 (each row weighted by 1 / measured time); an unweighted fit would let the largest message decide

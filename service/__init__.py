@@ -1,4 +1,4 @@
-"""paretoplan's service: the REST API, the database and the job queue (DESIGN.md section 7).
+"""paretoplan's service: the REST API, the database and the job queue (docs/api.md).
 
 Layers: `schemas` (pydantic, the API's edge) -> `crud/<resource>` (operations on the ORM of
 `models`) -> `api/routes/<resource>` (one router each); `queue` claims and leases tasks (the one

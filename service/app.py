@@ -1,22 +1,36 @@
 """The app factory: `create_app(settings)` migrates the database and wires the routers.
 
 `/` belongs to the dashboard: when the `web` package offers a hook `mount(app)` (in `web/__init__.py`
-or `web/app.py`), it is called; until then `/` is a small page pointing at /docs.
+or `web/app.py`), it is called; without the `web` package (a service-only install) `/` is a small page
+pointing at /docs.
 """
 
 from __future__ import annotations
 
 import importlib
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import fastapi_offline
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 
 from service.api import errors
 from service.api.routes import catalog, estimate, jobs, profiles, runs, strategies, tasks
 from service.db import Database
 from service.models import Clock, utcnow
 from service.settings import Settings
+
+# Swagger UI and ReDoc as installed files (the fastapi-offline wheel ships both bundles): FastAPI's
+# own /docs loads them from a CDN, which leaves the page blank on a machine without internet.
+DOCS_STATIC_DIR = Path(fastapi_offline.__file__).parent / "static"
+DOCS_STATIC_URL = "/api-docs-static"
+# ReDoc's menu footer loads a logo from cdn.redoc.ly unconditionally; this policy keeps both pages to
+# this server, so the browser never tries the network (the logo hides itself when it cannot load).
+DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' blob:; worker-src 'self' blob:; "
+            "style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self' data:; connect-src 'self'")
 
 PLACEHOLDER = """<!doctype html><html><head><meta charset="utf-8"><title>paretoplan</title></head>
 <body style="font-family: sans-serif; max-width: 40em; margin: 3em auto">
@@ -37,6 +51,37 @@ def _web_hook():
     return None
 
 
+def _own_host_only(page: HTMLResponse) -> HTMLResponse:
+    page.headers["Content-Security-Policy"] = DOCS_CSP
+    return page
+
+
+def _mount_docs(app: FastAPI) -> None:
+    """/docs (Swagger UI) and /redoc from the installed static files: no request leaves this server."""
+    app.mount(DOCS_STATIC_URL, StaticFiles(directory=DOCS_STATIC_DIR), name="api-docs-static")
+    openapi_url = app.openapi_url or "/openapi.json"
+    oauth2_url = app.swagger_ui_oauth2_redirect_url or "/docs/oauth2-redirect"
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        return _own_host_only(get_swagger_ui_html(openapi_url=openapi_url, title=f"{app.title} - API",
+                                   oauth2_redirect_url=oauth2_url,
+                                   swagger_js_url=f"{DOCS_STATIC_URL}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{DOCS_STATIC_URL}/swagger-ui.css",
+                                   swagger_favicon_url=f"{DOCS_STATIC_URL}/favicon.png"))
+
+    @app.get(oauth2_url, include_in_schema=False)
+    def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        # with_google_fonts=False: ReDoc's default pulls its fonts from fonts.googleapis.com
+        return _own_host_only(get_redoc_html(openapi_url=openapi_url, title=f"{app.title} - API reference",
+                              redoc_js_url=f"{DOCS_STATIC_URL}/redoc.standalone.js",
+                              redoc_favicon_url=f"{DOCS_STATIC_URL}/favicon.png", with_google_fonts=False))
+
+
 def create_app(settings: Settings | None = None, *, migrate: bool = True, clock: Clock = utcnow) -> FastAPI:
     """The app on `settings`' database; `clock` is where the queue reads the time (leases, heartbeats)."""
     settings = settings or Settings()
@@ -49,7 +94,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True, clock:
         yield
         db.dispose()
 
-    app = FastAPI(title="paretoplan", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="paretoplan", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Pareto frontiers of parallel training strategies: submit jobs, follow their "
                               "searches, read frontiers, launch and resize runs. Errors are JSON "
                               "`{\"detail\": message}`.")
@@ -68,6 +113,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True, clock:
             s.connection().exec_driver_sql("SELECT 1")
         return {"ok": True, "database": db.dialect}
 
+    _mount_docs(app)
     hook = _web_hook()
     if hook is not None:
         hook(app)

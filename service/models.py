@@ -1,4 +1,5 @@
-"""The ORM: one table per entity of DESIGN.md section 7, the queue being two of them.
+"""The ORM: one table per entity the service keeps (profiles, searches, strategies, jobs, runs, resizes,
+events), the queue being two of them.
 
 `searches` and `runs` are the queue (no second broker): each row carries its status, the lease
 of the worker that claimed it (owner, token, expiry) and its attempts. A search is keyed by the

@@ -99,6 +99,9 @@ class JobList(BaseModel):
 
 
 class PointOut(BaseModel):
+    """One frontier point: the CLI's `search --json` entry (`time_s`, `memory_bytes`, `mfu`) with the plan
+    by strategy id instead of inline."""
+
     id: int = Field(description="strategy id: GET /api/strategies/{id} for the full Plan")
     index: int
     time_s: float
@@ -107,6 +110,7 @@ class PointOut(BaseModel):
                                                         "before plans recorded it)")
     fits: bool = Field(description="within the job's memory budget")
     summary: str
+    plan: dict[str, Any] | None = Field(default=None, description="the full Plan, with ?plans=true")
 
 
 class BaselineOut(BaseModel):
@@ -118,6 +122,7 @@ class BaselineOut(BaseModel):
     mfu: float | None = None
     summary: str
     against_frontier: dict[str, Any]
+    plan: dict[str, Any] | None = Field(default=None, description="the full Plan, with ?plans=true")
 
 
 class FrontierOut(SearchSummary):
@@ -125,12 +130,13 @@ class FrontierOut(SearchSummary):
     search_id: int
     status: Status
     feasible: bool
-    picked_index: int | None
+    picked: int | None = Field(description="index into `frontier` of the fastest plan within the budget "
+                                           "(as in `paretoplan search --json`); None when no plan fits")
     picked_strategy_id: int | None
     least_memory_bytes: int | None
     confidence: Confidence = Field(description="whether the catalog or a profile priced the plans, and the "
                                                "held-out error band of that pricing")
-    points: list[PointOut]
+    frontier: list[PointOut] = Field(description="the Pareto points, fastest first (`search --json`'s `frontier`)")
     baselines: list[BaselineOut]
 
 
@@ -146,6 +152,9 @@ class StrategyOut(BaseModel):
     summary: str
     against_frontier: dict[str, Any] | None = None
     plan: dict[str, Any] = Field(description="the full Plan (search.plans.plan.Plan)")
+    launchable_here: bool = Field(default=True, description="whether the machine the service runs on (and starts "
+                                                            "its workers on) can run this plan")
+    not_launchable_reason: str | None = Field(default=None, description="why not, when it cannot")
 
 
 class SelectIn(BaseModel):
@@ -207,6 +216,7 @@ class ResizeOut(BaseModel):
     current_strategy_id: int | None = Field(default=None, description="the plan the job has now")
     strategy: StrategyOut | None = None
     least_memory_bytes: int | None = None
+    frontier_url: str = Field(description="the frontier searched for the new resources (GET it)")
     created_at: Timestamp
 
 

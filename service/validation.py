@@ -38,8 +38,12 @@ def check(req: SearchRequest) -> tuple[SearchRequest, int]:
         from search.models.graph import parse_graph
 
         parse_graph(req.graph)
-    elif req.hf_config is not None and not isinstance(req.hf_config.get("model_type"), str):
-        raise InputError("hf_config has no 'model_type' string")
+    elif req.hf_config is not None:
+        # checked here, on submit, so a bad config is a 422 naming its field rather than a job that
+        # fails later in the worker
+        from search.models.zoo import check_hf_config
+
+        check_hf_config(req.hf_config)
     return req.model_copy(update=update), cluster.num_devices
 
 

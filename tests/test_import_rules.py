@@ -1,4 +1,4 @@
-"""The import rules of DESIGN.md section 2, checked from the source.
+"""The import rules of docs/architecture.md, checked from the source.
 
 Every import counts, at module level or inside a function (a lazy import is still a
 dependency): search <- profiler <- service, search <- worker; the service and the worker never

@@ -1,6 +1,6 @@
 """From a Plan to what each rank executes, or a refusal that names the op (before any launch).
 
-The Plan configures every op on every mesh axis (DESIGN.md 3). torch's parallel APIs work per
+The Plan configures every op on every mesh axis (docs/design.md, Strategy space). torch's parallel APIs work per
 module and per mesh dimension, so each axis of size > 1 must take one *role*:
 
 - data: every op splits the batch on it (ops without a batch dimension, such as a position

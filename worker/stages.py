@@ -3,7 +3,7 @@
 A stage holds the zoo model's own modules under their own names (``tok_emb``, ``blocks.3``, ...),
 so parameter FQNs, the Plan's module names and the recompute list mean the same inside a stage
 as in the whole model. The tracer front end (``torch.distributed.pipelining.pipeline``) is not
-used: it silently drops activation checkpointing (DESIGN.md 8a).
+used: it silently drops activation checkpointing (docs/cli.md, Running a plan).
 
 What runs before and after the block stack is model-specific, so each zoo family that can be
 pipelined says it here; the block stack itself is the model's ``blocks_attr`` list.

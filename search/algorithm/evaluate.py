@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -186,6 +187,8 @@ class PipeShape:
         return self.mesh.pp
 
     def describe(self) -> str:
+        if self.stages == 1:  # one stage: no schedule, the micro-batches accumulate gradients
+            return f"{self.mesh.describe()} zero{self.zero} accumulate m{self.micro_batches}"
         v = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         return f"{self.mesh.describe()} zero{self.zero} {self.schedule}{v} m{self.micro_batches}"
 
@@ -213,6 +216,11 @@ class PipeTables:
     def zero(self) -> int:
         return self.shape.zero
 
+    @cached_property
+    def tail(self) -> set[str]:
+        """The ops after the stack (on the last stage), found once per shape."""
+        return after_stack(self.graph, self.chain)
+
     def describe(self) -> str:
         return self.shape.describe()
 
@@ -229,19 +237,21 @@ def p2p_costs(graph: OpGraph, cm: CostModel, shape: PipeShape, boundary: str,
     return 2.0 * (alpha + beta * nbytes), nbytes
 
 
-def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape, min_layers: int = 3) -> PipeTables | None:
+def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape, min_layers: int = 3, chain: Chain | None = None,
+                base: dict[str, OpCosts] | None = None) -> PipeTables | None:
     """Unweighted cost tables of one micro-batch on the stage sub-mesh, and the boundary
     transfers. `graph` and `cm` are the micro-batch graph and its cost model. None if it cannot
     pipeline. The search asks for a stack of at least 3 layers (the chain it reuses blocks
-    along); pricing one given plan may take a stack of 2 (`min_layers`)."""
-    chain = find_chain(graph, min_layers)
+    along); pricing one given plan may take a stack of 2 (`min_layers`). A caller that already
+    has them passes the graph's `chain` and the op tables `mesh_costs` gives (`base`)."""
+    chain = chain if chain is not None else find_chain(graph, min_layers)
     if chain is None or unsupported(graph, chain) is not None or len(chain.layers) < shape.stages:
         return None
     sub = Mesh(pp=1, axes=shape.mesh.axes)
-    if unplaceable_op(graph.ops, sub, graph.batch_label) is not None:
+    if base is None and unplaceable_op(graph.ops, sub, graph.batch_label) is not None:
         return None  # the micro-batch does not split over the stage's data-parallel ranks
     # layers 2.. are priced with the template layer's tables (identical ops, identical costs)
-    base = mesh_costs(graph, cm, sub, shape.zero, chain)
+    base = dict(base) if base is not None else mesh_costs(graph, cm, sub, shape.zero, chain)
     if shape.stages > 1:  # one stage (gradient accumulation) holds a tied parameter once
         base.update(_tied_copies(graph, cm, sub, shape, chain))
     edges = _all_edges(graph, cm, sub, base, chain, skip={n for layer in chain.layers[2:] for n in layer})

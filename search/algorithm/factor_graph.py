@@ -235,17 +235,21 @@ class _MeshFactors:
 
 def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool = True, eps: float = 0.0,
                  zero: int = 0, recompute: bool = True, op_costs: dict[str, OpCosts] | None = None,
-                 split_outside: tuple[bool, bool] | None = None, edge_weights: Weights | None = None) -> MeshProblem:
+                 split_outside: tuple[bool, bool] | None = None, edge_weights: Weights | None = None,
+                 known: tuple[Chain, set[str]] | None = None) -> MeshProblem:
     """Cost tables and factors of one mesh under ZeRO stage `zero`; with `recompute`, every
     layer of the block stack may also be recomputed. With a stack, the template layer and the
     rest of the graph are each solved twice, their layer recomputed or not, and the two
     frontiers united (a hub variable touching every op of a layer would double every table).
     `split_outside` = (head, tail): solve the ops before the stack (with layer 0) and those after
     it separately, as pipelines place them on different stages; `edge_weights`: price the edges
-    under one pipeline stage's weights (`op_costs` then come weighed)."""
+    under one pipeline stage's weights (`op_costs` then come weighed); `known`: the graph's stack
+    and the ops after it, when the caller has them (the stage search asks once per weighting)."""
     layer_of = layer_index(graph) if recompute else {}
     # a pipeline's stages cut the stack layer by layer: every layer, the last too, the template's
-    chain = find_chain(graph, solo=split_outside is None) if reuse_blocks else None
+    # (the stage search passes its own such chain as `known`)
+    chain = ((known[0] if known is not None else find_chain(graph, solo=split_outside is None))
+             if reuse_blocks else None)
     op_costs = op_costs if op_costs is not None else mesh_costs(graph, cm, mesh, zero, chain)
     if chain and len(op_costs[chain.boundary].configs) != len(op_costs[chain.template[-1]].configs):
         return prepare_mesh(graph, cm, mesh, reuse_blocks=False, eps=eps, zero=zero, recompute=recompute,
@@ -267,7 +271,7 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     prob.unit.layers = 1
     if split_outside is not None:
         want_head, want_tail = split_outside
-        tail_names = after_stack(graph, chain)
+        tail_names = known[1] if known is not None else after_stack(graph, chain)
         if want_head:
             prob.head = fg.solved([op for op in rest_ops if op.name not in tail_names], 0, (chain.boundary,))
         if want_tail:

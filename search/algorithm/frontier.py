@@ -15,7 +15,7 @@ Exactness and floats: sums taken in different orders differ in the last bits, so
 times agree within `RTOL` are treated as one time and the lower memory wins, and a point is kept
 only if its memory is lower than every faster point's by more than `RTOL`. Without that, a
 2-point layer frontier summed over 96 layers grows to over a thousand "distinct" points instead
-of 97 (DESIGN.md section 5).
+of 97 (docs/design.md, FT).
 
 Approximate mode (`eps > 0`): within each assignment, at most one point per cell of a fixed
 log-spaced grid of ratio (1 + eps) in both objectives survives a reduction; every dropped point

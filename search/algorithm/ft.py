@@ -34,8 +34,8 @@ Read top to bottom:
    mesh first finds real plans close to the frontier, and a partial stack of L layers whose most
    optimistic completion (the remaining layers' ideal point, then their convex hull, plus the
    rest of the graph) is beaten by one of those plans is dropped during the doubling.
-6. With pipelines, the pipeline stage search (pipeline.py) adds a frontier per pipeline shape,
-   bounded by the plans found without one.
+6. With pipelines (and with gradient accumulation, a pipeline of one stage), the pipeline stage
+   search (pipeline.py) adds a frontier per pipeline shape, bounded by the plans found without one.
 7. The per-mesh frontiers are merged and reduced; each final point's configuration of every op
    is read back through the factors' provenance (`Solution.read_back`).
 """
@@ -81,6 +81,8 @@ class SearchOptions:
     recompute: bool = True                   # every layer of the block stack may be recomputed
     profile: DeviceProfile | ProfileLookup | None = None  # price from measured costs (search/prices/profile.py)
     pipeline: bool = False                   # pipeline plans join the frontier (pipeline.py)
+    accumulate: bool = False                 # one-stage plans may run the batch as m micro-batches
+    #                                          (gradient accumulation, pipeline.py with p = 1)
     allow_async: bool = False                # ... PipeDream-2BW's among them (1-stale weights)
 
 
@@ -93,7 +95,8 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOp
     cm = CostModel(graph, cluster, job, profile=options.profile)
     problems = _mesh_problems(graph, cm, options)
     envelope = _prepass(problems, options)
-    steps = len(problems) + (1 if options.pipeline else 0)
+    staged = options.pipeline or options.accumulate  # the stage search runs (pipeline.py)
+    steps = len(problems) + (1 if staged else 0)
     solutions: list[Solution] = []
     for prob in problems:
         sol = finish_mesh(prob, options.eps, envelope, options.prune)
@@ -101,14 +104,18 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOp
         envelope = _grown(envelope, sol.root)  # what this mesh achieves bounds what later meshes need to keep
         if progress:
             progress(len(solutions) / steps, f"{sol.describe()}: {_frontier_size(solutions)} frontier points so far")
-    if options.pipeline:
-        solutions += _pipelines(graph, cluster, job, solutions, options)
+    shape_counts: dict[str, int] = {}
+    if staged:
+        solutions += _pipelines(graph, cluster, job, solutions, options, shape_counts)
         if progress:
             progress(1.0, f"pipelines: {_frontier_size(solutions)} frontier points so far")
     points = _frontier(solutions, options.eps)
     return SearchResult(graph=graph, cluster=cluster, job=job, solutions=solutions, points=points,
                         search_seconds=_time.perf_counter() - start, eps=options.eps,
-                        stats=_stats(graph, solutions, points, options))
+                        stats={**_stats(graph, solutions, points, options),
+                               "pipeline_shapes_tried": shape_counts.get("shapes", 0),
+                               "pipeline_shapes_bounded_out": shape_counts.get("bounded_out", 0),
+                               "pipeline_shapes_solved": shape_counts.get("solved", 0)})
 
 
 # ---- 1. meshes and ZeRO stages -----------------------------------------------------------------
@@ -173,12 +180,13 @@ def _grown(envelope: Envelope, root: Factor) -> Envelope:
 
 # ---- 6. pipelines ------------------------------------------------------------------------------
 def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: list[Solution],
-               options: SearchOptions) -> list[Solution]:
+               options: SearchOptions, counts: dict[str, int]) -> list[Solution]:
     """A frontier per pipeline shape; the plans without a pipeline bound what a pipeline stage
     may cost and still matter."""
     known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
     return list(search_pipelines(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
-                                 options.eps, profile=options.profile, envelope=known if options.prune else None))
+                                 options.eps, profile=options.profile, envelope=known if options.prune else None,
+                                 pipelines=options.pipeline, accumulate=options.accumulate, counts=counts))
 
 
 # ---- 7. the merged frontier --------------------------------------------------------------------
@@ -228,6 +236,7 @@ def _stats(graph: OpGraph, solutions: list[Solution], points: list[FrontierPoint
         "block_reuse": first_chain is not None,
         "layers_solved_once": first_chain.reused if first_chain is not None else 0,
         "pipeline": options.pipeline,
+        "accumulate": options.accumulate,
         "pipeline_shapes": sum(1 for s in solutions if s.pipeline is not None),
         "allow_async_pipeline": options.allow_async,
     }

@@ -1,4 +1,4 @@
-"""Pipeline parallelism in the search (DESIGN.md section 5, last part).
+"""Pipeline parallelism in the search (docs/design.md, Pipelines).
 
 A pipeline plan puts the devices in a pp x dp x tp mesh: the block stack is cut into p stages of
 consecutive layers (the ops before the stack go with stage 0, those after it with the last
@@ -22,13 +22,19 @@ S_s(k) is stage s holding k layers (the k-fold Minkowski sum of the layer fronti
 stage s's weights) and max(.,.) of two staircases is their pointwise maximum - exact, and
 linear in their sizes.
 
+Gradient accumulation is the same machinery with p = 1: m micro-batches on one stage (m slots,
+no bubble), one micro-batch's activations held, gradients summed and synchronised once.
+
 The space searched, and what is left out on purpose:
-- p divides the device count, 2 <= p <= min(the number of layers, MAX_STAGES); m in {p, 2p, 4p,
-  8p} dividing the global batch; the sub-mesh from mesh_candidates over devices / p;
+- p divides the device count, 2 <= p <= the number of layers; the sub-mesh any of
+  mesh_candidates over devices / p (every dp x tp, tp inside a node); m any divisor of the
+  per-rank batch (global batch / dp) with m >= p: micro-batches down to one sample (m < p is
+  mostly bubble, and torch's 1F1B refuses it); p = 1 (accumulation) with m >= 2 and every ZeRO
+  stage;
 - every stage holds within STAGE_BAND layers of n / p (identical layers make far-off splits
   slower at no memory gain except to offset the embedding and head, which the band covers);
-- ZeRO 0 and 1 only: ZeRO-2/3 shard gradients/parameters that micro-batches re-gather every
-  step (DeepSpeed refuses ZeRO-2/3 with pipelines for this reason);
+- ZeRO 0 and 1 only with p >= 2: ZeRO-2/3 shard gradients/parameters that micro-batches
+  re-gather every step (DeepSpeed refuses ZeRO-2/3 with pipelines for this reason);
 - GPipe is costed (planners, exhaustive reference) but never reaches the frontier: it has
   1F1B's bubble and at least its in-flight activations, so the search proves it dominated and
   skips it; 2BW only with allow_async (1-stale weights);
@@ -36,49 +42,69 @@ The space searched, and what is left out on purpose:
   that layout (forward activation and backward gradient per micro-batch, on the pp link); it
   is counted in the sending stage's memory; a tied embedding's second copy on the last stage
   is not counted.
+
+Speed, exactly. Every shape is first bounded from its op tables alone (`shape_bound`: edges and
+transfers cost >= 0, every op at its cheapest); the shapes are solved in the order of their time
+bound, and one whose bounds the plans found so far (without pipelines, earlier shapes) beat is
+skipped whole. Inside a shape, partial stages beaten by a known plan are dropped (`_Envelope`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
-from search.algorithm.chain import find_chain
+from search.algorithm.chain import Chain, after_stack, find_chain
 from search.algorithm.evaluate import (
     PipeShape,
     PipeTables,
     Weights,
+    mesh_costs,
     micro_batch_graph,
     pipe_tables,
     stage_weights,
     unsupported,
     weigh_op,
 )
-from search.algorithm.factor_graph import prepare_mesh
+from search.algorithm.factor_graph import MeshProblem, prepare_mesh
 from search.algorithm.frontier import RTOL, Factor, Stats, assignments, join, least_memory, pareto_mask, select, staircase
 from search.algorithm.results import PipeSolution, Split
 from search.models.graph import OpGraph
 from search.prices.cluster import Cluster
-from search.prices.costmodel import CostModel, TrainingJob
-from search.prices.mesh import Mesh, data_ways, mesh_candidates
+from search.prices.costmodel import CostModel, OpCosts, TrainingJob
+from search.prices.mesh import Mesh, MeshAxis, data_ways, mesh_candidates, unplaceable_op
 from search.prices.profile import DeviceProfile, ProfileLookup
 from search.prices.schedule import ScheduleName
 
 STAGE_BAND = 2
-MAX_STAGES = 16  # deeper pipelines leave a layer or two per stage; Megatron's largest runs use <= 16
+# The baseline planners' grid (search/plans/baselines.py): practitioners' usual stage counts and
+# micro-batch counts. The search itself is not limited to it (`pipeline_shapes`).
+MAX_STAGES = 16
 MICRO_BATCH_FACTORS = (1, 2, 4, 8)  # m = factor * p
 PIPELINE_ZERO = (0, 1)
 
 
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 # ---- shapes ------------------------------------------------------------------------------------
 def pipeline_shapes(cluster: Cluster, job: TrainingJob, n_layers: int, zero_stages: tuple[int, ...],
-                    allow_async: bool = False, schedules: tuple[ScheduleName, ...] | None = None) -> list[PipeShape]:
-    """Every (p, sub-mesh, ZeRO stage, m, schedule) the search tries."""
+                    allow_async: bool = False, schedules: tuple[ScheduleName, ...] | None = None,
+                    pipelines: bool = True, accumulate: bool = False) -> list[PipeShape]:
+    """Every (p, sub-mesh, ZeRO stage, m, schedule) the search tries: with `pipelines`, every p
+    from 2 to the layer count that divides the devices, every dp x tp sub-mesh of the rest, and
+    every micro-batch count m >= p whose micro-batch (the per-rank batch / m, down to 1 sample)
+    is whole; with `accumulate`, p = 1 with every m >= 2 that divides the per-rank batch
+    (gradient accumulation: one stage, no bubble, one micro-batch's activations held)."""
     schedules = schedules or (("1f1b", "2bw") if allow_async else ("1f1b",))
     shapes = []
     n = cluster.num_devices
-    for p in range(2, min(n, n_layers, MAX_STAGES) + 1):
+    first = 1 if accumulate else 2
+    last = min(n, n_layers) if pipelines else 1
+    for p in range(first, last + 1):
         if n % p:
             continue
         inner = n // p
@@ -86,14 +112,17 @@ def pipeline_shapes(cluster: Cluster, job: TrainingJob, n_layers: int, zero_stag
         sub = cluster.model_copy(update={"num_devices": inner, "devices_per_node": math.gcd(inner, cluster.devices_per_node)})
         for mesh in mesh_candidates(sub):
             mesh = Mesh(pp=p, axes=mesh.axes)
+            dp = data_ways(mesh)
+            if job.global_batch % dp:
+                continue  # each micro-batch splits over the data-parallel ranks
+            # m >= p: 1F1B with fewer micro-batches than stages is mostly bubble, and the executor
+            # (torch's Schedule1F1B) refuses it; m = 1 on one stage is the search without pipelines
+            counts = [m for m in _divisors(job.global_batch // dp) if m >= max(p, 2)]
             for zero in zero_stages:
-                if zero not in PIPELINE_ZERO:
+                if p > 1 and zero not in PIPELINE_ZERO:
                     continue
-                for f in MICRO_BATCH_FACTORS:
-                    m = f * p
-                    if job.global_batch % (m * data_ways(mesh)):
-                        continue  # each micro-batch splits over the data-parallel ranks
-                    for sched in schedules:
+                for m in counts:
+                    for sched in (schedules if p > 1 else ("1f1b",)):  # one stage has no schedule to choose
                         shapes.append(PipeShape(mesh, zero, m, sched))
     return shapes
 
@@ -195,12 +224,19 @@ def _floor(tables: PipeTables) -> tuple[float, float]:
     shape = tables.shape
     weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule)
     lean = min(weights, key=lambda w: (w.inflight, w.copies))
-    t = m = 0.0
+    # layers 2.. share the template's table objects: weigh each distinct table once
+    uses: dict[int, tuple[OpCosts, int]] = {}
     for oc in tables.op_costs.values():
+        uses[id(oc)] = (oc, uses[id(oc)][1] + 1 if id(oc) in uses else 1)
+    t = m = 0.0
+    for oc, k in uses.values():
         w = weigh_op(oc, lean)
-        t += float(min(w.time.min(), w.time_rc.min()))
-        m += float(min(w.mem.min(), w.mem_rc.min()))
-    t += sum(float(ec.time.min()) * lean.slots for ec in tables.edge_costs.values())
+        t += k * float(min(w.time.min(), w.time_rc.min()))
+        m += k * float(min(w.mem.min(), w.mem_rc.min()))
+    edge_uses: dict[int, tuple[float, int]] = {}
+    for ec in tables.edge_costs.values():
+        edge_uses[id(ec)] = (float(ec.time.min()), edge_uses[id(ec)][1] + 1 if id(ec) in edge_uses else 1)
+    t += sum(v * k for v, k in edge_uses.values()) * lean.slots
     return t / shape.stages, m / shape.stages + tables.buffers
 
 
@@ -210,35 +246,76 @@ class _Stages:
     the ops before the stack (and layer 0) on stage 0 and those after it on the last stage.
     Built on demand and memoised; every join drops what the envelope proves cannot win."""
 
-    def __init__(self, weights: list[Weights], powers: dict[Weights, _Powers], head: Factor, tail: Factor,
-                 domain: dict[str, int], eps: float, stats: Stats, env: _Envelope) -> None:
-        self.weights, self.powers, self.head, self.tail = weights, powers, head, tail
+    def __init__(self, weights: list[Weights], solve: Callable[[Weights], MeshProblem | None],
+                 ends: dict[Weights, MeshProblem], head: Factor, tail: Factor, domain: dict[str, int], eps: float,
+                 stats: Stats, env: _Envelope) -> None:
+        self.weights, self.solve, self.ends, self.head, self.tail = weights, solve, ends, head, tail
         self.domain, self.eps, self.stats, self.env = domain, eps, stats, env
+        self.powers: dict[Weights, _Powers] = {}
         self.cache: dict[tuple[int, int], Factor] = {}
 
     @classmethod
     def build(cls, graph: OpGraph, cm: CostModel, tables: PipeTables, eps: float, recompute: bool,
-              env: _Envelope) -> _Stages | None:
+              env: _Envelope, envelope: tuple[np.ndarray, np.ndarray] | None = None) -> _Stages | None:
         """One factor graph per distinct stage weighting (FT's per-mesh problem, its ops weighed
-        here and its edges by prepare_mesh); None if the stack cannot be solved as one layer."""
+        here and its edges by prepare_mesh): the last stage's first, then the first stage's, the
+        others when the stage DP first asks for them; None if the stack cannot be solved as one
+        layer or, with an `envelope` of known plans, if they beat every plan of the shape
+        (`_ends_beaten`): judged first with the last stage's weights standing in for the first's
+        (no more memory, the same time, for every assignment), so a losing shape costs one solve."""
         shape, chain = tables.shape, tables.chain
         weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule)
         sub = Mesh(pp=1, axes=shape.mesh.axes)
         covered = {name for layer in chain.layers[2:] for name in layer}  # priced through the template
-        problems = {}
-        for w in dict.fromkeys(weights):
+        first, last = weights[0], weights[-1]
+        known = (chain, tables.tail)
+
+        def solve(w: Weights, head: bool = False) -> MeshProblem | None:
             weighted = {name: weigh_op(oc, w) for name, oc in tables.op_costs.items() if name not in covered}
             prob = prepare_mesh(graph, cm, sub, True, eps, shape.zero, recompute, weighted,
-                                split_outside=(w == weights[0], w == weights[-1]), edge_weights=w)
-            if prob.unit is None:
+                                split_outside=(head or w == first, w == last), edge_weights=w, known=known)
+            return prob if prob.unit is not None else None
+
+        beaten = envelope is not None and len(envelope[0]) > 0  # known plans to judge the ends by
+        lp = solve(last, head=beaten)
+        if lp is None:
+            return None
+        ends: dict[Weights, MeshProblem] = {last: lp}
+        if beaten:
+            assert envelope is not None and lp.unit is not None and lp.head is not None and lp.tail is not None
+            if _ends_beaten(tables, weights, lp.unit, lp.head, lp.unit, lp.tail, envelope):
                 return None
-            problems[w] = prob
-        domain = next(iter(problems.values())).domain
-        stats = Stats()
-        powers = {w: _Powers(prob.unit, domain, eps, stats, env) for w, prob in problems.items() if prob.unit is not None}
-        head, tail = problems[weights[0]].head, problems[weights[-1]].tail
+        if first != last:
+            fp = solve(first)
+            if fp is None:
+                return None
+            ends[first] = fp
+            if beaten:
+                assert envelope is not None and fp.unit is not None and fp.head is not None and lp.tail is not None
+                assert lp.unit is not None
+                if _ends_beaten(tables, weights, fp.unit, fp.head, lp.unit, lp.tail, envelope):
+                    return None
+        domain = ends[first].domain
+        head, tail = ends[first].head, ends[last].tail
         assert head is not None and tail is not None
-        return cls(weights, powers, env.prune(head), env.prune(tail), domain, eps, stats, env)
+        return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env)
+
+    def power(self, w: Weights) -> _Powers:
+        """The k-layer powers of the layer frontier under weights w (its problem solved once)."""
+        if w not in self.powers:
+            prob = self.ends.get(w) or self.solve(w)
+            assert prob is not None and prob.unit is not None  # the stack solved as one layer under the ends
+            self.powers[w] = _Powers(prob.unit, self.domain, self.eps, self.stats, self.env)
+        return self.powers[w]
+
+    def layer_floor(self, b: int) -> tuple[float, float]:
+        """The least time and the least memory of one layer in boundary configuration b, over
+        every stage (time weighs alike on every stage; memory least on the last, whose
+        micro-batches in flight are fewest)."""
+        unit = self.ends[self.weights[-1]].unit
+        assert unit is not None
+        sel = unit.keys[:, 0] == b
+        return (float(unit.t[sel].min()), float(unit.m[sel].min())) if sel.any() else (np.inf, np.inf)
 
     def __call__(self, s: int, k: int) -> Factor:
         if (s, k) not in self.cache:
@@ -249,9 +326,9 @@ class _Stages:
         """Stage s holding k layers (stage 0 counts layer 0, which the head carries)."""
         w, env = self.weights[s], self.env
         if s == 0:
-            f = self.head if k == 1 else env.join(self.head, self.powers[w](k - 1), self.domain, self.eps, self.stats)
+            f = self.head if k == 1 else env.join(self.head, self.power(w)(k - 1), self.domain, self.eps, self.stats)
         else:
-            f = self.powers[w](k)
+            f = self.power(w)(k)
         if s == len(self.weights) - 1:
             f = env.join(f, self.tail, self.domain, self.eps, self.stats)
         return f
@@ -274,41 +351,59 @@ def _stage_points(S: _Stages, s: int, k: int, b: int, extra_t: float) -> tuple[n
 
 def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float) -> _State | None:
     """The frontier of (max stage time, max stage memory) over every split of the n layers into
-    the stages, the boundary in configuration b: F_s(j) = Pareto(union over k of
-    max(F_{s-1}(j - k), S(s, k))), states j = layers covered so far. None if no split fits."""
+    the stages, the boundary in configuration b: F_i(j) = Pareto(union over k of
+    max(F_{i-1}(j - k), S(s_i, k))), states j = layers covered by the first i stages taken. The
+    layers are identical, so a stage's cost depends on its position and its layer count only
+    and the stages may be taken in any order: the first and the last (solved before the DP, and
+    the most loaded: the ops around the stack, the most micro-batches in flight) come first, so
+    a shape whose end stages already lose dies before its middle stages are solved. Partial
+    splits a known plan beats are dropped (the later stages only raise the max). Each point's
+    (layers, index) per stage comes back in stage order. None if no split survives."""
     weights = S.weights
     p = len(weights)
     band = stage_band(n, p)
-    states: dict[int, _State] = {}
-    for k in band:
-        st, sm, idx = _stage_points(S, 0, k, b, weights[0].slots * p2p[b] if p > 1 else 0.0)
-        if len(st):
-            states[k] = (st, sm, [[(k, int(i))] for i in idx])
-    for s in range(1, p):
+    order = [0, p - 1, *range(1, p - 1)] if p > 1 else [0]
+    states: dict[int, _State] = {0: (np.zeros(1), np.zeros(1), [[]])}
+    # a layer's least time and least memory (under any stage's weights: the last stage's holds
+    # the fewest micro-batches), and what a middle stage sends: bounds on the stages not yet taken
+    layer_t, layer_m = S.layer_floor(b)
+    send_mid = weights[0].slots * p2p[b] if p > 2 else 0.0
+    for i, s in enumerate(order):
         nxt: dict[int, _State] = {}
-        left_after = p - 1 - s
+        left_after = p - 1 - i
+        send = weights[s].slots * p2p[b] if s < p - 1 else 0.0
         for j, (ft, fm, fback) in states.items():
             for k in band:
                 jj = j + k
-                if jj + left_after * band.start > n or jj + left_after * band.stop - left_after < n:
+                if jj + left_after * band.start > n or jj + left_after * (band.stop - 1) < n:
                     continue  # the stages after this one cannot cover the rest inside the band
-                if s == p - 1 and jj != n:
-                    continue
-                st, sm, idx = _stage_points(S, s, k, b, weights[s].slots * p2p[b] if s < p - 1 else 0.0)
+                st, sm, idx = _stage_points(S, s, k, b, send)
                 if not len(st):
                     continue
                 tt, mm, ia, ib = _maxcomb(ft, fm, st, sm)
-                back = [fback[i] + [(k, int(idx[q]))] for i, q in zip(ia, ib, strict=True)]
+                # the stages not yet taken hold the other n - jj layers: one holds at least its
+                # share, so the iteration is at least that stage's time and memory (exact)
+                ahead = -(-(n - jj) // left_after) if left_after else 0
+                fut_t = ahead * layer_t + (send_mid if ahead else 0.0)
+                ok = np.flatnonzero(S.env.admit(np.maximum(tt, fut_t), np.maximum(mm, ahead * layer_m)))
+                tt, mm, ia, ib = tt[ok], mm[ok], ia[ok], ib[ok]
+                back = [fback[a] + [(k, int(idx[q]))] for a, q in zip(ia, ib, strict=True)]
                 if jj in nxt:
                     ot, om, oback = nxt[jj]
                     tt, mm, back = np.concatenate([ot, tt]), np.concatenate([om, mm]), oback + back
-                order = np.argsort(tt, kind="stable")
-                tt, mm, back = tt[order], mm[order], [back[i] for i in order]
-                keep = pareto_mask(np.zeros(len(tt), dtype=np.int64), tt, mm, eps)
-                keep = np.sort(keep)
-                nxt[jj] = (tt[keep], mm[keep], [back[i] for i in keep])
+                srt = np.argsort(tt, kind="stable")
+                tt, mm, back = tt[srt], mm[srt], [back[a] for a in srt]
+                keep = np.sort(pareto_mask(np.zeros(len(tt), dtype=np.int64), tt, mm, eps))
+                if len(keep):
+                    nxt[jj] = (tt[keep], mm[keep], [back[a] for a in keep])
         states = nxt
-    return states.get(n)
+        if not states:
+            return None  # every partial split is beaten: the stages not yet taken need not be solved
+    found = states.get(n)
+    if found is None:
+        return None
+    place = np.argsort(order)  # stage s was taken place[s]-th
+    return found[0], found[1], [[back[int(place[s])] for s in range(p)] for back in found[2]]
 
 
 def _read_back(S: _Stages, maps: list[dict[str, str]], backs: list[list[tuple[int, int]]]
@@ -334,16 +429,18 @@ def _read_back(S: _Stages, maps: list[dict[str, str]], backs: list[list[tuple[in
 
 
 def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.0,
-                recompute: bool = True, envelope: tuple[np.ndarray, np.ndarray] | None = None) -> PipeSolution | None:
+                recompute: bool = True, envelope: tuple[np.ndarray, np.ndarray] | None = None,
+                chain: Chain | None = None, base: dict[str, OpCosts] | None = None) -> PipeSolution | None:
     """The frontier of one pipeline shape over stage boundaries and every op's configuration.
     `graph` and `cm` are the micro-batch graph and its cost model; `envelope` holds (time,
-    memory) of plans known to exist, which prune partial stages that cannot win (exact)."""
-    tables = pipe_tables(graph, cm, shape)
+    memory) of plans known to exist, which prune partial stages that cannot win (exact);
+    `chain` and `base` as for pipe_tables."""
+    tables = pipe_tables(graph, cm, shape, chain=chain, base=base)
     if tables is None:
         return None
     known_t, known_m = envelope if envelope is not None else (np.zeros(0), np.zeros(0))
     env = _Envelope(known_t, known_m, tables.buffers, _floor(tables) if envelope is not None else (0.0, 0.0))
-    S = _Stages.build(graph, cm, tables, eps, recompute, env)
+    S = _Stages.build(graph, cm, tables, eps, recompute, env, envelope)
     if S is None:
         return None
     chain = tables.chain
@@ -371,30 +468,229 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
 def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stages: tuple[int, ...],
                      recompute: bool = True, allow_async: bool = False, eps: float = 0.0,
                      shapes: list[PipeShape] | None = None, profile: DeviceProfile | ProfileLookup | None = None,
-                     envelope: tuple[np.ndarray, np.ndarray] | None = None) -> list[PipeSolution]:
-    """Every pipeline shape's frontier (empty when the graph has no stack to cut). With an
-    `envelope` of plans known to exist (e.g. the frontier without pipelines), each shape keeps
-    only the points no such plan - nor an earlier shape's - beats; without one, each shape's
-    complete frontier."""
+                     envelope: tuple[np.ndarray, np.ndarray] | None = None, pipelines: bool = True,
+                     accumulate: bool = False, counts: dict[str, int] | None = None) -> list[PipeSolution]:
+    """Every pipeline shape's frontier (empty when the graph has no stack to cut); the shapes as
+    `pipeline_shapes` gives them (`pipelines`: p >= 2, `accumulate`: gradient accumulation on one
+    stage) unless `shapes` names them. With an `envelope` of plans known to exist (e.g. the
+    frontier without pipelines), each shape keeps only the points no such plan - nor an earlier
+    shape's - beats; without one, each shape's complete frontier. `counts` hears how many shapes
+    there were and how many their bound ruled out."""
     chain = find_chain(graph)
     if chain is None or unsupported(graph, chain) is not None:
         return []
-    shapes = shapes if shapes is not None else pipeline_shapes(cluster, job, len(chain.layers), zero_stages, allow_async)
-    graphs: dict[int, tuple[OpGraph, CostModel]] = {}
-    out: list[PipeSolution] = []
-    for shape in shapes:
+    if shapes is None:
+        shapes = pipeline_shapes(cluster, job, len(chain.layers), zero_stages, allow_async, pipelines=pipelines,
+                                 accumulate=accumulate)
+    graphs: dict[int, tuple[OpGraph, CostModel, Chain | None]] = {}
+    tails: dict[int, set[str]] = {}  # the ops after the stack, per micro-batch graph
+    placeable: dict[tuple[int, tuple[MeshAxis, ...]], bool] = {}
+    bases: dict[tuple[int, tuple[MeshAxis, ...], int], dict[str, OpCosts] | None] = {}
+
+    def priced(shape: PipeShape) -> tuple[OpGraph, CostModel, Chain | None, dict[str, OpCosts] | None]:
+        """The micro-batch graph, its cost model and stack, and the shape's op tables (None where
+        the micro-batch does not split over the stage's data-parallel ranks), each made once."""
         m = shape.micro_batches
         if m not in graphs:
             g = micro_batch_graph(graph, m)
             graphs[m] = (g, CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}),
-                                      profile=profile))
-        g, cm = graphs[m]
-        sol = solve_shape(g, cm, shape, eps, recompute, envelope)
+                                      profile=profile), find_chain(g))
+        g, cm, ch = graphs[m]
+        key = (m, shape.mesh.axes, shape.zero)
+        if key not in bases:
+            sub = Mesh(pp=1, axes=shape.mesh.axes)
+            if (m, shape.mesh.axes) not in placeable:
+                # layers 2.. repeat the template's ops (the chain's premise, as their prices do)
+                covered = {name for layer in ch.layers[2:] for name in layer} if ch is not None else set()
+                placeable[(m, shape.mesh.axes)] = ch is not None and unplaceable_op(
+                    [op for op in g.ops if op.name not in covered], sub, g.batch_label) is None
+            ok = placeable[(m, shape.mesh.axes)]
+            bases[key] = mesh_costs(g, cm, sub, shape.zero, ch) if ok else None
+        return g, cm, ch, bases[key]
+
+    # Bound every shape from its op tables alone, then solve the shapes in order of their bound
+    # on time (accumulation first); a shape whose bounds the plans already found beat cannot add a point (every plan
+    # of the shape lies inside its bounds): exact.
+    lams = _slopes(envelope)
+    bounded: list[tuple[ShapeBound, int, PipeShape]] = []
+    for shape in shapes:
+        g, cm, ch, base = priced(shape)
+        if ch is None or base is None or len(ch.layers) < shape.stages:
+            continue
+        if shape.micro_batches not in tails:
+            tails[shape.micro_batches] = after_stack(g, ch)
+        bounded.append((shape_bound(g, cm, shape, ch, base, lams, tails[shape.micro_batches]), len(bounded), shape))
+    # one-stage shapes (accumulation: one solve each, no middle stages) first: they are cheap and
+    # fill the known plans that bound the pipelines; then each kind fastest bound first
+    bounded.sort(key=lambda x: (x[2].stages > 1, x[0].t, x[1]))
+    out: list[PipeSolution] = []
+    skipped = solved = 0
+    for bound, _, shape in bounded:
+        if envelope is not None and len(envelope[0]) and bound.covered(envelope):
+            skipped += 1
+            continue
+        g, cm, ch, base = priced(shape)
+        solved += 1
+        sol = solve_shape(g, cm, shape, eps, recompute, envelope, chain=ch, base=base)
         if sol is not None and len(sol.root):
             out.append(sol)
             if envelope is not None:
                 envelope = (np.concatenate([envelope[0], sol.root.t]), np.concatenate([envelope[1], sol.root.m]))
+    if counts is not None:
+        counts.update(shapes=len(bounded), bounded_out=skipped, solved=solved)
     return out
+
+
+def _ends_beaten(tables: PipeTables, weights: list[Weights], u0: Factor, head: Factor, ul: Factor, tail: Factor,
+                 envelope: tuple[np.ndarray, np.ndarray]) -> bool:
+    """Whether the plans known to exist beat every plan of this shape, judged from the first
+    and last stage's frontiers alone (`ends_bounds`)."""
+    bounds = ends_bounds(tables, weights, u0, head, ul, tail, _slopes(envelope))
+    return all(bound.covered(envelope) for bound in bounds.values())
+
+
+def ends_bounds(tables: PipeTables, weights: list[Weights], u0: Factor, head: Factor, ul: Factor, tail: Factor,
+                lams: np.ndarray) -> dict[int, ShapeBound]:
+    """Per boundary configuration, where every plan of this shape lies, from the first and last
+    stage's frontiers alone (before the middle stages are solved; `u0` and `head` under the
+    first stage's weights or any lower bound of them): the first stage holds the ops before the
+    stack and at least k layers, the last the ops after it and at least k, and the iteration
+    time is at least every stage's average. Exact: each bound is a sum of frontiers' minima."""
+    p, n = len(weights), len(tables.chain.layers)
+    w0 = weights[0]
+    out: dict[int, ShapeBound] = {}
+    band = stage_band(n, p) if p > 1 else range(n, n + 1)
+    k = max(band.start, n - (p - 1) * (band.stop - 1))  # the fewest layers an end stage holds
+
+    def least(f: Factor, b: int, scale: float = 1.0) -> np.ndarray:
+        """Over f's points of boundary b: least time, least memory, least scale t + lam m."""
+        sel = f.keys[:, 0] == b
+        t, m = f.t[sel], f.m[sel]
+        if not len(t):
+            return np.full(2 + len(lams), np.inf)
+        return np.concatenate([[t.min(), m.min()], (scale * t[:, None] + lams[None, :] * m[:, None]).min(axis=0)])
+
+    for b in [int(x) for x in np.unique(head.keys[:, 0])]:
+        send = w0.slots * float(tables.p2p[b]) if p > 1 else 0.0
+        if p == 1:
+            whole = least(head, b) + (n - 1) * least(u0, b) + least(tail, b)
+            bound = ShapeBound(float(whole[0]), float(whole[1]) + tables.buffers, lams,
+                               whole[2:] + lams * tables.buffers)
+        else:
+            s0 = least(head, b) + (k - 1) * least(u0, b)
+            sl = least(tail, b) + k * least(ul, b)
+            t_all = least(head, b)[0] + least(tail, b)[0] + (n - 1) * least(u0, b)[0]
+            t_avg = (t_all + (p - 1) * send) / p
+            t_lb = max(t_avg, s0[0] + send, sl[0])
+            m_lb = max(s0[1], sl[1]) + tables.buffers
+            lines = np.maximum(s0[2:] + send, sl[2:]) if len(lams) else np.zeros(0)
+            if len(lams):
+                # average time with the first or the last stage's memory: each op counted once
+                own0 = least(head, b, 1.0 / p) + (k - 1) * least(u0, b, 1.0 / p)
+                ownl = least(tail, b, 1.0 / p) + k * least(ul, b, 1.0 / p)
+                lines = np.maximum(lines, own0[2:] + t_avg - s0[0] / p)
+                lines = np.maximum(lines, ownl[2:] + t_avg - sl[0] / p)
+            bound = ShapeBound(t_lb, m_lb, lams, lines + lams * tables.buffers)
+        if np.isfinite(bound.t) and np.isfinite(bound.m):  # else no plan goes through this layout
+            out[b] = bound
+    return out
+
+
+def _slopes(envelope: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """Trade-off slopes (seconds per byte) at which shapes are bounded: those of the known
+    plans' own steps, where a bound has the most bite (as ft.py's stack bound picks them)."""
+    if envelope is None or len(envelope[0]) < 2:
+        return np.zeros(0)
+    keep = pareto_mask(np.zeros(len(envelope[0]), dtype=np.int64), envelope[0], envelope[1])
+    et, em = staircase(envelope[0][keep], envelope[1][keep])
+    steps = (et[1:] - et[:-1]) / np.maximum(em[:-1] - em[1:], 1e-300)
+    steps = steps[np.isfinite(steps) & (steps > 0)]
+    return np.unique(np.quantile(steps, np.linspace(0.0, 1.0, 9))) if len(steps) else np.zeros(0)
+
+
+class ShapeBound:
+    """Where every plan of one shape lies: t >= `t`, m >= `m`, and t + lam_j m >= b_j for each
+    slope lam_j (the lower convex hull of the shape's frontier lies above those lines)."""
+
+    def __init__(self, t: float, m: float, lams: np.ndarray, b: np.ndarray) -> None:
+        self.t, self.m, self.lams, self.b = t, m, lams, b
+
+    def covered(self, envelope: tuple[np.ndarray, np.ndarray]) -> bool:
+        """Whether known plans beat every point of the region: below the region's lower edge
+        g(t) = max(m, max_j (b_j - t) / lam_j), the staircase of known plans' least memory L(t)
+        is constant between two known times, and g is non-increasing, so g >= L everywhere
+        from t on iff it holds at the right end of every step and after the last one."""
+        st, sm = staircase(np.asarray(envelope[0], dtype=float), np.asarray(envelope[1], dtype=float))
+        margin = 1.0 - 2 * RTOL  # pull the region toward the origin: equal prices are no proof
+        t0, m0 = self.t * margin, self.m * margin
+        if not len(st) or st[0] > t0:
+            return False  # no known plan is as fast as the shape can be
+        i0 = int(np.searchsorted(st, t0, side="right")) - 1
+        ends = st[i0 + 1:]  # right ends of the steps from the one holding t0 on
+        g = np.full(len(ends), m0)
+        pos = self.lams > 0
+        if len(ends) and pos.any():
+            g = np.maximum(g, np.max((self.b[pos, None] * margin - ends[None, :]) / self.lams[pos, None], axis=0))
+        return bool(np.all(g >= sm[i0:len(st) - 1]) and m0 >= sm[-1])
+
+
+def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, base: dict[str, OpCosts],
+                lams: np.ndarray, tail: set[str] | None = None) -> ShapeBound:
+    """Lower bounds on every plan of a shape from its op tables (`mesh_costs` on the stage
+    sub-mesh) alone: edges, transfers and a tied parameter's second copy cost >= 0 and are left
+    out, and each op is taken at its cheapest configuration (with or without recomputation) for
+    each objective or weighted sum separately. A plan's time is at least the stages' average
+    and at least its first or last stage's, and its memory at least its first stage's (the most
+    micro-batches in flight), its last stage's and a middle stage's, each stage at its fewest
+    layers; so t + lam m is at least the best of those pairs."""
+    p, n = shape.stages, len(chain.layers)
+    weights = stage_weights(p, shape.micro_batches, shape.schedule)
+    sub = Mesh(pp=1, axes=shape.mesh.axes)
+    covered = {name for layer in chain.layers[2:] for name in layer}
+    buffers = cm.buffers(sub, [graph.op(name) for name in base if name not in covered], shape.zero)
+    template = list(chain.template)
+    tail = tail if tail is not None else after_stack(graph, chain)
+    head = [name for name in base if name not in covered and name not in chain.template and name not in tail]
+    tail_ops = [name for name in base if name in tail]
+    L = len(lams)
+
+    def least(w: Weights, names: list[str], time_scale: float = 1.0) -> np.ndarray:
+        """Per column: the summed cheapest time, memory, and time_scale * time + lam_j * memory."""
+        out = np.zeros(2 + L)
+        for name in names:
+            oc = weigh_op(base[name], w)
+            t = np.concatenate([oc.time, oc.time_rc])
+            m = np.concatenate([oc.mem, oc.mem_rc])
+            out[0] += t.min()
+            out[1] += m.min()
+            if L:
+                out[2:] += (time_scale * t[:, None] + lams[None, :] * m[:, None]).min(axis=0)
+        return out
+
+    first, last = weights[0], weights[-1]
+    if p == 1:
+        whole = least(first, head) + (n - 1) * least(first, template) + least(first, tail_ops)
+        return ShapeBound(float(whole[0]), buffers + float(whole[1]), lams, whole[2:] + lams * buffers)
+    band = stage_band(n, p)
+    k = max(band.start, n - (p - 1) * (band.stop - 1))  # the fewest layers an end stage holds
+    s0 = least(first, head) + (k - 1) * least(first, template)      # first stage: ops before the stack, layer 0
+    sl = least(last, tail_ops) + k * least(last, template)          # last stage
+    t_avg = (least(first, head)[0] + least(last, tail_ops)[0] + (n - 1) * least(first, template)[0]) / p
+    mid = least(weights[1], template)[1] * band.start if p > 2 else 0.0
+    t_lb = max(t_avg, s0[0], sl[0])
+    m_lb = buffers + max(s0[1], sl[1], mid)
+    # t + lam m: the first stage's or the last stage's own time and memory, or the average time
+    # with one of those stages' memory (each op counted once: its share of the average, plus its
+    # memory where it sits on that stage)
+    b = np.maximum(s0[2:], sl[2:]) if L else np.zeros(0)
+    if L:
+        rest_t = t_avg  # every op's cheapest time, averaged
+        for w_, names, layers in ((first, head, k - 1), (last, tail_ops, k)):
+            own = least(w_, names, 1.0 / p) + layers * least(w_, template, 1.0 / p)
+            own_t = (least(w_, names)[0] + layers * least(w_, template)[0]) / p
+            b = np.maximum(b, own[2:] + (rest_t - own_t))
+        b = b + lams * buffers
+    return ShapeBound(t_lb, m_lb, lams, b)
 
 
 __all__ = ["MAX_STAGES", "MICRO_BATCH_FACTORS", "partitions", "pipeline_shapes", "search_pipelines", "solve_shape",

@@ -1026,24 +1026,94 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     return spec_from_hf_config(raw, label, origin=str(p))
 
 
+# Size fields across the families transformers ships (as the config names them, or as its
+# attribute_map aliases them): each must be a positive integer where it is given. transformers
+# accepts `n_layer: -3` (an empty layer list) and `n_embd: 0`; the search would price a model
+# that cannot exist, so they are refused before anything is built.
+HF_SIZE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                  "intermediate_size", "vocab_size", "max_position_embeddings", "type_vocab_size", "image_size",
+                  "patch_size", "num_channels", "num_labels", "num_experts_per_tok", "num_local_experts",
+                  "n_layer", "n_embd", "n_head", "n_inner", "n_positions", "n_ctx", "d_model", "d_ff", "d_kv",
+                  "num_layers", "num_heads", "ffn_dim", "encoder_layers", "decoder_layers",
+                  "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim")
+
+
+def _one_line(e: BaseException) -> str:
+    """transformers' validation errors wrap the cause over several lines: the cause, on one."""
+    cause = e.__cause__ or e
+    text = " ".join(str(cause).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _field(config: object, raw: dict, name: str) -> str:
+    """The key the user wrote for a config attribute (GPT-2's `n_embd` for `hidden_size`)."""
+    alias = (getattr(config, "attribute_map", None) or {}).get(name)
+    return alias if alias is not None and alias in raw else name
+
+
+def check_hf_config(raw: Any, prefix: str = "hf_config.") -> object:
+    """Validate a HuggingFace config.json's contents against what its model family and capture
+    need, without building the model: an InputError naming the field (`prefix` + its key: the API's
+    "hf_config.n_layer", the CLI's "HF config 'c.json': n_layer"), else the transformers config.
+    Cheap enough to run on every submission."""
+    where = prefix.rstrip(".: ")
+    if not isinstance(raw, dict):
+        raise InputError(f"{where} must be a JSON object, got {type(raw).__name__}")
+    model_type = raw.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise InputError(f"{prefix}model_type is missing: name the architecture, e.g. \"gpt2\" or \"llama\"")
+    for key in HF_SIZE_FIELDS:
+        v = raw.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise InputError(f"{prefix}{key} must be a positive integer, got {v!r}")
+
+    import difflib
+
+    import transformers
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    known = list(CONFIG_MAPPING.keys())
+    if model_type not in known:
+        near = difflib.get_close_matches(model_type, known, n=3)
+        hint = f" (did you mean {', '.join(near)}?)" if near else " (e.g. gpt2, llama, mistral, bert, vit)"
+        raise InputError(f"{prefix}model_type {model_type!r} is not a model type transformers "
+                         f"{transformers.__version__} knows{hint}")
+    fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
+    # transformers rejects a bad config with whatever it raises (ValueError, KeyError, TypeError, ...):
+    # all are the input's
+    try:
+        config = AutoConfig.for_model(model_type, **fields)
+    except Exception as e:  # noqa: BLE001 - inconsistent values
+        raise InputError(f"{where} is invalid for model_type {model_type!r}: {_one_line(e)}") from None
+    try:
+        _hf_kind(config)
+    except InputError as e:
+        raise InputError(f"{prefix}model_type {model_type!r} cannot be captured: {e}") from None
+
+    # the resolved values, defaults included: what the model will be built with
+    for name in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+        v = getattr(config, name, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v <= 0:
+            raise InputError(f"{prefix}{_field(config, raw, name)} must be a positive integer, got {v}")
+    width, heads = _first_int(config, "hidden_size"), _first_int(config, "num_attention_heads")
+    kv = _first_int(config, "num_key_value_heads")
+    explicit_head_dim = isinstance(raw.get("head_dim"), int)  # then q/k/v are heads x head_dim wide
+    if width and heads and not explicit_head_dim and width % heads:
+        raise InputError(f"{prefix}{_field(config, raw, 'num_attention_heads')} ({heads}) must divide "
+                         f"{_field(config, raw, 'hidden_size')} ({width}): each head takes an equal "
+                         "share of the width")
+    if heads and kv and heads % kv:
+        raise InputError(f"{prefix}num_key_value_heads ({kv}) must divide "
+                         f"{_field(config, raw, 'num_attention_heads')} ({heads}): each key/value head "
+                         "serves an equal group of query heads")
+    return config
+
+
 def spec_from_hf_config(raw: Any, label: str = "config", origin: str = "config") -> ModelSpec:
     """A ``ModelSpec`` for the parsed contents of a HuggingFace ``config.json``."""
     p = origin
-    if not isinstance(raw, dict):
-        raise InputError(f"HF config '{p}' must be a JSON object, got {type(raw).__name__}")
-    model_type = raw.get("model_type")
-    if not isinstance(model_type, str):
-        raise InputError(f"HF config '{p}' has no 'model_type' string")
-
-    from transformers import AutoConfig
-
-    fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
-    # transformers runs only on the user's config in these two calls and rejects a bad one with
-    # whatever it raises (ValueError, KeyError, TypeError, AttributeError, ...): all are the input's
-    try:
-        config = AutoConfig.for_model(model_type, **fields)
-    except Exception as e:  # noqa: BLE001 - unknown model_type, inconsistent values, ...
-        raise InputError(f"HF config '{p}' is invalid: {e}") from None
+    config = check_hf_config(raw, f"HF config '{p}': ")
+    model_type = raw["model_type"]
     kind = _hf_kind(config)
 
     try:

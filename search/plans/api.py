@@ -56,7 +56,10 @@ class SearchRequest(JobRequest):
     eps: float = Field(default=0.0, ge=0.0, le=1.0, description="approximate mode: one point per (1+eps) cell")
     zero_stages: list[int] = Field(default=[0, 1, 2, 3], min_length=1)
     recompute: bool = True
-    pipeline: bool = Field(default=False, description="also split the layers into pipeline stages (slower search)")
+    pipeline: bool = Field(default=True, description="also split the layers into pipeline stages (false: plans "
+                           "without pipelines only)")
+    grad_accumulation: bool = Field(default=True, description="plans without pipelines may run the batch as "
+                                    "micro-batches, accumulating gradients (false: one pass per iteration)")
     allow_async_pipeline: bool = Field(default=False, description="admit PipeDream-2BW (1-stale weights)")
     baselines: bool = True
     exhaustive: bool = False
@@ -159,7 +162,8 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
 
         options = SearchOptions(eps=req.eps, reuse_blocks=req.reuse_blocks, zero_stages=tuple(req.zero_stages),
                                 recompute=req.recompute, profile=profile,
-                                pipeline=req.pipeline or req.allow_async_pipeline, allow_async=req.allow_async_pipeline)
+                                pipeline=req.pipeline or req.allow_async_pipeline, allow_async=req.allow_async_pipeline,
+                                accumulate=req.grad_accumulation)
         result = search(graph, cluster, job, options, progress=searched)
     if progress:
         progress("plans", 0.8)

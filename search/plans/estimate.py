@@ -483,7 +483,7 @@ def same_job(frontier: SearchSummary, plan: Plan, what: str) -> None:
 
 
 def compare_request(req: EstimateRequest) -> SearchRequest:
-    """The search of the same model, cluster and job (`--compare`): with pipelines when the plan
-    has one, without the baselines."""
+    """The search of the same model, cluster and job (`--compare`): the default space (pipelines and
+    gradient accumulation included, whatever the plan uses), without the baselines."""
     fields = req.model_dump(include=set(JobRequest.model_fields), exclude_unset=True)
-    return SearchRequest.model_validate({**fields, "pipeline": req.pp > 1, "baselines": False})
+    return SearchRequest.model_validate({**fields, "baselines": False})

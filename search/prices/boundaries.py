@@ -2,7 +2,7 @@
 
 torch's tensor parallelism changes placements at module boundaries only (a style's layouts,
 ``PrepareModuleInput`` / ``PrepareModuleOutput``; worker/analyze.py). For every configuration the
-search offers to run as priced (DESIGN.md 3), three rules follow from the captured graph:
+search offers to run as priced (docs/design.md), three rules follow from the captured graph:
 
 - *one conversion per entry:* a tensor's readers that enter the same module from outside (q, k
   and v entering attention; ln1 and the residual add entering a block) read it in one placement

@@ -318,7 +318,10 @@ class CostModel:
             out_local = out_numel / shard_factor(output_placement(cfg, op), mesh)
             in_locals = [t.numel / shard_factor(input_placement(cfg, t), mesh) for t in op.inputs]
             moved = out_local * self.esize(op.output) + sum(n * self.esize(t) for n, t in zip(in_locals, op.inputs, strict=True))
-            t_sync = t_gather = t_after = 0.0  # backward's collectives; ZeRO-3's forward all-gather; after the step
+            # backward's collectives (per micro-batch: tensor-axis partial gradients, ZeRO-2/3's
+            # reduce-scatter; once an iteration: DDP's all-reduce after the last micro-batch),
+            # ZeRO-3's forward all-gather (per micro-batch), and what follows the step (once)
+            t_sync = t_once = t_gather = t_after = 0.0
             for p in op.params:
                 local = p.numel / shard_factor(param_placement(cfg, p.dims), mesh)
                 moved += local * b.param
@@ -357,6 +360,8 @@ class CostModel:
                             t_gather += t  # FSDP2 gathers the parameters before the forward uses them
                         elif i == 1 and ai in sharded:
                             t_after += t  # ZeRO-2 gathers the updated shards after the step: nothing to hide behind
+                        elif zero in (0, 1) and ai in sharded:
+                            t_once += t  # accumulation syncs only the last micro-batch (no_sync before)
                         else:
                             t_sync += t
                         comm[ci, ai] += (2.0 if kind == ALL_REDUCE else 1.0) * nbytes * (n - 1) / n
@@ -391,18 +396,23 @@ class CostModel:
                 t_fwd, t_fb = t_fwd + self.profile.op_overhead / 2, t_fb + self.profile.op_overhead
                 if ok_opt:
                     t_opt *= self.contention
-                measured &= ok and ok_opt and (t_sync + t_gather + t_after == 0.0 or comm_ok)
+                measured &= ok and ok_opt and (t_sync + t_once + t_gather + t_after == 0.0 or comm_ok)
             # DDP's bucketed all-reduce and FSDP's reduce-scatter (and re-gather) run while backward
             # computes, FSDP2's prefetched all-gather while the forward does: only what outlasts
             # this op's own compute is exposed (per op, so still a sum), as far as the device
             # overlaps at all (NCCL on its own streams: fully; gloo on the cores computing: not)
             hide = self.device.comm_overlap
-            t_sync = max(0.0, t_sync - hide * (t_fb - t_fwd)) + max(0.0, t_gather - hide * t_fwd) + t_after
             if op.kind == "dispatch":  # before the tokens, their per-expert counts cross each expert axis
                 t_counts = self._expert_counts(op, mesh, comm[ci])
                 t_fwd, t_fb = t_fwd + t_counts, t_fb + t_counts
-            time[ci] = t_fb + t_sync + t_opt
-            step[ci] = t_sync + t_opt
+            # Under gradient accumulation or a pipeline (evaluate.weigh_op) everything but `step`
+            # repeats per micro-batch: the per-micro-batch syncs hide first, the once-an-iteration
+            # sync behind what backward time they leave (together: max(0, a + b - window))
+            window = hide * (t_fb - t_fwd)
+            per_mb = max(0.0, t_sync - window) + max(0.0, t_gather - hide * t_fwd)
+            once = max(0.0, t_once - max(0.0, window - t_sync)) + t_after
+            time[ci] = t_fb + per_mb + once + t_opt
+            step[ci] = once + t_opt
             fwd[ci] = t_fwd + rc_extra
             parts[ci, 3] = self._saved_bytes(op, cfg, mesh, out_local, in_locals)
         parts_rc = parts.copy()
@@ -451,6 +461,19 @@ class CostModel:
 
     # ---- edges ------------------------------------------------------------------------------
     def edge_costs(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config]) -> EdgeCosts:
+        """`_edge_costs`, priced once per (producer, consumer, mesh): the pipeline search prices the
+        same edge under every stage weighting and ZeRO stage of a sub-mesh (the tables are read,
+        never written, by their users). Keyed by the ops' identities, kept alive in the entry."""
+        memo: dict[tuple[int, int, Mesh, int, int], tuple[Op, Op, EdgeCosts]] = self.__dict__.setdefault("_edge_memo", {})
+        key = (id(prod), id(cons), mesh, len(prod_cfgs), len(cons_cfgs))
+        hit = memo.get(key)
+        if hit is not None and hit[0] is prod and hit[1] is cons:
+            return hit[2]
+        ec = self._edge_costs(prod, cons, mesh, prod_cfgs, cons_cfgs)
+        memo[key] = (prod, cons, ec)
+        return ec
+
+    def _edge_costs(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config]) -> EdgeCosts:
         """All tensors from `prod` read by `cons` (an op may read one tensor several times).
 
         A tensor with several readers is converted once for all of them (search/prices/boundaries.py):

@@ -5,7 +5,7 @@ and fastest-varying, so a tp group of at most a node's size stays inside a node)
 op's *configuration* assigns every axis of size > 1 either one of the op's splittable dimension
 labels or replication.
 
-Each axis has one *role*, because torch's parallel APIs work per mesh dimension (DESIGN.md 3:
+Each axis has one *role*, because torch's parallel APIs work per mesh dimension (docs/design.md, Strategy space:
 every configuration offered must be executable as planned):
 - ``data``: every op that carries the batch splits it there, the others (a position embedding)
   replicate; it runs as DDP / ZeRO / FSDP2 over that dimension;
@@ -139,11 +139,30 @@ def axis_choices(op: Op, axis: MeshAxis, batch: str) -> list[str | None]:
     return [REPLICATE] + [lab for lab in op.splittable if lab != batch]
 
 
+# op_configs per (op object, mesh, batch label): the pipeline search asks for the same op's
+# configurations on the same sub-mesh once per stage weighting and ZeRO stage. Keyed by the op's
+# identity (the op is kept in the entry, so its id cannot be reused while cached); bounded.
+_CONFIGS: dict[tuple[int, Mesh, str], tuple[Op, list[Config]]] = {}
+_CONFIGS_MAX = 200_000
+
+
 def op_configs(op: Op, mesh: Mesh, batch: str = "batch") -> list[Config]:
     """Every configuration of `op` on `mesh` (`batch`: the graph's batch label), in a canonical
     order (replication first), keeping only those whose sharded dimensions divide evenly on
     every operand (DTensor would otherwise pad, and the executor must run exactly what was
     costed). Empty when the op cannot run on the mesh (a batch that does not split over dp)."""
+    key = (id(op), mesh, batch)
+    hit = _CONFIGS.get(key)
+    if hit is not None and hit[0] is op:
+        return list(hit[1])
+    out = _op_configs(op, mesh, batch)
+    if len(_CONFIGS) >= _CONFIGS_MAX:
+        _CONFIGS.clear()
+    _CONFIGS[key] = (op, out)
+    return list(out)
+
+
+def _op_configs(op: Op, mesh: Mesh, batch: str) -> list[Config]:
     sizes = _all_sizes(op)
     choices = [axis_choices(op, a, batch) for a in mesh.axes]
     out: list[Config] = []

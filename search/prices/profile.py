@@ -1,4 +1,4 @@
-"""The DeviceProfile: measured costs of one device type, read by the cost model (DESIGN.md 4, 6).
+"""The DeviceProfile: measured costs of one device type, read by the cost model (docs/cost-model.md, docs/cli.md).
 
 `profiler/` produces profiles; `search/` owns the format because its cost model reads it. A
 profile holds, for one catalog device:

@@ -1,7 +1,7 @@
 """Pipeline schedules: what a schedule costs in time and memory, given per-stage costs.
 
 The search will split the block stack into p stages of consecutive layers (a DP over layers
-whose values are frontiers of (max stage time, max stage memory), DESIGN.md section 5); this
+whose values are frontiers of (max stage time, max stage memory), docs/design.md, Pipelines); this
 module is the schedule model that DP prices stages with:
 
 - GPipe: all m micro-batches forward, then all backward, then a flush. The pipeline fills and

@@ -96,6 +96,10 @@ async def validation_error(_request: Request, exc: RequestValidationError) -> JS
 
 
 async def input_error(_request: Request, exc: InputError) -> JSONResponse:
+    field = getattr(exc, "field", None)  # service.crud.errors.FieldError: which field it concerns
+    if field is not None:
+        return JSONResponse({"detail": str(exc), "errors": [{"loc": ["body", field], "msg": str(exc),
+                                                              "type": "value_error"}]}, status_code=422)
     return JSONResponse({"detail": str(exc)}, status_code=422)
 
 

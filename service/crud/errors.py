@@ -10,6 +10,7 @@ from sqlalchemy import inspect, select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.interfaces import ORMOption
 
+from search import InputError
 from service.models import Base
 
 Row = TypeVar("Row", bound=Base)
@@ -17,6 +18,15 @@ Row = TypeVar("Row", bound=Base)
 
 class NotFound(LookupError):
     """404: no such job, strategy, run or profile."""
+
+
+class FieldError(InputError):
+    """422 about one field of the request body: the answer carries its `loc` as pydantic's errors do,
+    so a form can show the message beside that field instead of guessing from the words."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class Conflict(RuntimeError):

@@ -122,43 +122,52 @@ def listing(s: Session, status: str | None, limit: int, offset: int) -> tuple[in
     return total, [_out(j, se, pid, dev, alt) for j, se, pid, dev in rows]
 
 
-def frontier(s: Session, job_id: int, devices: int | None = None) -> FrontierOut:
-    """The job's frontier, or with `devices` the frontier of one of the device counts it asked
-    to have searched ahead (`device_counts`)."""
+def frontier(s: Session, job_id: int, devices: int | None = None, *, plans: bool = False) -> FrontierOut:
+    """The job's frontier, or with `devices` the frontier for that device count: one it asked to have
+    searched ahead (`device_counts`), else its latest resize to that count. Every frontier a job has is
+    reachable by URL, so a resize's preview can be drawn and compared like the job's own."""
     job = get(s, job_id)
     search = searches.get(s, job.search_id, with_summary=True)
     if devices is not None and devices != search.devices:
-        alts = {int(n): sid for n, sid in (job.alternates or {}).items()}
-        if devices not in alts:
-            counts = ", ".join(str(n) for n in sorted({search.devices, *alts}))
+        ahead = {int(n): sid for n, sid in (job.alternates or {}).items()}
+        by_count = dict(ahead)
+        resized = s.execute(select(Resize.devices, Resize.search_id).where(Resize.job_id == job_id)
+                            .order_by(Resize.id)).all()
+        for n, sid in resized:  # ahead-of-time searches win; among resizes the latest to a count does
+            if n not in ahead:
+                by_count[n] = sid
+        if devices not in by_count:
+            counts = ", ".join(str(n) for n in sorted({search.devices, *by_count}))
             raise NotFound(f"job {job_id} has no search for {devices} devices (it has: {counts})")
-        search = searches.get(s, alts[devices], with_summary=True)
+        search = searches.get(s, by_count[devices], with_summary=True)
     if search.status != DONE:
         detail_ = f": {search.error}" if search.error else ""
         raise Conflict(f"job {job_id} has no frontier yet: its search is {search.status}{detail_}")
-    return search_frontier(s, search, job_id)
+    return search_frontier(s, search, job_id, plans=plans)
 
 
-def search_frontier(s: Session, search: Search, job_id: int) -> FrontierOut:
+def search_frontier(s: Session, search: Search, job_id: int, *, plans: bool = False) -> FrontierOut:
+    """`plans`: each point and baseline carries its full Plan, as in `paretoplan search --json`."""
     summ = search.summary
     if summ is None:  # complete_search stores it with the frontier
         raise RuntimeError(f"search {search.id} is {search.status} but has no summary")
     budget = summ.memory_budget_bytes
     points, bases, picked_id = [], [], None
-    for st, mfu in searches.strategies_with_mfu(s, search.id):
+    for st, mfu in searches.strategies_with_mfu(s, search.id, with_plans=plans):
+        plan = st.plan if plans else None
         if st.kind == "frontier":
             points.append(PointOut(id=st.id, index=st.idx, time_s=st.time_s, memory_bytes=st.memory_bytes, mfu=mfu,
-                                   fits=st.memory_bytes <= budget, summary=st.summary))
+                                   fits=st.memory_bytes <= budget, summary=st.summary, plan=plan))
             if st.idx == search.picked_index:
                 picked_id = st.id
         else:
             bases.append(BaselineOut(id=st.id, name=st.name or "", description=st.description or "",
                                      time_s=st.time_s, memory_bytes=st.memory_bytes, mfu=mfu, summary=st.summary,
-                                     against_frontier=st.against_frontier or {}))
+                                     against_frontier=st.against_frontier or {}, plan=plan))
     sure = confidence("profile" if "profile" in summ.stats else "catalog", summ.model, summ.num_devices, via="api")
     return FrontierOut(job_id=job_id, search_id=search.id, status=search.status, feasible=search.picked_index is not None,
-                       picked_index=search.picked_index, picked_strategy_id=picked_id,
-                       least_memory_bytes=search.least_memory_bytes, confidence=sure, points=points, baselines=bases,
+                       picked=search.picked_index, picked_strategy_id=picked_id,
+                       least_memory_bytes=search.least_memory_bytes, confidence=sure, frontier=points, baselines=bases,
                        **summ.model_dump())
 
 

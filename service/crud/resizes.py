@@ -7,18 +7,29 @@ from sqlalchemy.orm import Session
 from search import InputError, SearchRequest, parse_size
 from service import validation
 from service.crud import events, jobs, searches, strategies
-from service.crud.errors import NotFound, get_or_404
+from service.crud.errors import Conflict, FieldError, NotFound, get_or_404
 from service.models import DONE, FAILED, Resize
-from service.schemas import ResizeIn, ResizeOut
+from service.schemas import FrontierOut, ResizeIn, ResizeOut
 
 
 def prepare(job_request: dict, body: ResizeIn) -> tuple[SearchRequest, int, int | None]:
-    """The job's request for the new resources, validated (InputError otherwise)."""
-    memory = parse_size(body.memory_per_device) if body.memory_per_device is not None else None
+    """The job's request for the new resources, validated (FieldError naming the field otherwise)."""
+    try:
+        memory = parse_size(body.memory_per_device) if body.memory_per_device is not None else None
+    except InputError as e:
+        raise FieldError("memory_per_device", f"memory_per_device: {e}") from None
     if memory is not None and memory > 2**62:
-        raise InputError(f"memory_per_device {body.memory_per_device!r} is beyond any device")
-    req = validation.resized(SearchRequest.model_validate(job_request), body.devices, memory, body.devices_per_node)
-    req, devices = validation.check(req)
+        raise FieldError("memory_per_device", f"memory_per_device {body.memory_per_device!r} is beyond any device")
+    # the job's other fields were valid when it was submitted: what fails now is the new device count
+    # (or the node size that goes with it)
+    field = "devices_per_node" if body.devices_per_node is not None else "devices"
+    try:
+        req = validation.resized(SearchRequest.model_validate(job_request), body.devices, memory, body.devices_per_node)
+        req, devices = validation.check(req)
+    except FieldError:
+        raise
+    except InputError as e:
+        raise FieldError(field, str(e)) from None
     return req, devices, memory
 
 
@@ -58,7 +69,18 @@ def out(s: Session, r: Resize) -> ResizeOut:
         status = "failed"
     return ResizeOut(id=r.id, job_id=r.job_id, devices=r.devices, memory_per_device=r.memory_per_device,
                      search_id=r.search_id, status=status, error=search.error, current_strategy_id=current,
-                     strategy=strategy, least_memory_bytes=search.least_memory_bytes, created_at=r.created_at)
+                     strategy=strategy, least_memory_bytes=search.least_memory_bytes,
+                     frontier_url=f"/api/jobs/{r.job_id}/resizes/{r.id}/frontier", created_at=r.created_at)
+
+
+def frontier(s: Session, job_id: int, resize_id: int) -> FrontierOut:
+    """The frontier searched for a resize's resources (its device count and memory per device)."""
+    r = get(s, job_id, resize_id)
+    search = searches.get(s, r.search_id, with_summary=True)
+    if search.status != DONE:
+        detail = f": {search.error}" if search.error else ""
+        raise Conflict(f"resize {resize_id} of job {job_id} has no frontier yet: its search is {search.status}{detail}")
+    return jobs.search_frontier(s, search, job_id)
 
 
 def is_settled(s: Session, r: Resize) -> bool:

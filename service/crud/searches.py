@@ -55,12 +55,14 @@ def strategies(s: Session, search_id: int) -> list[Strategy]:
     return list(s.scalars(q))
 
 
-def strategies_with_mfu(s: Session, search_id: int) -> list[tuple[Strategy, float | None]]:
+def strategies_with_mfu(s: Session, search_id: int, *, with_plans: bool = False) -> list[tuple[Strategy, float | None]]:
     """As `strategies`, each with its plan's predicted MFU (read from the stored plan's JSON in the
-    database, without loading the plans; None for plans stored before they recorded it)."""
+    database, without loading the plans unless `with_plans`; None for plans stored before they recorded it)."""
     mfu = Strategy.plan[("predicted", "mfu")].as_float()
     q = (select(Strategy, mfu).where(Strategy.search_id == search_id)
          .order_by(Strategy.kind.desc(), Strategy.idx))
+    if with_plans:
+        q = q.options(undefer(Strategy.plan))
     return [(st, m) for st, m in s.execute(q).all()]
 
 

@@ -224,13 +224,25 @@ BAD_INPUT = {
     "missing hf config": ["search", "--hf-config", "nonexistent-config.json", "--devices", "4"],
     "zero global batch": ["search", "--model", "gpt2-tiny", "--devices", "4", "--global-batch", "0"],
     "json into missing directory": [*TINY_SEARCH, "--json", "no/such/dir/out.json"],
+    "json into a directory": [*TINY_SEARCH, "--json", "outdir/"],
+    "hf config with negative layers": ["search", "--hf-config", "neg-layers.json", "--devices", "2", "--device", "cpu"],
+    "hf config heads not dividing the width": ["search", "--hf-config", "bad-heads.json", "--devices", "2"],
+    "hf config unknown model_type": ["search", "--hf-config", "unknown-type.json", "--devices", "2"],
 }
+
+# real architectures with one field wrong (vocab and token ids consistent, so transformers warns of nothing)
+GPT2_SMALL = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128, "vocab_size": 128,
+              "bos_token_id": 0, "eos_token_id": 0}
 
 
 @pytest.fixture
 def bad_files(tmp_path, monkeypatch):
     (tmp_path / "malformed.json").write_text('{"format": "paretoplan.graph/1", "ops": [')
     (tmp_path / "cycle.json").write_text(json.dumps(_cycle_graph()))
+    (tmp_path / "outdir").mkdir()
+    (tmp_path / "neg-layers.json").write_text(json.dumps({**GPT2_SMALL, "n_layer": -3}))
+    (tmp_path / "bad-heads.json").write_text(json.dumps({**GPT2_SMALL, "n_embd": 100, "n_head": 3}))
+    (tmp_path / "unknown-type.json").write_text(json.dumps({**GPT2_SMALL, "model_type": "gtp2"}))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -260,6 +272,10 @@ def test_bad_input_messages_say_what_is_wrong(bad_files, capsys):
         "cyclic graph": "cycle",
         "missing hf config": "nonexistent-config.json",
         "zero global batch": "--global-batch",
+        "json into a directory": "it is a directory",  # said before the search, not after it
+        "hf config with negative layers": "n_layer must be a positive integer, got -3",
+        "hf config heads not dividing the width": "n_head (3) must divide n_embd (100)",
+        "hf config unknown model_type": "model_type 'gtp2' is not a model type transformers",
     }
     for name, needle in expect.items():
         assert main(BAD_INPUT[name]) == 2
@@ -354,3 +370,35 @@ def test_baselines_beside_the_frontier(tiny, tiny_doc):
         p = frontier[vs["faster_point"]]
         assert p["memory_bytes"] <= b["memory_bytes"] + 2 and p["time_s"] <= b["time_s"] * (1 + 1e-9)
         assert b["name"] in proc.stdout
+
+
+def test_one_default_space_and_its_opt_outs():
+    """Pipelines and gradient accumulation are searched unless the user opts out; `--pipeline`
+    (the old opt-in) is still accepted and changes nothing; REST takes the same defaults."""
+    from paretoplan.cli import _parser, _request
+    from search import SearchRequest
+
+    def req(*flags: str) -> SearchRequest:
+        return _request(_parser().parse_args([*TINY_SEARCH, *flags]))
+
+    assert req().pipeline and req().grad_accumulation
+    assert req("--pipeline").model_dump() == req().model_dump()
+    assert not req("--no-pipeline").pipeline and req("--no-pipeline").grad_accumulation
+    assert not req("--no-accumulation").grad_accumulation and req("--no-accumulation").pipeline
+    body = SearchRequest(model="gpt2-tiny")
+    assert body.pipeline and body.grad_accumulation
+
+
+def test_default_search_has_accumulation_and_pipelines_in_its_stats(capsys, tmp_path):
+    """A default search of a model with a stack runs the stage search (pipelines and
+    accumulation); --no-pipeline keeps accumulation only."""
+    out = tmp_path / "f.json"
+    argv = ["search", "--model", "gpt2", "--devices", "4", "--device", "h100-80gb", "--global-batch", "8",
+            "--no-baselines", "--json", str(out)]
+    assert main(argv) == 0
+    stats = json.loads(out.read_text())["stats"]
+    assert stats["pipeline"] and stats["accumulate"] and stats["pipeline_shapes_tried"] > 0
+    assert main([*argv, "--no-pipeline"]) == 0
+    stats = json.loads(out.read_text())["stats"]
+    assert not stats["pipeline"] and stats["accumulate"]
+    capsys.readouterr()

@@ -146,12 +146,12 @@ def test_select_launch_and_run_protocol(databases, backend, tiny_report):
         t = claim(c, "w1")
         assert post_result(c, t, tiny_report).status_code == 200
         fr = c.get(f"/api/jobs/{job['id']}/frontier").json()
-        assert fr["feasible"] and fr["picked_strategy_id"] == fr["points"][fr["picked_index"]]["id"]
-        times = [p["time_s"] for p in fr["points"]]
-        mems = [p["memory_bytes"] for p in fr["points"]]
+        assert fr["feasible"] and fr["picked_strategy_id"] == fr["frontier"][fr["picked"]]["id"]
+        times = [p["time_s"] for p in fr["frontier"]]
+        mems = [p["memory_bytes"] for p in fr["frontier"]]
         assert times == sorted(times) and all(a >= b for a, b in zip(mems, mems[1:], strict=False))
         assert fr["baselines"] and all(b["name"] for b in fr["baselines"])
-        last = fr["points"][-1]
+        last = fr["frontier"][-1]
         st = c.get(f"/api/strategies/{last['id']}").json()
         assert st["plan"]["mesh"]["axes"] and st["time_s"] == last["time_s"] and st["kind"] == "frontier"
 
@@ -202,8 +202,8 @@ def test_a_forged_or_malformed_report_is_refused_and_nothing_is_stored(databases
         assert post_result(c, t, tiny_report).status_code == 200
 
         fr = c.get(f"/api/jobs/{job['id']}/frontier").json()
-        plans = [c.get(f"/api/strategies/{p['id']}").json()["plan"] for p in fr["points"][:2]]
-        run = c.post(f"/api/jobs/{job['id']}/launch", json={"strategy_id": fr["points"][0]["id"], "steps": 4}).json()
+        plans = [c.get(f"/api/strategies/{p['id']}").json()["plan"] for p in fr["frontier"][:2]]
+        run = c.post(f"/api/jobs/{job['id']}/launch", json={"strategy_id": fr["frontier"][0]["id"], "steps": 4}).json()
         task = claim(c, "gpu-node", kinds=("run",))
         good = run_report(plans[0], 4)
         before = count_rows(c.db_url)
@@ -238,7 +238,7 @@ def test_identical_request_is_answered_from_the_stored_frontier(databases, backe
         assert claim(c, "w1") is None
         a = c.get(f"/api/jobs/{first['id']}/frontier").json()
         b = c.get(f"/api/jobs/{second['id']}/frontier").json()
-        assert a["points"] == b["points"] and b["job_id"] == second["id"]
+        assert a["frontier"] == b["frontier"] and b["job_id"] == second["id"]
         assert query(c.db_url, "SELECT count(*), max(attempts) FROM searches") == [(1, 1)]
         assert submit(c, memory_budget="1GiB")["search_id"] != first["search_id"]
 
@@ -264,8 +264,19 @@ def test_device_counts_search_ahead_and_resize_is_answered_at_once(databases, ba
         t = claim(c, "w1")
         assert t["request"]["devices"] == 8 and t["request"]["global_batch"] == 8
         assert t["request"]["memory_budget"] == 2**30
+        assert c.get(r.json()["frontier_url"]).status_code == 409  # its search has not run yet
         post_result(c, t, tiny_report)
-        assert c.get(loc).json()["status"] == "ready"
+        ready = c.get(loc).json()
+        assert ready["status"] == "ready"
+        # every frontier the job has is served by URL: its own, the one searched ahead, the resize's
+        by_url = c.get(ready["frontier_url"]).json()
+        by_count = c.get(f"/api/jobs/{job['id']}/frontier", params={"devices": 8}).json()
+        assert by_url["search_id"] == by_count["search_id"] == ready["search_id"]
+        assert by_url["frontier"][by_url["picked"]]["id"] == ready["strategy"]["id"]
+        assert c.get(f"/api/jobs/{job['id']}/frontier", params={"devices": 4}).json()["search_id"] \
+            == job["alternates"][0]["search_id"]
+        missing = c.get(f"/api/jobs/{job['id']}/frontier", params={"devices": 5})
+        assert missing.status_code == 404 and "it has: 2, 4, 8" in missing.json()["detail"]
         r = c.post(f"/api/jobs/{job['id']}/resize", json={"devices": 3, "devices_per_node": 2})
         assert r.status_code == 422 and "multiple" in r.json()["detail"]
 
@@ -358,3 +369,74 @@ def test_a_batch_no_mesh_splits_is_refused_at_submission(databases, backend):
         r = c.post("/api/jobs", json={**TINY, "global_batch": 3})
         assert r.status_code == 422 and "global_batch 3 does not split over any data-parallel size" in r.text
         assert count_rows(c.db_url) == before
+
+
+def test_rest_frontier_has_the_cli_shape(databases, backend, tiny_report):
+    """One vocabulary: the served frontier carries every field of `paretoplan search --json` under the
+    same name (`frontier`, `picked`, each point's time_s/memory_bytes/mfu/plan); REST only adds fields."""
+    cli = json.loads(tiny_report)  # what run_search reports is what `search --json` writes
+    with app_client(databases, backend) as c:
+        job = submit(c)
+        post_result(c, claim(c, "w1"), tiny_report)
+        fr = c.get(f"/api/jobs/{job['id']}/frontier", params={"plans": "true"}).json()
+        assert set(cli) <= set(fr), set(cli) - set(fr)
+        assert fr["picked"] == cli["picked"] and len(fr["frontier"]) == len(cli["frontier"])
+        for served, written in zip(fr["frontier"], cli["frontier"], strict=True):
+            assert set(written) <= set(served), set(written) - set(served)
+            assert {k: served[k] for k in written} == written
+        for served, written in zip(fr["baselines"], cli["baselines"], strict=True):
+            assert set(written) <= set(served) and served["plan"] == written["plan"]
+        lean = c.get(f"/api/jobs/{job['id']}/frontier").json()  # without ?plans the plans stay by id
+        assert all(p["plan"] is None for p in lean["frontier"]) and lean["picked"] == cli["picked"]
+
+
+GPT2_SMALL = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128, "vocab_size": 128}
+
+
+@pytest.mark.parametrize(("change", "field", "words"), [
+    ({"n_layer": -3}, "hf_config.n_layer", "must be a positive integer, got -3"),
+    ({"n_embd": 0}, "hf_config.n_embd", "must be a positive integer, got 0"),
+    ({"n_embd": 100, "n_head": 3}, "hf_config.n_head", "must divide n_embd (100)"),
+    ({"model_type": "gtp2"}, "hf_config.model_type", "is not a model type transformers"),
+    ({"model_type": ""}, "hf_config.model_type", "is missing"),
+    ({"model_type": "llama", "num_key_value_heads": 3}, "hf_config.num_key_value_heads", "must divide"),
+    ({"model_type": "t5"}, "hf_config.model_type", "cannot be captured"),
+], ids=["negative layers", "zero width", "heads not dividing the width", "unknown model_type", "no model_type",
+        "kv heads not dividing the heads", "not a trainable head capture supports"])
+def test_a_bad_hf_config_is_a_422_naming_its_field_and_stores_nothing(client, change, field, words):
+    before = count_rows(client.db_url)
+    cfg = {**GPT2_SMALL, **change}
+    if cfg["model_type"] == "llama":
+        cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+               "intermediate_size": 128, "vocab_size": 128, **change}
+    r = client.post("/api/jobs", json={"hf_config": cfg, "device": "cpu", "devices": 2})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert detail.startswith(field) and words in detail, detail
+    assert count_rows(client.db_url) == before
+
+
+def test_a_resize_error_names_its_field(client, tiny_report):
+    job = submit(client, global_batch=8)
+    post_result(client, claim(client, "w1"), tiny_report)
+    bad_devices = client.post(f"/api/jobs/{job['id']}/resize", json={"devices": 3})
+    assert bad_devices.status_code == 422 and bad_devices.json()["errors"][0]["loc"] == ["body", "devices"]
+    assert "size" in bad_devices.json()["detail"]  # the words alone would have pointed at memory
+    bad_memory = client.post(f"/api/jobs/{job['id']}/resize", json={"devices": 4, "memory_per_device": "lots"})
+    assert bad_memory.status_code == 422 and bad_memory.json()["errors"][0]["loc"] == ["body", "memory_per_device"]
+    assert "lots" in bad_memory.json()["detail"]
+
+
+def test_a_strategy_says_whether_this_machine_can_run_it(client, tiny_report):
+    from service.host import launch_blocker
+
+    job = submit(client)
+    post_result(client, claim(client, "w1"), tiny_report)
+    fr = client.get(f"/api/jobs/{job['id']}/frontier").json()
+    st = client.get(f"/api/strategies/{fr['frontier'][0]['id']}").json()
+    assert st["launchable_here"] is True and st["not_launchable_reason"] is None  # 2 CPU processes of gpt2-tiny
+    plan = st["plan"]
+    assert "processes" in launch_blocker({**plan, "num_devices": 100_000}) or "GPUs" in launch_blocker(
+        {**plan, "num_devices": 100_000})
+    assert "not in the zoo" in launch_blocker({**plan, "model": "hf:gpt2:mine"})
+    assert "2BW" in launch_blocker({**plan, "async_weights": True})

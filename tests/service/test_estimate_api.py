@@ -68,14 +68,14 @@ def test_against_the_jobs_stored_frontier(done_job):
     r = c.post("/api/estimate", json={**JOB, "job_id": c.job["id"], "tp": 2, "micro_batch": 4})  # dp 1, m 2
     assert r.status_code == 200, r.text
     a = r.json()["against_frontier"]
-    assert a["points"] == len(fr["points"])
+    assert a["points"] == len(fr["frontier"])
     e = r.json()
     if a["dominated_by"] is not None:
-        p = fr["points"][a["dominated_by"]]
+        p = fr["frontier"][a["dominated_by"]]
         assert p["time_s"] <= e["time_s"] * (1 + 1e-9) and p["memory_bytes"] <= e["memory_bytes"] * (1 + 1e-9)
         assert f"dominated by #{a['dominated_by']}" in a["message"]
     if a["faster_point"] is not None:
-        assert a["speedup"] == pytest.approx(e["time_s"] / fr["points"][a["faster_point"]]["time_s"])
+        assert a["speedup"] == pytest.approx(e["time_s"] / fr["frontier"][a["faster_point"]]["time_s"])
 
 
 def test_a_plan_for_another_job_is_refused(done_job):
@@ -89,7 +89,7 @@ def test_frontier_points_carry_mfu_and_how_sure(done_job):
     fr = c.get(f"/api/jobs/{c.job['id']}/frontier").json()
     assert fr["confidence"]["priced_from"] == "catalog"
     assert "paretoplan profile" in fr["confidence"]["message"]
-    for p in fr["points"][:3] + fr["baselines"][:2]:
+    for p in fr["frontier"][:3] + fr["baselines"][:2]:
         plan = c.get(f"/api/strategies/{p['id']}").json()["plan"]
         assert p["mfu"] == pytest.approx(plan["predicted"]["mfu"], rel=1e-12) and p["mfu"] > 0
 

@@ -26,7 +26,7 @@ def test_a_job_is_searched_in_the_background_and_its_frontier_served(live, http)
     assert job["status"] == "done" and job["feasible"] is True and job["frontier_size"] > 1
     fr = http.get(f"/api/jobs/{job['id']}/frontier").json()
     assert fr["model"] == "gpt2-tiny" and fr["num_devices"] == 2 and fr["job"]["global_batch"] == 6
-    assert len(fr["points"]) == job["frontier_size"] and fr["picked_strategy_id"] == job["picked_strategy_id"]
+    assert len(fr["frontier"]) == job["frontier_size"] and fr["picked_strategy_id"] == job["picked_strategy_id"]
     plan = http.get(f"/api/strategies/{job['picked_strategy_id']}").json()["plan"]
     assert plan["num_devices"] == 2 and plan["global_batch"] == 6 and plan["model"] == "gpt2-tiny"
     # the stream of a finished search replays its events and ends
@@ -53,18 +53,19 @@ def test_the_stream_follows_a_search_while_it_runs(live, http):
     assert http.get(f"/api/jobs/{job['id']}").json()["status"] == "done"
 
 
-def test_hf_config_jobs_and_errors_only_the_search_can_find(live, http):
+def test_hf_config_jobs_and_a_bad_config_is_refused_on_submit(live, http):
     cfg = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 64}
     ok = http.post("/api/jobs", json={"hf_config": cfg, "name": "tiny-hf", "device": "cpu", "devices": 2})
+    searches_before = query(live.db_url, "SELECT count(*) FROM searches")
     bad = http.post("/api/jobs", json={"hf_config": {"model_type": "no-such-architecture"}, "device": "cpu",
                                        "devices": 2})
-    assert ok.status_code == 201 and bad.status_code == 201
+    assert ok.status_code == 201
+    # refused at once with the field named, not queued to fail later in the worker
+    assert bad.status_code == 422 and "hf_config.model_type 'no-such-architecture'" in bad.json()["detail"]
+    assert len(bad.json()["detail"]) < 400
+    assert query(live.db_url, "SELECT count(*) FROM searches") == searches_before
     done = wait_job(http, ok.json()["id"])
     assert done["status"] == "done" and done["name"] == "tiny-hf", done
-    failed = wait_job(http, bad.json()["id"])
-    assert failed["status"] == "failed" and "no-such-architecture" in failed["error"]
-    assert query(live.db_url, "SELECT error_kind, attempts FROM searches WHERE id = :i", i=failed["search_id"]) \
-        == [("input", 1)]
 
 
 def test_graph_upload(live, http):

@@ -148,19 +148,19 @@ def test_submit_watch_click_launch_with_the_mouse(web, service, http, shot):
     job = wait_job(http, job_id)
     assert job["status"] == "done" and job["request"]["global_batch"] == 8 and job["request"]["device"] == "cpu"
     fr = http.get(f"/api/jobs/{job_id}/frontier").json()
-    wait_chart(page, len(fr["points"]))
+    wait_chart(page, len(fr["frontier"]))
     assert page.inner_text("#job-status") == "done"
     names = page.evaluate("document.getElementById('chart').data.map(t => t.name)")
     assert names[0] == "2 devices: frontier"
     assert [f"baseline: {b['name']}" for b in fr["baselines"]] == [n for n in names if n.startswith("baseline: ")]
-    assert page.locator("#points-table tbody tr").count() == len(fr["points"]) + len(fr["baselines"])
+    assert page.locator("#points-table tbody tr").count() == len(fr["frontier"]) + len(fr["baselines"])
     assert "device memory" in page.inner_text("#chart")  # the device's memory is drawn (or named at the edge)
     assert page.locator(f'#job-list a[data-job="{job_id}"][aria-current="page"]').count() == 1
     shot(page, "frontier", full_page=True)
 
     # hover, then click the fastest plan within the budget (a plan the CPU executor runs)
     target = fr["picked_strategy_id"]
-    summary = next(p["summary"] for p in fr["points"] if p["id"] == target)
+    summary = next(p["summary"] for p in fr["frontier"] if p["id"] == target)
     x, y = point_centre(page, target)
     page.mouse.move(x, y)
     page.wait_for_selector("#chart .hoverlayer .hovertext")
@@ -217,14 +217,14 @@ def test_the_same_with_the_keyboard_through_the_table(web, http, shot):
     job = wait_job(http, job_id)
     assert job["status"] == "done" and job["request"]["global_batch"] == 4 and job["devices"] == 2
     fr = http.get(f"/api/jobs/{job_id}/frontier").json()
-    wait_chart(page, len(fr["points"]))
+    wait_chart(page, len(fr["frontier"]))
 
     # sort by memory from its column header, then into the table
     tab_until(page, "el.closest('th') && el.textContent.startsWith('peak memory')")
     page.keyboard.press("Enter")
     assert page.get_attribute('#points-table th[data-key="memory_bytes"]', "aria-sort") == "ascending"
     ids = [int(i) for i in page.eval_on_selector_all("#points-table tbody tr", "rs => rs.map(r => r.dataset.id)")]
-    mem = {p["id"]: p["memory_bytes"] for p in fr["points"] + fr["baselines"]}
+    mem = {p["id"]: p["memory_bytes"] for p in fr["frontier"] + fr["baselines"]}
     assert [mem[i] for i in ids] == sorted(mem[i] for i in ids)
     tab_until(page, "el.matches('#points-table tbody tr')")
     first = int(page.evaluate("document.activeElement.dataset.id"))
@@ -356,14 +356,14 @@ def test_upload_an_hf_config(web, http, shot):
 def test_a_link_opens_the_job_and_its_plan_and_resize_shows_the_target(web, http, shot):
     job = wait_job(http, http.post("/api/jobs", json={**TINY, "global_batch": 16}).json()["id"])
     fr = http.get(f"/api/jobs/{job['id']}/frontier").json()
-    point = fr["points"][len(fr["points"]) // 2]["id"]
+    point = fr["frontier"][len(fr["frontier"]) // 2]["id"]
     page = web.page
     page.goto(f"/?job={job['id']}&point={point}")
-    wait_chart(page, len(fr["points"]))
+    wait_chart(page, len(fr["frontier"]))
     check_panel(page, http, point)
     shot(page, "deep-link")
     page.goto(f"/#job={job['id']}")
-    wait_chart(page, len(fr["points"]))
+    wait_chart(page, len(fr["frontier"]))
     assert page.is_hidden("#panel")
 
     # bad resize input: the API's message next to the field
@@ -406,7 +406,7 @@ def test_a_link_opens_the_job_and_its_plan_and_resize_shows_the_target(web, http
     page.wait_for_selector("#empty:not([hidden])")
     page.go_back()  # to the job, by the #job= form of its address
     page.wait_for_function(f"document.getElementById('job-title').textContent.startsWith('Job #{job['id']}')")
-    wait_chart(page, len(fr["points"]))
+    wait_chart(page, len(fr["frontier"]))
     assert web.errors == []
 
 
@@ -464,13 +464,13 @@ def test_one_colour_per_device_count(web, http, shot):
     traces = page.evaluate("document.getElementById('chart').data.filter(t => t.name.endsWith('devices: frontier'))"
                            ".map(t => [t.name, t.marker.color, t.x.length])")
     assert [t[0] for t in traces] == ["2 devices: frontier", "4 devices: frontier"]
-    assert traces[0][1] != traces[1][1] and traces[1][2] == len(alt["points"])
+    assert traces[0][1] != traces[1][1] and traces[1][2] == len(alt["frontier"])
     fours = page.eval_on_selector_all("#points-table tbody tr", "rs => rs.filter(r => r.cells[1].textContent === '4').length")
-    assert fours == len(alt["points"])
+    assert fours == len(alt["frontier"])
     assert "4 devices: done" in page.inner_text("#alternates")
     shot(page, "two-device-counts")
     # a 4-device point opens like any other, compared with its own neighbours
-    target = alt["points"][0]["id"]
+    target = alt["frontier"][0]["id"]
     x, y = point_centre(page, target)
     page.mouse.click(x, y)
     check_panel(page, http, target, baselines=False)  # the baselines were planned for 2 devices
@@ -489,7 +489,7 @@ def test_your_config_is_priced_and_drawn_against_the_frontier(web, http, shot):
     assert wait_job(http, job_id)["status"] == "done"
     fr = http.get(f"/api/jobs/{job_id}/frontier").json()
     page.goto(f"/?job={job_id}")
-    wait_chart(page, len(fr["points"]))
+    wait_chart(page, len(fr["frontier"]))
     assert "priced from the catalog" in page.inner_text("#confidence")
     page.fill("#e-tp", "2")
     page.fill("#e-pp", "2")

@@ -37,7 +37,7 @@ def test_search_offers_one_role_per_axis():
 @pytest.mark.parametrize(("model", "devices"), [("gpt2-tiny", 2), ("gpt2-tiny", 8), ("llama-tiny", 4),
                                                ("llama-tiny", 8), ("cnn-tiny", 8)])
 def test_every_frontier_plan_is_executable(model, devices):
-    """DESIGN.md 3: every configuration the search offers runs as planned. Before axes had roles
+    """docs/design.md, Strategy space: every configuration the search offers runs as planned. Before axes had roles
     and tensors one conversion for all their readers, 40 of gpt2-tiny@4's 43 plans were refused."""
     o = run_search(SearchRequest(model=model, device="cpu", devices=devices, devices_per_node=devices,
                                  global_batch=16, precision="fp32", pipeline=True))

@@ -15,10 +15,10 @@ router = APIRouter(prefix="/api", tags=["catalog"], route_class=StrictJSONRoute)
 
 @cache
 def _models() -> list[ModelOut]:
-    from search.models.zoo import ZOO
+    # the committed index, read once: counting the zoo's parameters builds every model (seconds)
+    from search.models import zoo_index
 
-    return [ModelOut(name=n, family=s.family, kind=s.kind, params=s.param_count(), default_seq_len=s.default_seq_len,
-                     description=s.description) for n, s in ZOO.items()]
+    return [ModelOut.model_validate(m) for m in zoo_index.load()]
 
 
 @router.get("/models", response_model=list[ModelOut], summary="The model zoo with parameter counts")

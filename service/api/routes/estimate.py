@@ -32,7 +32,7 @@ def post_estimate(body: EstimateIn, db: DB) -> Estimate:
                 raise InputError("give either profile or profile_id, not both")
             profile = profiles.document(s, body.profile_id)
         frontier = jobs.frontier(s, body.job_id) if body.job_id is not None else None
-    est = estimate(body.estimate_request(profile), frontier.points if frontier is not None else None, via="api")
+    est = estimate(body.estimate_request(profile), frontier.frontier if frontier is not None else None, via="api")
     if frontier is not None:
         same_job(frontier, est.plan, f"job {body.job_id}'s frontier")
     return est

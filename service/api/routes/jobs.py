@@ -83,10 +83,13 @@ def get_job(job_id: JobId, db: DB) -> JobDetail:
             summary="The Pareto points (plans by strategy id) and the baselines")
 def get_frontier(job_id: JobId, db: DB,
                  devices: Annotated[int | None, Query(gt=0, le=1_000_000,
-                                                      description="one of the job's device_counts")] = None
+                                                      description="another device count the job has a search for: one of "
+                                                                  "its device_counts, or a resize's")] = None,
+                 plans: Annotated[bool, Query(description="inline every point's full Plan, as "
+                                                          "`paretoplan search --json` does")] = False,
                  ) -> FrontierOut:
     with db.session() as s:
-        return jobs.frontier(s, job_id, devices)
+        return jobs.frontier(s, job_id, devices, plans=plans)
 
 
 def _job_exists(job_id: JobId, db: DB) -> int:
@@ -172,6 +175,13 @@ async def resize(job_id: JobId, body: ResizeIn, db: DB, settings: Config,
 
     resize_id = await run_in_threadpool(record)
     return await _resize_answer(db, resize_id, job_id, min(wait, settings.resize_wait_max_seconds))
+
+
+@router.get("/{job_id}/resizes/{resize_id}/frontier", response_model=FrontierOut, responses=ERRORS,
+            summary="The frontier searched for a resize's resources")
+def get_resize_frontier(job_id: JobId, resize_id: ResizeId, db: DB) -> FrontierOut:
+    with db.session() as s:
+        return resizes.frontier(s, job_id, resize_id)
 
 
 @router.get("/{job_id}/resizes/{resize_id}", response_model=ResizeOut, responses={**ERRORS, 202: {"model": ResizeOut}},

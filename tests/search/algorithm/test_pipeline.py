@@ -61,6 +61,54 @@ def test_pipeline_dp_equals_exhaustive(devices):
         assert same_frontier(sols[0].root.t, sols[0].root.m, t, m), sh.describe()
 
 
+@pytest.mark.parametrize("devices", [2, 4])
+def test_accumulation_dp_equals_exhaustive(devices):
+    """Gradient accumulation is the one-stage pipeline: for every ZeRO stage and micro-batch count
+    the stage search gives exactly the exhaustive frontier of its shape."""
+    g = stack(3, batch=JOB.global_batch)
+    cl = make_cluster("h100-80gb", devices)
+    shapes = pipeline_shapes(cl, JOB, 3, (0, 1, 2, 3), pipelines=False, accumulate=True)
+    assert shapes and all(sh.stages == 1 and sh.micro_batches >= 2 for sh in shapes)
+    assert {sh.zero for sh in shapes} == {0, 1, 2, 3}  # unlike a pipeline, every ZeRO stage accumulates
+    picked = {}
+    for sh in shapes:  # per ZeRO stage the fewest and the most micro-batches: keeps it quick
+        picked.setdefault((sh.zero, "few"), sh)
+        picked[(sh.zero, "many")] = sh
+    for sh in picked.values():
+        sols = search_pipelines(g, cl, JOB, (0, 1, 2, 3), shapes=[sh])
+        t, m = exhaustive_pipeline(g, cl, JOB, sh)
+        assert sols, sh.describe()
+        assert same_frontier(sols[0].root.t, sols[0].root.m, t, m), sh.describe()
+
+
+def test_accumulation_holds_one_micro_batch():
+    """Accumulating over m micro-batches keeps one micro-batch's activations: the leanest plan
+    needs less memory than the leanest plan that runs the whole per-rank batch at once."""
+    g = stack(3, batch=JOB.global_batch)
+    cl = make_cluster("h100-80gb", 2)
+    flat = search(g, cl, JOB)
+    acc = search(g, cl, JOB, SearchOptions(accumulate=True))
+    assert min(p.memory_bytes for p in acc.points) < min(p.memory_bytes for p in flat.points)
+    sols = [acc.solutions[p.mesh_index] for p in acc.points]
+    assert any(s.pipeline is not None and s.pipeline.stages == 1 and s.pipeline.micro_batches > 1 for s in sols)
+    assert min(acc.points, key=lambda p: p.memory_bytes).stages == (3,)
+
+
+def test_shapes_reach_micro_batches_of_one_and_a_stage_per_layer():
+    """Megatron-LM's own plans live here: micro-batches of one sample (m = the per-rank batch),
+    and as many stages as layers."""
+    cl = make_cluster("h100-80gb", 16)
+    job = TrainingJob(global_batch=64, seq_len=None)
+    shapes = pipeline_shapes(cl, job, 16, (0, 1))
+    assert max(sh.stages for sh in shapes) == 16
+    for sh in shapes:
+        dp = sh.mesh.num_devices // sh.stages // sh.mesh.axes[-1].size
+        assert sh.micro_batches >= sh.stages and (job.global_batch // dp) % sh.micro_batches == 0
+    # pp 4 x dp 2 x tp 2: per-rank batch 32, micro-batches of 1 to 8 samples
+    got = {sh.micro_batches for sh in shapes if sh.stages == 4 and sh.mesh.axes[-1].size == 2}
+    assert got == {4, 8, 16, 32}
+
+
 @pytest.mark.slow  # re-costs every pipeline point of a 6-layer stack: ~5 s
 def test_every_pipeline_point_recosts_to_itself():
     g = stack(6, batch=32)
@@ -167,3 +215,119 @@ def search_mesh(cl):
     from search.prices.mesh import mesh_candidates
 
     return mesh_candidates(cl)[0]
+
+
+@pytest.mark.parametrize("devices,layers", [(4, 6), (8, 8)])
+def test_shape_bounds_and_stage_pruning_keep_the_frontier_exact(devices, layers):
+    """Skipping whole shapes on their bounds, taking the end stages first and dropping partial
+    splits with the rest's lookahead only remove plans that cannot win: the default space's
+    frontier (pipelines and accumulation) is the same with pruning on and off."""
+    g = stack(layers, batch=32)
+    cl = make_cluster("h100-80gb", devices)
+    job = TrainingJob(global_batch=32, seq_len=None)
+    on = search(g, cl, job, SearchOptions(pipeline=True, accumulate=True))
+    off = search(g, cl, job, SearchOptions(pipeline=True, accumulate=True, prune=False))
+    assert on.stats["pipeline_shapes_tried"] == off.stats["pipeline_shapes_tried"] > 10
+    t1, m1 = [p.time_s for p in on.points], [p.memory_bytes for p in on.points]
+    t2, m2 = [p.time_s for p in off.points], [p.memory_bytes for p in off.points]
+    assert same_frontier(t1, m1, t2, m2)
+    assert any(p.stages is not None and len(p.stages) > 1 for p in on.points)  # pipelines reach it
+
+
+def test_every_shape_lies_inside_its_bound():
+    """`shape_bound` is a lower bound: every point of every shape's complete frontier (solved with
+    no pruning) is at least as slow and as large as the bound, and above each of its lines."""
+    from search.algorithm.chain import find_chain
+    from search.algorithm.evaluate import mesh_costs
+    from search.algorithm.pipeline import shape_bound, solve_shape
+    from search.prices.costmodel import CostModel
+    from search.prices.mesh import Mesh
+
+    g = stack(6, batch=32)
+    cl = make_cluster("h100-80gb", 8)
+    job = TrainingJob(global_batch=32, seq_len=None)
+    lams = np.array([1e-12, 1e-10, 1e-9, 1e-8])  # seconds per byte, around this stack's trade-offs
+    shapes = pipeline_shapes(cl, job, 6, (0, 1, 2, 3), accumulate=True)
+    assert {sh.stages for sh in shapes} == {1, 2, 4}
+    checked = 0
+    for sh in shapes:
+        mg = micro_batch_graph(g, sh.micro_batches)
+        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
+        chain = find_chain(mg)
+        sol = solve_shape(mg, cm, sh)
+        if sol is None:
+            continue
+        bound = shape_bound(mg, cm, sh, chain, mesh_costs(mg, cm, Mesh(pp=1, axes=sh.mesh.axes), sh.zero, chain), lams)
+        t, m = sol.root.t, sol.root.m
+        tol = 1 - 1e-9
+        assert np.all(t >= bound.t * tol) and np.all(m >= bound.m * tol), sh.describe()
+        assert np.all(t[:, None] + lams[None, :] * m[:, None] >= bound.b[None, :] * tol), sh.describe()
+        checked += 1
+    assert checked > 20
+
+
+def test_a_shape_is_not_pruned_by_plans_slightly_worse_than_its_own():
+    """Known plans a hair slower and larger than a shape's own frontier beat none of its points:
+    with them as the envelope (end-stage bounds, the DP's lookahead, partial-stage pruning all
+    on) the shape still returns its complete frontier."""
+    from search.algorithm.chain import find_chain
+    from search.algorithm.evaluate import mesh_costs
+    from search.algorithm.pipeline import solve_shape
+    from search.prices.costmodel import CostModel
+    from search.prices.mesh import Mesh
+
+    g = stack(6, batch=32)
+    cl = make_cluster("h100-80gb", 8)
+    job = TrainingJob(global_batch=32, seq_len=None)
+    checked = 0
+    for sh in pipeline_shapes(cl, job, 6, (0, 1, 2, 3), accumulate=True):
+        mg = micro_batch_graph(g, sh.micro_batches)
+        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
+        full = solve_shape(mg, cm, sh)
+        if full is None:
+            continue
+        chain = find_chain(mg)
+        base = mesh_costs(mg, cm, Mesh(pp=1, axes=sh.mesh.axes), sh.zero, chain)
+        near = (full.root.t * (1 + 1e-6), full.root.m * (1 + 1e-6))
+        pruned = solve_shape(mg, cm, sh, envelope=near, chain=chain, base=base)
+        assert pruned is not None, sh.describe()
+        assert same_frontier(pruned.root.t, pruned.root.m, full.root.t, full.root.m), sh.describe()
+        checked += 1
+    assert checked > 20
+
+
+def test_every_shape_lies_inside_its_end_stage_bounds():
+    """`ends_bounds` (from the first and last stage's frontiers, and from the last stage's
+    weights standing in for the first's) holds every point of the shape's complete frontier
+    through that boundary layout."""
+    from search.algorithm.evaluate import pipe_tables, stage_weights
+    from search.algorithm.pipeline import _Envelope, _Stages, ends_bounds, solve_shape
+    from search.prices.costmodel import CostModel
+
+    g = stack(6, batch=32)
+    cl = make_cluster("h100-80gb", 8)
+    job = TrainingJob(global_batch=32, seq_len=None)
+    lams = np.array([1e-12, 1e-10, 1e-9, 1e-8])
+    checked = 0
+    for sh in pipeline_shapes(cl, job, 6, (0, 1), accumulate=True):
+        mg = micro_batch_graph(g, sh.micro_batches)
+        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
+        sol = solve_shape(mg, cm, sh)
+        tabs = pipe_tables(mg, cm, sh)
+        if sol is None or tabs is None:
+            continue
+        S = _Stages.build(mg, cm, tabs, 0.0, True, _Envelope(np.zeros(0), np.zeros(0), tabs.buffers))
+        assert S is not None
+        w = stage_weights(sh.stages, sh.micro_batches, sh.schedule)
+        first, last = S.ends[w[0]], S.ends[w[-1]]
+        lean_head = S.solve(w[-1], head=True) if sh.stages > 1 else last
+        assert lean_head is not None
+        for u0, head in ((first.unit, first.head), (last.unit, lean_head.head)):
+            bounds = ends_bounds(tabs, w, u0, head, last.unit, last.tail, lams)
+            b_of = sol.assigns[tabs.chain.boundary]
+            for i, (t, m) in enumerate(zip(sol.root.t, sol.root.m, strict=True)):
+                bd = bounds[int(b_of[i])]
+                assert t >= bd.t * (1 - 1e-9) and m >= bd.m * (1 - 1e-9), sh.describe()
+                assert np.all(t + lams * m >= bd.b * (1 - 1e-9)), sh.describe()
+        checked += 1
+    assert checked > 10

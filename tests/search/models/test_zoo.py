@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -448,8 +449,15 @@ def test_hf_bad_inputs(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="model_type"):
         model_from_hf_config(bad)
     bad.write_text(json.dumps({"model_type": "no-such-model"}))
-    with pytest.raises(InputError, match="invalid"):
+    with pytest.raises(InputError, match="model_type 'no-such-model' is not a model type transformers"):
         model_from_hf_config(bad)
+    # accepted by transformers, refused here: the model would have no layers, or heads of unequal width
+    for fields, words in (({"n_layer": -3}, "n_layer must be a positive integer, got -3"),
+                          ({"n_embd": 100, "n_head": 3}, "n_head (3) must divide n_embd (100)")):
+        bad.write_text(json.dumps({"model_type": "gpt2", "vocab_size": 64, "bos_token_id": 0, "eos_token_id": 0,
+                                   **fields}))
+        with pytest.raises(InputError, match=re.escape(words)):
+            model_from_hf_config(bad)
 
 
 def test_megatron_gpt_runs_attention_as_separate_kernels_with_dropout():

@@ -1,5 +1,5 @@
 """Hand-worked checks of search.prices.costmodel: every expected number below is derived in comments
-from the formulas of DESIGN.md section 4 (alpha-beta collectives, roofline compute, Adam state),
+from the formulas of docs/cost-model.md (alpha-beta collectives, roofline compute, Adam state),
 not read back from the implementation.
 
 Device figures used (h100-80gb catalog entry): bf16 peak 989.4e12 FLOP/s, HBM 3.35e12 B/s,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from search.algorithm.chain import layer_index, recompute_var
-from search.algorithm.evaluate import evaluate, tables
+from search.algorithm.evaluate import Weights, evaluate, tables, weigh_op
 from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, TensorRef
 from search.prices.cluster import Cluster, get_device, make_cluster
 from search.prices.costmodel import (
@@ -107,7 +107,35 @@ def test_zero3_pays_three_collective_latencies_per_unit() -> None:
     share = sync_unit_shares(g)["blocks.0.fc.weight"]
     w = op.params[0].numel * 2
     expected = share * (alpha[1] + 2 * alpha[ALL_GATHER]) + beta[1] * w + 2 * beta[ALL_GATHER] * w
-    assert oc.step[c] - adam_bytes_time(op.params[0].numel / 8) == pytest.approx(expected, rel=1e-9)
+    # ZeRO-3's collectives repeat per micro-batch (outside the step), where ZeRO-0's all-reduce,
+    # after the last micro-batch, is in it: the compute is the same
+    oc0 = cm.op_costs(op, mesh, zero=0)
+    c0 = cfg_with(oc0, ("batch", None))
+    per_micro_batch = (oc.time[c] - oc.step[c]) - (oc0.time[c0] - oc0.step[c0])
+    assert per_micro_batch == pytest.approx(expected, rel=1e-9)
+    assert oc.step[c] == pytest.approx(adam_bytes_time(op.params[0].numel / 8), rel=1e-9)
+
+
+def test_accumulation_syncs_ddp_once_and_repeats_zero3_per_micro_batch() -> None:
+    """Four micro-batches of gradient accumulation: DDP all-reduces once, after the last
+    (no_sync before it); FSDP2's ZeRO-3 gathers and reduce-scatters for every micro-batch."""
+    g = stack(2)
+    cm = catalog(g)
+    mesh = dp(8)
+    op = g.op("blocks.0.fc")
+    extra = {}
+    for zero in (0, 3):
+        oc = cm.op_costs(op, mesh, zero=zero)
+        c = cfg_with(oc, ("batch", None))
+        one, four = weigh_op(oc, Weights(1, 1, 1)), weigh_op(oc, Weights(4, 1, 1))
+        extra[zero] = four.time[c] - one.time[c]  # three more micro-batches
+        per_mb = oc.time[c] - oc.step[c]
+        assert extra[zero] == pytest.approx(3 * per_mb, rel=1e-9)
+    alpha, beta = cm.collective_coefficients(mesh, 0)
+    share = sync_unit_shares(g)["blocks.0.fc.weight"]
+    w = op.params[0].numel * 2
+    zero3_collectives = share * (alpha[1] + 2 * alpha[ALL_GATHER]) + beta[1] * w + 2 * beta[ALL_GATHER] * w
+    assert extra[3] - extra[0] == pytest.approx(3 * zero3_collectives, rel=1e-9)
 
 
 def test_tensor_axis_partial_gradient_pays_a_whole_all_reduce() -> None:
@@ -115,14 +143,20 @@ def test_tensor_axis_partial_gradient_pays_a_whole_all_reduce() -> None:
     its gradient is partial and a hook of its own all-reduces it (a full latency)."""
     x = act(None, ("batch", "seq", "hidden"))
     op = norm("ln", x)
-    g = OpGraph(name="ln", ops=(op,))
+    # a twin reading the same input with the weight tied to ln's: the same compute, no sync
+    twin = norm("ln_tied", x)
+    twin = twin.model_copy(update={"params": (twin.params[0].model_copy(update={"name": "ln.weight", "owner": False}),)})
+    g = OpGraph(name="ln", ops=(op, twin))
     cm = catalog(g)
     mesh = tp(8)
-    oc = cm.op_costs(op, mesh)
-    c = cfg_with(oc, (None, "seq"))
+    oc, ot = cm.op_costs(op, mesh), cm.op_costs(twin, mesh)
+    c, ct = cfg_with(oc, (None, "seq")), cfg_with(ot, (None, "seq"))
     alpha, beta = cm.collective_coefficients(mesh, 1)
     grads = 512 * 2
-    assert oc.step[c] - adam_bytes_time(512) == pytest.approx(alpha[ALL_REDUCE] + beta[ALL_REDUCE] * grads, rel=1e-9)
+    # the hook all-reduces the partial gradient every backward: per micro-batch, not in the step
+    per_micro_batch = (oc.time[c] - oc.step[c]) - (ot.time[ct] - ot.step[ct])
+    assert per_micro_batch == pytest.approx(alpha[ALL_REDUCE] + beta[ALL_REDUCE] * grads, rel=1e-9)
+    assert oc.step[c] == pytest.approx(adam_bytes_time(512), rel=1e-9)
 
 
 # ---- ZeRO-1 as the executor runs it --------------------------------------------------------------

@@ -8,8 +8,14 @@
 import { byteUnit, timeUnit, bytes, seconds, pct, mfu, esc } from "./format.js";
 
 export const PALETTE = ["#2459c6", "#e45756", "#54a24b", "#f58518", "#b279a2", "#72b7b2", "#9d755d", "#eeca3b"];
-const BASELINE_SYMBOLS = ["diamond", "square", "triangle-up", "cross", "pentagon", "hexagon", "triangle-down", "star-square"];
-const LABEL_POS = ["top center", "bottom center", "middle right", "middle left", "top right", "bottom left"];
+// One symbol per baseline, none shared with another baseline or with the marks the chart uses
+// itself (circle: frontier, star: fastest within budget, x: measured, triangle-right: resize
+// target, star-diamond: your config). A frontier with 9 baselines used to draw two diamonds.
+export const BASELINE_SYMBOLS = ["diamond", "square", "triangle-up", "cross", "pentagon", "hexagon", "triangle-down",
+  "star-square", "hourglass", "bowtie", "triangle-left", "hexagram", "diamond-tall", "octagon", "star-triangle-up",
+  "square-x", "diamond-wide", "hexagon2", "asterisk", "y-up"];
+export const OWN_SYMBOLS = ["circle", "circle-open", "star", "x", "triangle-right", "star-diamond"];
+const LABEL_FONT = 11;
 
 const seriesCache = new WeakMap(); // points array -> {key, trace}
 
@@ -56,7 +62,6 @@ export function figure(model) {
   const inside = lines.filter((l) => l.x <= maxMem * near);
   const outside = lines.filter((l) => l.x > maxMem * near);
   const xs = [...mems, ...inside.map((l) => l.x)];
-  const xMax = Math.max(...xs);
   const xu = byteUnit(Math.max(...xs));
   const tu = timeUnit(Math.max(...times, 1e-9));
   const X = (b) => b / xu.scale, Y = (t) => t / tu.scale;
@@ -85,11 +90,12 @@ export function figure(model) {
   }
   model.baselines.forEach((b, i) => {
     traces.push({
-      type: "scatter", mode: "markers+text", name: `baseline: ${b.name}`,
-      x: [X(b.memory_bytes)], y: [Y(b.time_s)], text: [b.name], textposition: b.memory_bytes > 0.85 * xMax ? "top left" : LABEL_POS[i % LABEL_POS.length],
-      textfont: { size: 11, color: "#333" }, cliponaxis: false, customdata: [[b.id, b.name]],
+      type: "scatter", mode: "markers", name: `baseline: ${b.name}`,
+      x: [X(b.memory_bytes)], y: [Y(b.time_s)], cliponaxis: false, customdata: [[b.id, b.name]],
       hovertext: [`${esc(b.summary)}<br>MFU ${mfu(b.mfu)}`],
-      marker: { symbol: BASELINE_SYMBOLS[i % BASELINE_SYMBOLS.length], size: 12, color: "#fff", line: { color: "#333", width: 2 } },
+      // past the list, the same shapes come again with a dot in the middle: still one per baseline
+      marker: { symbol: BASELINE_SYMBOLS[i % BASELINE_SYMBOLS.length] + (i >= BASELINE_SYMBOLS.length ? "-dot" : ""),
+        size: 12, color: "#fff", line: { color: "#333", width: 2 } },
       hovertemplate: `<b>${b.name}</b> (baseline)<br>%{hovertext}<br>time %{y:.4g} ${tu.name} · memory %{x:.4g} ${xu.name}<extra></extra>`,
     });
   });
@@ -108,6 +114,10 @@ export function figure(model) {
     marker: { symbol: "circle-open", size: 22, color: "#111", line: { width: 3, color: "#111" } },
   });
   const annotations = [];
+  // text beside marks, placed by placeLabels so that no two overlap (nor cover a mark)
+  const labels = model.baselines.map((b) => ({ x: X(b.memory_bytes), y: Y(b.time_s), text: b.name, color: "#333", cls: "baseline" }));
+  if (target) labels.push({ x: X(target.memory_bytes), y: Y(target.time_s), text: `→ ${model.resizeTarget.devices} devices`, color: "#7b3fb5", cls: "resize" });
+  if (est) labels.push({ x: X(est.memory_bytes), y: Y(est.time_s), text: "your config", color: "#0a7a5a", cls: "estimate" });
   if (measured.length) {
     const lx = [], ly = [];
     for (const r of measured) {
@@ -126,16 +136,14 @@ export function figure(model) {
     });
     for (const r of measured) {
       const e = runErrors(r);
-      annotations.push({ measured: true, x: X(r.measured.memory_bytes), y: Y(r.measured.time_s),
-        text: `run ${r.id}: time ${pct(e.time)}, memory ${pct(e.memory)}`, showarrow: true, arrowhead: 0, arrowcolor: "#b3261e",
-        font: { size: 11, color: "#b3261e" }, bgcolor: "rgba(255,255,255,.85)" });
+      labels.push({ x: X(r.measured.memory_bytes), y: Y(r.measured.time_s), cls: "measured",
+        text: `run ${r.id}: time ${pct(e.time)}, memory ${pct(e.memory)}`, color: "#b3261e" });
     }
   }
   if (target) {
     traces.push({
-      type: "scatter", mode: "markers+text", name: `resize → ${model.resizeTarget.devices} devices`,
-      x: [X(target.memory_bytes)], y: [Y(target.time_s)], text: [`→ ${model.resizeTarget.devices} dev`],
-      textposition: "middle right", customdata: [[target.id, model.resizeTarget.devices]], hovertext: [target.summary],
+      type: "scatter", mode: "markers", name: `resize → ${model.resizeTarget.devices} devices`,
+      x: [X(target.memory_bytes)], y: [Y(target.time_s)], customdata: [[target.id, model.resizeTarget.devices]], hovertext: [target.summary],
       marker: { symbol: "triangle-right", size: 15, color: "#7b3fb5" },
       hovertemplate: `resize target (${model.resizeTarget.devices} devices)<br>%{hovertext}<extra></extra>`,
     });
@@ -144,9 +152,8 @@ export function figure(model) {
     const a = est.against_frontier;
     const where = a ? esc(a.message) : "no frontier to compare with";
     traces.push({
-      type: "scatter", mode: "markers+text", name: "your config",
-      x: [X(est.memory_bytes)], y: [Y(est.time_s)], text: ["your config"], textposition: "bottom center",
-      textfont: { size: 11, color: "#0a7a5a" }, cliponaxis: false, customdata: [[null]],
+      type: "scatter", mode: "markers", name: "your config",
+      x: [X(est.memory_bytes)], y: [Y(est.time_s)], cliponaxis: false, customdata: [[null]],
       hovertext: [`${esc(est.description)}<br>MFU ${mfu(est.mfu)} · ${est.launchable ? "launchable" : `not launchable: ${esc(est.not_launchable_reason)}`}<br>${where}`],
       marker: { symbol: "star-diamond", size: 16, color: "#0a7a5a", line: { color: "#fff", width: 1 } },
       hovertemplate: `<b>your config</b><br>%{hovertext}<br>time %{y:.4g} ${tu.name} · memory %{x:.4g} ${xu.name}<extra></extra>`,
@@ -164,25 +171,79 @@ export function figure(model) {
   const xr = range(xScale, Math.min(...xs.filter((v) => v > 0).map(X), Infinity), Math.max(...xs.map(X)));
   const tpos = times.filter((v) => v > 0);
   const yr = range(yScale, Math.min(...tpos.map(Y), Infinity), Math.max(...tpos.map(Y), 1e-12));
-  // measured points' labels: toward the inside of the plot, in axis units (log axes take log10)
-  const at = (v, scale, r) => ((scale === "log" ? Math.log10(v) : v) - r[0]) / (r[1] - r[0]);
-  for (const a of annotations.filter((x) => x.measured)) {
-    const fx = at(a.x, xScale, xr), fy = at(a.y, yScale, yr);
-    a.ax = fx > 0.6 ? -40 : 40;
-    a.ay = fy > 0.7 ? 28 : -28;
-    a.xanchor = fx > 0.6 ? "right" : "left";
-    if (xScale === "log") a.x = Math.log10(a.x);
-    if (yScale === "log") a.y = Math.log10(a.y);
-    delete a.measured;
-  }
+  const margin = { l: 72, r: 16, t: 26, b: 48 };
+  const marks = [...pts.map((p) => [X(p.memory_bytes), Y(p.time_s)]), ...model.baselines.map((b) => [X(b.memory_bytes), Y(b.time_s)])];
+  // the plot area as Plotly last laid it out (the legend's automatic margin included), else a guess
+  const width = model.width || 700, height = model.height || 420;
+  const area = model.area || { l: margin.l, t: margin.t, w: width - margin.l - margin.r, h: height - margin.t - margin.b - 60 };
+  annotations.push(...placeLabels(labels, marks, { xScale, yScale, xr, yr, area, width, height }));
+  const byteTick = (v) => bytes(v * xu.scale), timeTick = (v) => seconds(v * tu.scale);
   const layout = {
-    margin: { l: 64, r: 16, t: 26, b: 48 }, hovermode: "closest", dragmode: "zoom", uirevision: model.revision,
-    xaxis: { title: { text: `peak memory per device (${xu.name})` }, type: xScale, range: xr, zeroline: false },
-    yaxis: { title: { text: `iteration time (${tu.name})` }, type: yScale, range: yr, zeroline: false },
-    legend: { orientation: "h", y: -0.16, x: 0, font: { size: 11 } },
+    margin, hovermode: "closest", dragmode: "zoom", uirevision: model.revision,
+    xaxis: { title: { text: `peak memory per device (${xu.name})` }, type: xScale, range: xr, zeroline: false,
+      ...(xScale === "log" ? logTicks(xr, byteTick) : {}) },
+    yaxis: { title: { text: `iteration time (${tu.name})` }, type: yScale, range: yr, zeroline: false,
+      ...(yScale === "log" ? logTicks(yr, timeTick) : {}) },
+    // anchored by its top below the axis title: a tall legend (many baselines) used to cover the title
+    legend: { orientation: "h", y: -0.2, yanchor: "top", x: 0, font: { size: 11 },
+      entrywidth: model.width && model.width < 900 ? 0.5 : 0.33, entrywidthmode: "fraction" },
     shapes, annotations, font: { family: "system-ui, sans-serif", size: 12 }, plot_bgcolor: "#fff",
   };
   return { traces, layout };
+}
+
+// Ticks of a log axis at 1-2-5 values (1-9 on a short axis), each written with its unit ("512 MiB",
+// "2 GiB", "20 ms", "1 s"): Plotly's own log ticks label the minor steps "2", "5" without their
+// decade, so nobody could tell which tick was 2 GiB.
+export function logTicks(range, fmt) {
+  const lo = 10 ** range[0], hi = 10 ** range[1];
+  const pick = (mults) => {
+    const vals = [];
+    for (let e = Math.floor(range[0]) - 1; e <= Math.ceil(range[1]); e++)
+      for (const m of mults) { const v = m * 10 ** e; if (v >= lo && v <= hi) vals.push(Number(v.toPrecision(6))); }
+    return vals;
+  };
+  let vals = pick([1, 2, 5]);
+  if (vals.length > 10) vals = pick([1]);
+  if (vals.length < 3) vals = pick([1, 2, 3, 4, 5, 6, 7, 8, 9]);
+  if (vals.length > 10) vals = vals.filter((_, i) => i % 2 === 0);
+  return { tickmode: "array", tickvals: vals, ticktext: vals.map(fmt) };
+}
+
+// Place each label at the first of a ring of spots around its mark where it overlaps no label placed
+// before it and no mark; a label with no free spot is left out (the legend and the hover still name
+// it). Works in pixels from the axes' ranges and the plot's size.
+export function placeLabels(labels, marks, g) {
+  const { l: left, t: top, w: plotW, h: plotH } = g.area;
+  const frac = (v, scale, r) => ((scale === "log" ? Math.log10(Math.max(v, 1e-300)) : v) - r[0]) / (r[1] - r[0]);
+  const px = (x, y) => [left + frac(x, g.xScale, g.xr) * plotW, top + (1 - frac(y, g.yScale, g.yr)) * plotH];
+  const boxes = marks.map(([x, y]) => { const [cx, cy] = px(x, y); return [cx - 6, cy - 6, cx + 6, cy + 6]; });
+  const PAD = 3; // between two labels, beyond the estimate of their width
+  const hits = (a, b) => a[0] < b[2] + PAD && b[0] < a[2] + PAD && a[1] < b[3] + PAD && b[1] < a[3] + PAD;
+  const out = [];
+  const placed = [];
+  for (const lab of labels) {
+    const [cx, cy] = px(lab.x, lab.y);
+    const w = lab.text.length * LABEL_FONT * 0.6 + 6, h = LABEL_FONT + 6;
+    let best = null;
+    for (const r of [14, 30, 50]) {
+      for (const [dx, dy] of [[0, -1], [1, 0], [0, 1], [-1, 0], [1, -1], [1, 1], [-1, 1], [-1, -1]]) {
+        const ox = dx * (r + (dx ? w / 2 : 0)), oy = dy * (r * 0.8 + (dy ? h / 2 : 0));
+        const box = [cx + ox - w / 2, cy + oy - h / 2, cx + ox + w / 2, cy + oy + h / 2];
+        // inside the plot area: the margins hold the axis titles and the budget lines' names
+        const inPlot = box[0] >= left && box[2] <= left + plotW && box[1] >= top && box[3] <= top + plotH;
+        if (inPlot && !placed.some((p) => hits(p, box)) && !boxes.some((m) => hits(m, box))) { best = { box, ox, oy }; break; }
+      }
+      if (best) break;
+    }
+    if (!best) continue;
+    placed.push(best.box);
+    out.push({ x: g.xScale === "log" ? Math.log10(lab.x) : lab.x, y: g.yScale === "log" ? Math.log10(lab.y) : lab.y,
+      text: lab.text, showarrow: true, arrowwidth: 1, arrowcolor: lab.color, arrowhead: 0, standoff: 6, ax: best.ox, ay: best.oy,
+      xanchor: "center", yanchor: "middle", font: { size: LABEL_FONT, color: lab.color }, bgcolor: "rgba(255,255,255,.8)",
+      name: `label:${lab.cls}` });
+  }
+  return out;
 }
 
 export function runErrors(r) {
@@ -203,9 +264,33 @@ function runText(r) {
 
 // Draw (or redraw) the chart; resolves once it is on screen. onSelect(strategyId) on a click.
 export async function draw(el, model, onSelect) {
-  const { traces, layout } = figure(model);
+  el._lastDraw = [model, onSelect];
+  if (!el._labelObserver && window.ResizeObserver) {
+    // labels are placed in pixels: a chart that changes size (the plan panel opening, the window)
+    // places them again, or they would overlap where they did not before
+    let timer = null, lastWidth = el.clientWidth, lastHeight = el.clientHeight;
+    el._labelObserver = new ResizeObserver(() => {
+      if (el.clientWidth === lastWidth && el.clientHeight === lastHeight) return;
+      lastWidth = el.clientWidth; lastHeight = el.clientHeight;
+      clearTimeout(timer);
+      timer = setTimeout(() => { if (el._lastDraw) draw(el, ...el._lastDraw); }, 150);
+    });
+    el._labelObserver.observe(el);
+  }
   const config = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["select2d", "lasso2d"] };
+  const size = () => { const s = el._fullLayout && el._fullLayout._size; return s ? { l: s.l, t: s.t, w: s.w, h: s.h } : null; };
+  const sized = (area) => figure({ ...model, width: el.clientWidth, height: el.clientHeight, area });
+  let area = size();
+  let { traces, layout } = sized(area);
   await window.Plotly.react(el, traces, layout, config);
+  // labels are placed in pixels: once Plotly has laid the plot out (its legend moves the bottom
+  // margin), place them again if the area they assumed was not the one drawn
+  const drawn = size();
+  if (drawn && JSON.stringify(drawn) !== JSON.stringify(area)) {
+    area = drawn;
+    ({ traces, layout } = sized(area));
+    await window.Plotly.react(el, traces, layout, config);
+  }
   if (!el.dataset.wired) {
     el.dataset.wired = "1";
     el.on("plotly_click", (ev) => {

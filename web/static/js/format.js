@@ -62,3 +62,19 @@ export function when(iso) {
 
 const ESC = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 export const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ESC[c]);
+
+// One wording and one look per state wherever a job, a search or a run is shown: a job's "running"
+// is its search ("searching"), a run's says its step. The class keeps the API's status (scripts and
+// tests find badges by it); state-* picks the look, and the CSS adds an icon, so the states differ in
+// shape and word as well as colour.
+export function stateOf(status, run = false) {
+  return status === "running" ? (run ? "running" : "searching") : status;
+}
+export function stateText(status, { run = false, step = null, steps = null } = {}) {
+  const state = stateOf(status, run);
+  return state === "running" && steps ? `running step ${step ?? 0}/${steps}` : state;
+}
+export function stateBadge(status, opts = {}, prefix = "") {
+  const state = stateOf(status, opts.run);
+  return `<span class="badge ${esc(status)} state-${esc(state)}" data-state="${esc(state)}">${esc(prefix)}${esc(stateText(status, opts))}</span>`;
+}

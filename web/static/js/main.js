@@ -3,7 +3,7 @@
 // `&point=ID` for the open plan), so a link opens the same view.
 
 import { api, ApiError, follow } from "./api.js";
-import { bytes, seconds, pct, when, esc, mfu } from "./format.js";
+import { bytes, seconds, pct, when, esc, mfu, stateBadge, stateOf, stateText } from "./format.js";
 import { initForm } from "./form.js";
 import { draw, colorFor } from "./chart.js";
 import { createTable } from "./table.js";
@@ -46,7 +46,7 @@ async function refreshJobs() {
     $("#jobs-total").textContent = `(${list.total})`;
     busy = list.items.some((j) => j.status === "queued" || j.status === "running");
     $("#job-list").innerHTML = list.items.map((j) => `<li><a href="/?job=${j.id}" data-job="${j.id}"${j.id === state.jobId ? ' aria-current="page"' : ""}>` +
-      `<span class="jid">#${j.id}</span><span class="jname">${esc(j.name)}</span><span class="badge ${j.status}">${j.status}</span>` +
+      `<span class="jid">#${j.id}</span><span class="jname">${esc(j.name)}</span>${stateBadge(j.status)}` +
       `<span class="jsub">${j.devices} × ${esc(j.device || "custom cluster")}${j.alternates.length ? ` (+${j.alternates.map((a) => a.devices).join(", ")})` : ""}` +
       ` · ${when(j.created_at)}${j.frontier_size != null ? ` · ${j.frontier_size} points` : ""}${j.cached ? " · cached" : ""}</span></a></li>`).join("")
       || '<li class="hint">no jobs yet</li>';
@@ -107,9 +107,7 @@ function showJob(job) {
   $("#empty").hidden = true;
   $("#job").hidden = false;
   $("#job-title").textContent = `Job #${job.id}: ${job.name}`;
-  const badge = $("#job-status");
-  badge.className = `badge ${job.status}`;
-  badge.textContent = job.status;
+  setJobBadge(job.status);
   $("#job-meta").innerHTML = jobMeta(job);
   if (job.status === "failed") {
     $("#job-error").textContent = `The search failed: ${job.error || "no reason given"}`;
@@ -118,8 +116,15 @@ function showJob(job) {
   if (job.alternates.length) {
     $("#alternates").hidden = false;
     $("#alternates").innerHTML = "Also searched: " + job.alternates.map((a) =>
-      `<span class="badge ${a.status}">${a.devices} devices: ${a.status}</span>`).join(" ");
+      stateBadge(a.status, {}, `${a.devices} devices: `)).join(" ");
   }
+}
+
+function setJobBadge(status) {
+  const badge = $("#job-status");
+  badge.className = `badge ${status} state-${stateOf(status)}`;
+  badge.dataset.state = stateOf(status);
+  badge.textContent = stateText(status);
 }
 
 function progress(fraction, label) {
@@ -174,10 +179,7 @@ function watchSearch(token, point) {
         log.appendChild(li);
         log.scrollTop = log.scrollHeight;
       }
-      if (stage === "running" || stage === "queued") {
-        $("#job-status").className = `badge ${stage}`;
-        $("#job-status").textContent = stage;
-      }
+      if (stage === "running" || stage === "queued") setJobBadge(stage);
     },
     onEnd: async () => {
       if (token !== state.token) return;
@@ -227,11 +229,11 @@ async function loadFrontier(token, point) {
   if (token !== state.token) return;
   state.frontier = fr;
   const counts = [fr.num_devices, ...state.job.alternates.map((a) => a.devices)];
-  state.series = [{ devices: fr.num_devices, search_id: fr.search_id, color: colorFor(fr.num_devices, counts), points: fr.points }];
+  state.series = [{ devices: fr.num_devices, search_id: fr.search_id, color: colorFor(fr.num_devices, counts), points: fr.frontier }];
   state.baselines = fr.baselines;
   indexPoints();
   $("#frontier").hidden = false;
-  $("#frontier-summary").innerHTML = `<b>${fr.points.length}</b> Pareto-optimal plans for ${esc(fr.model)} (${(fr.params / 1e6).toPrecision(3)} M params) on ${esc(fr.cluster)}` +
+  $("#frontier-summary").innerHTML = `<b>${fr.frontier.length}</b> Pareto-optimal plans for ${esc(fr.model)} (${(fr.params / 1e6).toPrecision(3)} M params) on ${esc(fr.cluster)}` +
     ` · budget ${bytes(fr.memory_budget_bytes)}${fr.feasible ? "" : ' · <b class="nofit">no plan fits the budget</b>'}` +
     ` · searched in ${seconds(fr.search_seconds)}${fr.eps ? ` · ε = ${fr.eps}` : " · exact"}`;
   $("#confidence").textContent = fr.confidence ? fr.confidence.message : "";
@@ -263,7 +265,7 @@ async function loadAlternates(token, counts) {
     try { fr = await api.frontier(state.jobId, alt.devices); } catch { continue; }
     if (token !== state.token) return;
     if (fr.search_id !== alt.search_id || fr.num_devices !== alt.devices) continue;
-    state.series.push({ devices: alt.devices, search_id: alt.search_id, color: colorFor(alt.devices, counts), points: fr.points });
+    state.series.push({ devices: alt.devices, search_id: alt.search_id, color: colorFor(alt.devices, counts), points: fr.frontier });
   }
   if (state.series.length > 1) {
     state.series.sort((a, b) => (a.devices === state.frontier.num_devices ? -1 : b.devices === state.frontier.num_devices ? 1 : a.devices - b.devices));
@@ -343,7 +345,7 @@ async function openStrategy(id, { focusPanel = true } = {}) {
     budget: state.frontier && state.frontier.memory_budget_bytes, memoryPerDevice: state.frontier && state.frontier.memory_per_device,
     selected: state.job && state.job.selected_strategy_id === id, runs: state.runs.filter((r) => r.strategy_id === id),
     compareTo, canLaunch: state.job && state.job.status === "done", steps: state.steps,
-    confidence: state.frontier && state.frontier.confidence,
+    confidence: runConfidence(),
   });
   const panel = $("#panel");
   const wasHidden = panel.hidden;
@@ -444,8 +446,8 @@ function pointLabel(id) {
 function renderRuns() {
   $("#runs-box").hidden = state.runs.length === 0;
   $("#runs").innerHTML = state.runs.slice().reverse().map((r) =>
-    `<li data-run="${r.id}"><button type="button" class="link" data-open="${r.strategy_id}">${esc(pointLabel(r.strategy_id))}</button><div>${runCard(r)}</div></li>`).join("");
-  if (state.selectedId != null) updateRuns($("#panel-body"), state.runs.filter((r) => r.strategy_id === state.selectedId));
+    `<li data-run="${r.id}"><button type="button" class="link" data-open="${r.strategy_id}">${esc(pointLabel(r.strategy_id))}</button><div>${runCard(r, runConfidence())}</div></li>`).join("");
+  if (state.selectedId != null) updateRuns($("#panel-body"), state.runs.filter((r) => r.strategy_id === state.selectedId), runConfidence());
 }
 $("#runs").addEventListener("click", (e) => {
   const open = e.target.closest("[data-open]");
@@ -484,6 +486,12 @@ function followRun(run, token) {
   state.followers.set(run.id, f);
 }
 
+// how sure the job's prices are, for the run cards (with the model and device count a profile needs)
+function runConfidence() {
+  const fr = state.frontier;
+  return fr && fr.confidence ? { ...fr.confidence, model: fr.model, devices: fr.num_devices } : null;
+}
+
 // ---- resize -----------------------------------------------------------------------------------
 // a form's error lines and invalid marks, cleared before it is submitted again
 function clearFormErrors(form) {
@@ -495,12 +503,25 @@ function errorLoc(err) {
   const e = err.errors && err.errors[0];
   return e && e.loc ? e.loc.filter((x) => x !== "body") : [];
 }
+// the API names the field a resize error concerns (its errors[].loc); guessing from the words put a
+// "node size" error under the memory field
 function resizeField(err) {
   const loc = errorLoc(err);
-  if (loc[0] === "devices" || loc[0] === "memory_per_device") return loc[0];
-  if (/size|memory|bytes/i.test(err.detail)) return "memory_per_device";
-  if (/devices|node/i.test(err.detail)) return "devices";
-  return "form";
+  return loc[0] === "devices" || loc[0] === "memory_per_device" ? loc[0] : "form";
+}
+// an answer for other inputs than the form now holds is stale: it goes, with its mark on the chart
+function clearResizeAnswer() {
+  $("#resize-result").innerHTML = "";
+  if (state.resizeTarget) { state.resizeTarget = null; if (state.frontier) redraw(); }
+}
+for (const [id, field] of [["#r-devices", "devices"], ["#r-memory", "memory_per_device"]]) {
+  $(id).addEventListener("input", () => {
+    const p = $(`#rerr-${field}`);
+    p.hidden = true; p.textContent = "";
+    $(id).removeAttribute("aria-invalid");
+    const form = $("#rerr-form"); form.hidden = true; form.textContent = "";
+    clearResizeAnswer();
+  });
 }
 $("#resize-form").addEventListener("submit", async (e) => {
   e.preventDefault();
@@ -511,6 +532,7 @@ $("#resize-form").addEventListener("submit", async (e) => {
   const body = { devices: /^-?\d+$/.test(rawDevices) ? Number(rawDevices) : rawDevices };
   if (mem) body.memory_per_device = mem;
   const out = $("#resize-result");
+  clearResizeAnswer();
   button.disabled = true;
   const token = state.token;
   try {
@@ -619,7 +641,7 @@ function showEstimate(est) {
   const a = est.against_frontier;
   let where = "";
   if (a) {
-    const dom = a.dominated_by != null ? state.frontier.points[a.dominated_by] : null;
+    const dom = a.dominated_by != null ? state.frontier.frontier[a.dominated_by] : null;
     where = `<br><span id="estimate-where">${esc(a.message)}</span>` +
       (dom ? ` <button type="button" class="link" data-open="${dom.id}">show #${a.dominated_by}</button>` : "");
   }

@@ -1,7 +1,7 @@
 // The side panel: one strategy's Plan, what it gains or costs against its neighbours and the
 // baselines, and the actions on it (select, launch; its runs).
 
-import { bytes, seconds, pct, esc, mfu } from "./format.js";
+import { bytes, seconds, pct, esc, mfu, stateBadge } from "./format.js";
 import { runErrors } from "./chart.js";
 
 const PARTS = [["params", "parameters"], ["grads", "gradients"], ["optimizer", "optimizer states"],
@@ -125,10 +125,30 @@ function recompute(plan) {
   return `${rc.length} of ${total} layers recompute their activations in the backward pass (${esc(prefix)} ${ranges(rc.map((r) => Number(r.split(".").pop())))})`;
 }
 
-export function runCard(r) {
+// The band the prediction claimed (its pricing's held-out error) beside what the run measured; where
+// the plan was priced from the catalog and the run falls outside the band, how to profile this
+// machine. A CPU host priced from the catalog is off by orders of magnitude, and the page used to
+// show those errors with no word on why or what to do.
+function errorBand(r, conf) {
+  if (!conf || !(r.measured && r.measured.time_s)) return "";
+  const band = conf.time_error != null ? `±${(100 * conf.time_error).toPrecision(2)}%` : null;
+  const e = runErrors(r);
+  const outside = band != null && e.time != null && Math.abs(e.time) > 2 * conf.time_error;
+  let html = `<div class="run-line error-band">prediction's error band: ${band ? `time ${band}` : "unknown"}` +
+    `${conf.memory_error != null ? `, memory ±${(100 * conf.memory_error).toPrecision(2)}%` : ""} (priced from the ${esc(conf.priced_from)})` +
+    `${outside ? ' · <b class="bad">this run is outside it</b>' : ""}</div>`;
+  if (conf.priced_from === "catalog" && (outside || band == null)) {
+    const cmd = `paretoplan profile --model ${conf.model || "MODEL"} --devices ${conf.devices || "N"} --out profile.json`;
+    html += `<p class="hint profile-hint">Profile this machine: the catalog prices a datasheet device, not this one. ` +
+      `Run <code>${esc(cmd)}</code> here, upload it (POST /api/profiles) and search again with its <code>profile_id</code>.</p>`;
+  }
+  return html;
+}
+
+export function runCard(r, conf = null) {
   const pr = Math.round(100 * (r.progress || 0));
-  let html = `<div class="run-line"><b>run ${r.id}</b> <span class="badge ${r.status}">${r.status}</span>` +
-    `${r.stage && r.stage !== r.status ? ` ${esc(r.stage)}` : ""} · step ${r.step ?? 0}/${r.steps} ` +
+  let html = `<div class="run-line"><b>run ${r.id}</b> ${stateBadge(r.status, { run: true, step: r.step, steps: r.steps })}` +
+    `${r.stage && r.stage !== r.status ? ` ${esc(r.stage)}` : ""}${r.status === "running" ? "" : ` · step ${r.step ?? 0}/${r.steps}`} ` +
     `<span class="progress" role="progressbar" aria-label="run ${r.id} progress" aria-valuenow="${pr}" aria-valuemin="0" aria-valuemax="100">` +
     `<span class="bar" style="width:${pr}%;display:block"></span></span></div>`;
   if (r.measured && r.measured.time_s) {
@@ -142,7 +162,7 @@ export function runCard(r) {
     }
   }
   if (r.error) html += `<div class="error">${esc(r.error.split("\n").slice(-3).join(" "))}</div>`;
-  return html;
+  return html + errorBand(r, conf);
 }
 
 // ctx: {title, strategy, neighbours: {faster, leaner}, baselines, budget, memoryPerDevice, selected,
@@ -177,10 +197,12 @@ export function renderPanel(root, ctx) {
     <div class="actions">
       <button type="button" id="select-plan" ${ctx.selected ? "disabled" : ""}>${ctx.selected ? "selected for the job ✓" : "Select for the job"}</button>
       <span><label for="launch-steps">steps</label><input id="launch-steps" type="text" inputmode="numeric" value="${ctx.steps || 20}" aria-describedby="launch-error"></span>
-      <button type="button" class="primary" id="launch" ${ctx.canLaunch ? "" : "disabled"}>Launch</button>
+      <button type="button" class="primary" id="launch" ${ctx.canLaunch && st.launchable_here !== false ? "" : "disabled"}
+        ${st.launchable_here === false ? 'aria-describedby="launch-why"' : ""}>Launch</button>
     </div>
+    ${st.launchable_here === false ? `<p class="hint launch-why" id="launch-why">Not launchable here: ${esc(st.not_launchable_reason)}</p>` : ""}
     <p class="error" id="launch-error" role="alert" hidden></p>
-    <div id="panel-runs">${(ctx.runs || []).map((r) => `<div class="run-card" data-run="${r.id}">${runCard(r)}</div>`).join("")}</div>
+    <div id="panel-runs">${(ctx.runs || []).map((r) => `<div class="run-card" data-run="${r.id}">${runCard(r, ctx.confidence)}</div>`).join("")}</div>
     ${against}
     <h3>Compared with</h3><ul class="deltas" id="panel-deltas">${deltas || "<li>nothing to compare with</li>"}</ul>
     <h3>Mesh</h3>
@@ -195,7 +217,7 @@ export function renderPanel(root, ctx) {
     <h3>Sharding per layer</h3><div id="panel-sharding">${sharding(plan)}</div>`;
 }
 
-export function updateRuns(root, runs) {
+export function updateRuns(root, runs, conf = null) {
   const box = root.querySelector("#panel-runs");
-  if (box) box.innerHTML = runs.map((r) => `<div class="run-card" data-run="${r.id}">${runCard(r)}</div>`).join("");
+  if (box) box.innerHTML = runs.map((r) => `<div class="run-card" data-run="${r.id}">${runCard(r, conf)}</div>`).join("");
 }
