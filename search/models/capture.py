@@ -881,15 +881,21 @@ def capture_module(module: nn.Module, example_args: tuple[torch.Tensor, ...], na
 
     InputError when torch.export cannot trace the model or the model uses a pattern the
     translation does not support (the walk raises those itself, naming the op); any other
-    exception from the translation is a bug in it and propagates as one."""
+    exception from the translation is a bug in it and propagates as one.
+
+    Routed experts are exported at a balanced load's shapes (search/models/moe.py), their buffers
+    rounded to a multiple of the batch (the size of the inputs' dimension labelled "batch")."""
+    batch = next((int(a.shape[d]) for a, labels in zip(example_args, input_labels or [], strict=False)
+                  for d, lab in enumerate(labels) if lab == "batch" and d < a.dim()), 1)
     try:
-        ep = torch.export.export(module, example_args, strict=False)
+        with balanced_experts(module, multiple=batch):
+            ep = torch.export.export(module, example_args, strict=False)
     except Exception as e:  # noqa: BLE001 - export runs the user's forward: its errors are many and varied
         raise InputError(f"cannot capture {name}: torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     cap = _Capture(ep, input_labels or [], name)
     cap.run()
     try:
-        return cap.graph(name, meta or {})
+        return moe_meta(cap.graph(name, meta or {}))
     except ValidationError as e:  # the model computes what the search cannot price (complex numbers)
         raise invalid(e, f"cannot capture {name}: invalid graph") from None
 
@@ -930,8 +936,9 @@ def capture_with_blocks(module: nn.Module, example_args: tuple[torch.Tensor, ...
     if full is None:
         g = capture_module(module, example_args, name, input_labels, meta)
         return _annotate_blocks(g, blocks_attr, n)
-    # tied/shared params are counted from the real module, not from the two-layer export
-    return full
+    # tied/shared params are counted from the real module, not from the two-layer export; the
+    # MoE layers from the replicated graph
+    return moe_meta(full)
 
 
 def _identical_layers(blocks: nn.ModuleList) -> bool:
@@ -1050,18 +1057,18 @@ def capture_model(spec: ModelSpec, batch: int, seq_len: int | None = None) -> Op
     meta: GraphMeta = {"model": spec.name, "global_batch": batch, "params": spec.param_count()}
     if seq is not None and spec.kind != "vision":
         meta["seq_len"] = seq
-    with balanced_experts(module, multiple=batch) as experts:
-        g = capture_with_blocks(module, args, spec.blocks_attr, name=spec.name,
-                                input_labels=_INPUT_LABELS.get(spec.kind, []), meta=meta)
-    return moe_meta(g, [e for _, e in experts])
+    return capture_with_blocks(module, args, spec.blocks_attr, name=spec.name,
+                               input_labels=_INPUT_LABELS.get(spec.kind, []), meta=meta)
 
 
-def moe_meta(g: OpGraph, experts: list[int]) -> OpGraph:
+def moe_meta(g: OpGraph) -> OpGraph:
     """A graph with routed experts says so in its meta: how many experts per layer, how many each
-    token visits and the load the shapes assume (plans repeat it in their summaries)."""
+    token visits, how many MoE layers and the load the shapes assume (plans repeat it in their
+    summaries)."""
+    dispatch = [op for op in g.ops if op.kind == "dispatch"]
     combine = [op for op in g.ops if op.kind == "combine"]
-    if not experts or not combine:
+    if not dispatch or not combine:
         return g
-    meta = {**g.meta, "moe_experts": max(experts), "moe_top_k": combine[0].inputs[1].shape[-1],
-            "moe_layers": len(combine), "moe_load": LOAD_ASSUMPTION}
+    meta = {**g.meta, "moe_experts": max(op.output.shape[0] for op in dispatch),
+            "moe_top_k": combine[0].inputs[1].shape[-1], "moe_layers": len(combine), "moe_load": LOAD_ASSUMPTION}
     return g.model_copy(update={"meta": meta})

@@ -152,8 +152,7 @@ def moe_layer(batch: int = 8, seq: int = 4, dim: int = 8, experts: int = 4, top_
     import torch.nn.functional as F
     from torch import nn
 
-    from search.models.capture import capture_with_blocks, moe_meta
-    from search.models.moe import balanced_experts
+    from search.models.capture import capture_with_blocks
     from search.models.zoo import MoEFFN
 
     class Model(nn.Module):
@@ -172,7 +171,5 @@ def moe_layer(batch: int = 8, seq: int = 4, dim: int = 8, experts: int = 4, top_
     with torch.device("meta"):
         model = Model()
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
-    with balanced_experts(model, multiple=batch) as found:
-        g = capture_with_blocks(model, (ids, ids), "layers" if layers > 1 else None, "moe-layer",
-                                [["batch", "seq"], ["batch", "seq"]])
-    return moe_meta(g, [e for _, e in found])
+    return capture_with_blocks(model, (ids, ids), "layers" if layers > 1 else None, "moe-layer",
+                               [["batch", "seq"], ["batch", "seq"]])
