@@ -32,7 +32,16 @@ import torch.nn.functional as F
 
 from search import Cluster
 from search.models.graph import Op, OpGraph
-from search.prices.mesh import Config, Mesh, input_placement, mesh_candidates, op_configs, output_placement, param_placement
+from search.prices.mesh import (
+    Config,
+    Mesh,
+    expert_meshes,
+    input_placement,
+    mesh_candidates,
+    op_configs,
+    output_placement,
+    param_placement,
+)
 from search.prices.profile import LinearFit, OpEntry, Stat, is_causal, local_shape, op_signature, short_target, value_dtype
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "i64": torch.int64,
@@ -69,7 +78,8 @@ def enumerate_signatures(graph: OpGraph, cluster: Cluster, precision: str, meshe
     """The distinct op signatures the search will price for `graph` on `cluster`: on every
     mesh, and for pipelines (`pipelines`, from `pipeline_graphs`) on every stage sub-mesh at
     every micro-batch size."""
-    meshes = mesh_candidates(cluster) if meshes is None else meshes
+    # the search also tries expert-parallel variants of each mesh for a graph with routed experts
+    meshes = expert_meshes(graph, mesh_candidates(cluster) if meshes is None else meshes)
     out = SignatureSet()
     for g, mesh in [(graph, m) for m in meshes] + list(pipelines or []):
         for op in g.ops:
@@ -196,6 +206,9 @@ def _linear(o: _Operands) -> Bench | None:
     b = o.params[1] if len(o.params) > 1 else None
     if w.dim() == 2 and w.shape[-1] == x.shape[-1]:
         return Bench(lambda: F.linear(x, w, b), [x, *o.params])
+    if w.dim() == 3 and x.dim() == 3 and w.shape[0] == x.shape[0] and w.shape[-1] == x.shape[-1]:
+        # routed experts' stacked weights [E, n, k] against their buffers [E, C, k] (search/models/moe.py)
+        return Bench(lambda: torch.bmm(x, w.transpose(1, 2)), [x, *o.params])
     return Bench(lambda: torch.matmul(x, w) + (b if b is not None else 0), [x, *o.params])
 
 
