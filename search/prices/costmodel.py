@@ -437,11 +437,13 @@ class CostModel:
         """The exposed time of ring attention on each context axis that splits the attention's
         sequence (forward, backward), its traffic added to `comm`. A rank keeps its queries and
         computes against one K/V block per step while the next block arrives from its ring
-        neighbour: n - 1 steps of a send/recv of the local K and V forward, of K, V and their
-        gradients backward (2x the bytes), each hidden behind one step's compute (1/n of the
-        rank's attention, the causal work balanced over ranks by the load-balanced sharding torch's
-        context_parallel uses) as far as the device overlaps: exposed = (n - 1) x max(0, transfer -
-        overlap x block compute). A sum over ops still, so FT stays exact."""
+        neighbour: forward, n - 1 steps of a send/recv of the local K and V; backward, n - 1 steps
+        of K and V with the gradients accumulated for them so far (2x the bytes), and one last hop
+        of the gradients home to the block's owner (as torch's ring backward and worker/context.py
+        do). Each step hides behind one block's compute (1/n of the rank's attention, the causal
+        work balanced over ranks by the load-balanced sharding torch's context_parallel uses) as far
+        as the device overlaps: exposed = (n - 1) x max(0, transfer - overlap x block compute); the
+        last hop has nothing left to hide behind. A sum over ops still, so FT stays exact."""
         t_f = t_b = 0.0
         kv = sum(n * self.esize(t) for n, t in zip(in_locals[1:3], op.inputs[1:3], strict=True))
         hide = self.device.comm_overlap
@@ -452,8 +454,8 @@ class CostModel:
             alpha, beta = self.ring_coefficients(mesh, ai)
             step_f, step_b = alpha + beta * kv, alpha + beta * 2 * kv
             t_f += (n - 1) * max(0.0, step_f - hide * fwd / n)
-            t_b += (n - 1) * max(0.0, step_b - hide * bwd / n)
-            comm[ai] += (n - 1) * 3 * kv
+            t_b += (n - 1) * max(0.0, step_b - hide * bwd / n) + step_f
+            comm[ai] += (3 * n - 2) * kv
         return t_f, t_b
 
     def ring_coefficients(self, mesh: Mesh, axis: int) -> tuple[float, float]:

@@ -104,9 +104,10 @@ def test_a_graph_pooling_over_the_sequence_gets_no_context_axis():
 
 
 def test_ring_attention_is_priced_as_documented():
-    """The attention op on cp n: (n - 1) sends of its local K and V forward, twice that backward,
-    each hidden behind 1/n of its compute as far as the device overlaps; on a device that overlaps
-    nothing the whole transfer is exposed."""
+    """The attention op on cp n: (n - 1) sends of its local K and V forward, (n - 1) of K, V and
+    their gradients backward and a last hop of the gradients, each but the last hidden behind 1/n
+    of its compute as far as the device overlaps; on a device that overlaps nothing the whole
+    transfer is exposed."""
     g = attention_lm(seq=4096, dim=512, heads=4, batch=1)
     job = TrainingJob(global_batch=1, precision="bf16")
     att = next(op for op in g.ops if op.kind == "attention")
@@ -116,7 +117,7 @@ def test_ring_attention_is_priced_as_documented():
         costs = cm.op_costs(att, CP4)
         (ci,) = [i for i, c in enumerate(costs.configs) if c[1] == SEQ_LABEL and c[2] is None]
         kv = 2 * att.inputs[1].numel / 4 * 2  # K and V, bf16, a quarter each
-        assert costs.comm[ci, 1] == pytest.approx(3 * 3 * kv)
+        assert costs.comm[ci, 1] == pytest.approx((3 + 3 * 2 + 1) * kv)
         alpha, beta = cm.ring_coefficients(CP4, 1)
         no_ring = CostModel(g, cluster, job).op_costs(att, Mesh(pp=1, axes=(MeshAxis("dp", 1, 4, "data"),
                                                                             MeshAxis("tp", 4, 1, "tensor"))))
@@ -126,9 +127,11 @@ def test_ring_attention_is_priced_as_documented():
         fb = compute  # forward + backward of a quarter of the attention
         exposed = costs.time[ci] - fb
         assert exposed >= 0
+        everything = 4 * (alpha + beta * kv) + 3 * (alpha + beta * 2 * kv)
         if hide == 0.0:
-            assert exposed == pytest.approx(3 * (alpha + beta * kv) + 3 * (alpha + beta * 2 * kv), rel=1e-6)
-        assert exposed <= 3 * (alpha + beta * kv) + 3 * (alpha + beta * 2 * kv) + 1e-12
+            assert exposed == pytest.approx(everything, rel=1e-6)
+        else:
+            assert alpha + beta * kv <= exposed < everything
 
 
 def test_plans_of_context_parallel_points_carry_the_context_role():
