@@ -145,3 +145,33 @@ def test_plans_of_context_parallel_points_carry_the_context_role():
         assert roles["cp"] == "context"
         assert "cp: seq 100%" in plan.summary
         assert type(plan).model_validate_json(plan.model_dump_json()) == plan  # the role survives JSON
+
+
+def test_accumulation_is_offered_on_context_meshes():
+    """With one sequence per device, dp x cp holds as many tokens per device as dp: only running the
+    per-rank batch as micro-batches makes the context axis pay, so the stage search gets those shapes."""
+    from search.algorithm.context import context_accumulation_shapes
+
+    g = attention_lm(batch=4, seq=8192, layers=2)
+    shapes = context_accumulation_shapes(g, CLUSTER, TrainingJob(global_batch=4), (0, 3))
+    got = {(s.mesh.describe(), s.zero, s.micro_batches) for s in shapes}
+    # m divides the per-rank batch (4 / dp); dp1 x tp4 has no data axis to take a context axis from
+    want = {("pp1 x dp2 x cp2 x tp1", 2), ("pp1 x dp1 x cp4 x tp1", 2), ("pp1 x dp1 x cp4 x tp1", 4),
+            ("pp1 x dp1 x cp2 x tp2", 2), ("pp1 x dp1 x cp2 x tp2", 4)}
+    assert got == {(mesh, z, m) for mesh, m in want for z in (0, 3)}
+    assert context_accumulation_shapes(attention_lm(batch=4, seq=16, layers=2), CLUSTER, TrainingJob(global_batch=4),
+                                       (0,)) == []  # short sequences get no context axis
+
+
+@pytest.mark.slow  # capture and search of Llama 7B at 32k tokens on 64 devices: ~25 s
+def test_a_32k_token_llama_search_returns_context_parallel_plans():
+    """Issue 17's check: at 32k tokens activations dominate, and the fastest plan that fits 80 GiB
+    splits the sequence (dp x cp with accumulation), faster than the best plan without a context axis."""
+    from search import SearchRequest, run_search
+
+    report = run_search(SearchRequest(model="llama-7b", seq_len=32768, devices=64, device="h100-80gb",
+                                      global_batch=64, baselines=False)).report
+    with_cp = [p for p in report.frontier if any(a["role"] == "context" for a in p.plan["mesh"]["axes"])]
+    assert len(with_cp) >= len(report.frontier) // 2
+    best = report.frontier[report.picked]
+    assert any(a["role"] == "context" and a["size"] > 1 for a in best.plan["mesh"]["axes"]), best.plan["summary"]
