@@ -175,3 +175,28 @@ def test_a_32k_token_llama_search_returns_context_parallel_plans():
     assert len(with_cp) >= len(report.frontier) // 2
     best = report.frontier[report.picked]
     assert any(a["role"] == "context" and a["size"] > 1 for a in best.plan["mesh"]["axes"]), best.plan["summary"]
+
+
+def test_a_profile_counts_the_measured_local_block_once_per_ring_step():
+    """The profile times the attention at its local signature (the rank's queries against its own
+    keys); ring attention runs that block once per rank of the ring."""
+    from search.prices.profile import DeviceProfile, OpEntry, ProfileLookup, Stat
+
+    g = attention_lm(seq=4096, dim=512, heads=4, batch=1)
+    job = TrainingJob(global_batch=1, precision="bf16")
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    att = next(op for op in g.ops if op.kind == "attention")
+    cfgs = op_configs(att, CP4, g.batch_label)
+    (cfg,) = [c for c in cfgs if c[1] == SEQ_LABEL]
+    sig = ProfileLookup(DeviceProfile(device="cpu"), job.precision).signature(att, CP4, cfg)
+    fwd, bwd = 1e-3, 2.5e-3
+    prof = DeviceProfile(device="cpu", ops={sig: OpEntry(kind="attention", fwd=Stat(median=fwd, lo=fwd, hi=fwd),
+                                                         bwd=Stat(median=bwd, lo=bwd, hi=bwd), samples=3)})
+    cm = CostModel(g, cluster, job, profile=prof)
+    costs = cm.op_costs(att, CP4)
+    ci = costs.configs.index(cfg)
+    alpha, beta = cm.ring_coefficients(CP4, 1)
+    kv = 2 * att.inputs[1].numel / 4 * 2
+    ring = 4 * (alpha + beta * kv) + 3 * (alpha + beta * 2 * kv)  # cpu: nothing overlaps
+    overhead = cm.profile.op_overhead if cm.profile is not None else 0.0
+    assert costs.time[ci] == pytest.approx(4 * (fwd + bwd) * cm.contention + overhead + ring, rel=1e-6)
