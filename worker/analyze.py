@@ -571,7 +571,9 @@ def _context_comms(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None,
     for op in graph.ops:
         if op.kind != "attention" or cfgs[op.name][a] != SEQ_LABEL:
             continue
-        for phase, hops in (("forward", n - 1), ("backward", n)):
+        # a recomputed layer runs its forward, the ring's hops included, again inside its backward
+        again = any(op.module == r or op.module.startswith(r + ".") for r in plan.recompute)
+        for phase, hops in (("forward", n - 1), ("backward", n + (n - 1 if again else 0))):
             out += [ExpectedComm(unit=unit(op.module), module=op.module, phase=phase, kind="all_to_all",
                                  source=f"{op.name} ring hop {i + 1}") for i in range(hops)]
     return out

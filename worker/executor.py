@@ -329,11 +329,18 @@ def comm_counts(mode) -> dict[str, dict[str, dict[str, int]]]:
             key = "Global"
         else:
             key = canonical(name.partition(".")[2] + ".").rstrip(".")  # 'GPT.blocks.0' -> 'blocks.0'
+        mine: dict[str, dict[str, int]] = {}
         for phase, counts in phases.items():
             for op, c in counts.items():
-                d = out.setdefault(key, {}).setdefault(phase, {})
+                d = mine.setdefault(phase, {})
                 kind = collective_kind(str(op))
                 d[kind] = d.get(kind, 0) + int(c)
+        # a checkpoint wrapper and the module it wraps are one FQN here and each count the same
+        # collectives: adding them up would double a recomputed layer's
+        for phase, kinds in mine.items():
+            d = out.setdefault(key, {}).setdefault(phase, {})
+            for kind, c in kinds.items():
+                d[kind] = max(d.get(kind, 0), c)
     return out
 
 

@@ -25,17 +25,20 @@ MESHES = {
                              MeshAxis("tp", 1, 1, "tensor"))), 0),
     "dp2 x cp2 fsdp": (Mesh(pp=1, axes=(MeshAxis("dp", 2, 2, "data"), MeshAxis("cp", 2, 1, "context"),
                                         MeshAxis("tp", 1, 1, "tensor"))), 3),
+    "cp4 recompute": (Mesh(pp=1, axes=(MeshAxis("dp", 1, 4, "data"), MeshAxis("cp", 4, 1, "context"),
+                                       MeshAxis("tp", 1, 1, "tensor"))), 0),
 }
 
 
-def plan_on(mesh: Mesh, zero: int, model: str = MODEL) -> Plan:
-    """The fastest plan the search finds on this mesh and ZeRO stage (no recomputation)."""
+def plan_on(mesh: Mesh, zero: int, model: str = MODEL, recompute: bool = False) -> Plan:
+    """The fastest plan the search finds on this mesh and ZeRO stage (with `recompute`, the leanest:
+    every layer recomputed)."""
     g = capture_model(get_model(model), BATCH, SEQ)
     job = TrainingJob(global_batch=BATCH, seq_len=SEQ, precision="fp32")
     r = search(g, make_cluster("cpu", 4, devices_per_node=4), job,
-               SearchOptions(meshes=(mesh,), zero_stages=(zero,), recompute=False))
+               SearchOptions(meshes=(mesh,), zero_stages=(zero,), recompute=recompute))
     points = [p for p in r.points if r.solutions[p.mesh_index].mesh == mesh]
-    return build_plans(r, points[:1])[0]
+    return build_plans(r, points[-1:] if recompute else points[:1])[0]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +47,8 @@ def runs():
     from worker.launch import run_jobs
     from worker.spec import Job, RunSettings
 
-    jobs = {name: Job(spec=analyze(plan_on(*m)), settings=RunSettings(steps=STEPS, warmup=1, comm_debug=True))
+    jobs = {name: Job(spec=analyze(plan_on(*m, recompute="recompute" in name)),
+                      settings=RunSettings(steps=STEPS, warmup=1, comm_debug=True))
             for name, m in MESHES.items()}
     raws = run_jobs(list(jobs.values()), timeout=400)
     return {name: (job, raw) for (name, job), raw in zip(jobs.items(), raws, strict=True)}
@@ -69,11 +73,14 @@ def test_loss_matches_single_process(name, runs, reference):
 @pytest.mark.parametrize("name", list(MESHES))
 def test_ring_hops_equal_the_plan(name, runs):
     """Per layer on cp n: n - 1 hops of K and V forward, n backward (K, V and their gradients, then
-    the gradients home), on every rank alike, and no all-to-all anywhere else."""
+    the gradients home) and, in a recomputed layer, the forward's n - 1 again; on every rank alike,
+    and no all-to-all anywhere else."""
     job, raw = runs[name]
     n = job.spec.size("context")
+    again = n - 1 if "recompute" in name else 0
+    assert bool(job.spec.recompute) == bool(again)
     want = Counter((e.unit, e.phase) for e in job.spec.expected_comms if e.kind == "all_to_all")
-    assert want == {(f"layers.{i}", p): k for i in range(2) for p, k in (("forward", n - 1), ("backward", n))}
+    assert want == {(f"layers.{i}", p): k for i in range(2) for p, k in (("forward", n - 1), ("backward", n + again))}
     for rank in raw["ranks"]:
         comm = rank["comm"]
         got = Counter({(unit, phase): kinds["all_to_all"] for unit, phases in comm.items()
