@@ -200,3 +200,15 @@ def test_a_profile_counts_the_measured_local_block_once_per_ring_step():
     ring = 4 * (alpha + beta * kv) + 3 * (alpha + beta * 2 * kv)  # cpu: nothing overlaps
     overhead = cm.profile.op_overhead if cm.profile is not None else 0.0
     assert costs.time[ci] == pytest.approx(4 * (fwd + bwd) * cm.contention + overhead + ring, rel=1e-6)
+
+
+def test_a_batch_smaller_than_the_data_axis_is_accepted_for_a_long_sequence():
+    """Fewer sequences than devices split over dp x cp once the sequence is long: the request check
+    that runs before capture knows it; a short sequence is still refused there."""
+    from search.errors import InputError
+    from search.plans.api import SearchRequest, request_cluster
+
+    long = SearchRequest(model="llama-tiny", device="cpu", devices=4, global_batch=2, seq_len=8192)
+    assert request_cluster(long).num_devices == 4
+    with pytest.raises(InputError, match="global_batch 2 does not split over any data-parallel size"):
+        request_cluster(long.model_copy(update={"seq_len": 1024}))
