@@ -35,6 +35,7 @@ from search.models.graph import Op, OpGraph
 from search.prices.mesh import (
     Config,
     Mesh,
+    context_meshes,
     expert_meshes,
     input_placement,
     mesh_candidates,
@@ -78,8 +79,10 @@ def enumerate_signatures(graph: OpGraph, cluster: Cluster, precision: str, meshe
     """The distinct op signatures the search will price for `graph` on `cluster`: on every
     mesh, and for pipelines (`pipelines`, from `pipeline_graphs`) on every stage sub-mesh at
     every micro-batch size."""
-    # the search also tries expert-parallel variants of each mesh for a graph with routed experts
-    meshes = expert_meshes(graph, mesh_candidates(cluster) if meshes is None else meshes)
+    # the search also tries expert-parallel variants of each mesh for a graph with routed experts,
+    # and context-parallel ones for a long sequence (whose attention is priced as its measured
+    # local block, once per ring step: search/prices/costmodel.py)
+    meshes = context_meshes(graph, expert_meshes(graph, mesh_candidates(cluster) if meshes is None else meshes))
     out = SignatureSet()
     for g, mesh in [(graph, m) for m in meshes] + list(pipelines or []):
         for op in g.ops:

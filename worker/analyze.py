@@ -39,6 +39,7 @@ from search.prices.boundaries import Boundaries, exit_allowed
 from search.prices.costmodel import COLLECTIVE_NAMES, NONE, forward_collective
 from search.prices.mesh import (
     EXPERT_LABEL,
+    SEQ_LABEL,
     input_grad_placement,
     input_placement,
     output_grad_placement,
@@ -57,7 +58,7 @@ class Unsupported(InputError):
 
 
 STYLE_KINDS = {"linear": (nn.Linear,), "embedding": (nn.Embedding,), "norm": (nn.LayerNorm, nn.RMSNorm)}
-ROLE_DIM = {"data": "dp", "tensor": "tp", "expert": "ep", "replicate": "rep"}
+ROLE_DIM = {"data": "dp", "tensor": "tp", "expert": "ep", "context": "cp", "replicate": "rep"}
 
 
 def model_spec(name: str) -> ModelSpec:
@@ -447,7 +448,9 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
         graph = _captured(plan.model, plan.global_batch, plan.seq_len)
     cfgs = op_configs(plan, graph)
     _check_experts(plan, graph, cfgs)
-    roles = ["expert" if ax.role == "expert" else axis_role(graph, cfgs, a, ax.name) if ax.size > 1 else "replicate"
+    _check_context(plan, graph, cfgs)
+    roles = [ax.role if ax.role in ("expert", "context") and ax.size > 1
+             else axis_role(graph, cfgs, a, ax.name) if ax.size > 1 else "replicate"
              for a, ax in enumerate(plan.mesh.axes)]
     tensor_axis = _tensor_axis(plan, roles)
     mesh = runtime_mesh(plan, roles)
@@ -462,6 +465,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
         ta.build()
         styles, expected = ta.style_list(), ta.expected(_unit_namer(graph))
     expected += _expert_comms(plan, graph, cfgs, _unit_namer(graph))
+    expected += _context_comms(plan, graph, cfgs, _unit_namer(graph))
     ties = _ties(model)
     _check_ties(ties, styles, graph, pipe.stages)
     mode, reshard, dp_notes = _data_parallel(plan, mesh, tensor_axis is not None, pipe)
@@ -515,6 +519,64 @@ def _check_experts(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None,
         if lab not in (EXPERT_LABEL, graph.batch_label) and not (lab is None and not reads_batch):
             raise Unsupported(f"op {op.name!r} places {lab or 'a replica'} on expert axis {plan.mesh.axes[a].name!r}: "
                               f"an expert axis splits the experts' ops by expert and every other op by batch")
+
+
+def _check_context(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]]) -> None:
+    """Context parallelism runs over one context axis, beside data parallelism, for a language model
+    whose positions come from rotary tables (worker/context.py); what else the search prices with
+    a context axis is refused saying why."""
+    axes = [a for a, ax in enumerate(plan.mesh.axes) if ax.role == "context" and ax.size > 1]
+    if not axes:
+        return
+    if len(axes) > 1:
+        raise Unsupported("the plan splits the sequence over two context axes: one context axis is executed")
+    n = plan.mesh.axes[axes[0]].size
+    if plan.mesh.pp > 1:
+        raise Unsupported("context parallelism inside a pipeline stage is not executed")
+    if any(ax.size > 1 and ax.role in ("tensor", "expert") for ax in plan.mesh.axes):
+        raise Unsupported("context parallelism beside tensor or expert parallelism is not executed (ring attention "
+                          "would run on DTensor activations, or the experts' all-to-all on a share of each sequence)")
+    if plan.zero_stage == 1:
+        raise Unsupported("ZeRO-1 with context parallelism is not executed: ZeroRedundancyOptimizer runs over the data "
+                          "axis, the gradients must be averaged over data x context")
+    if model_spec(plan.model).kind != "lm":
+        raise Unsupported(f"context parallelism is executed for language models only, not {plan.model!r}")
+    if plan.seq_len is None or plan.seq_len % (2 * n):
+        raise Unsupported(f"sequence {plan.seq_len} does not cut into 2 x {n} chunks, the load-balanced sharding of "
+                          f"ring attention (rank r holds chunks r and 2 cp - 1 - r)")
+    learned = next((op for op in graph.ops if op.kind == "embedding" and SEQ_LABEL in op.output.dims
+                    and not any(SEQ_LABEL in t.dims for t in op.inputs)), None)
+    if learned is not None:
+        raise Unsupported(f"op {learned.name!r} is a learned position embedding, which the model looks up for positions "
+                          f"0 .. t - 1 of whatever it holds: on a share of the sequence those are the wrong positions "
+                          f"(rotary models are executed; priced either way)")
+    a = axes[0]
+    for op in graph.ops:
+        lab = cfgs[op.name][a]
+        if lab not in (SEQ_LABEL, graph.batch_label):
+            raise Unsupported(f"op {op.name!r} places {lab or 'a replica'} on context axis {plan.mesh.axes[a].name!r}: "
+                              f"a context axis splits every op's sequence (the loss its flattened tokens)")
+
+
+def _context_comms(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]],
+                   unit: Callable[[str], str]) -> list[ExpectedComm]:
+    """The ring hops the cost model prices per attention op on the context axis (costmodel.py,
+    _ring_attention), each an all-to-all where worker/context.py performs it: n - 1 forward (K, V),
+    n backward (K, V and their gradients n - 1 times, the gradients home once)."""
+    axes = [a for a, ax in enumerate(plan.mesh.axes) if ax.role == "context" and ax.size > 1]
+    if not axes:
+        return []
+    a, n = axes[0], plan.mesh.axes[axes[0]].size
+    out: list[ExpectedComm] = []
+    for op in graph.ops:
+        if op.kind != "attention" or cfgs[op.name][a] != SEQ_LABEL:
+            continue
+        # a recomputed layer runs its forward, the ring's hops included, again inside its backward
+        again = any(op.module == r or op.module.startswith(r + ".") for r in plan.recompute)
+        for phase, hops in (("forward", n - 1), ("backward", n + (n - 1 if again else 0))):
+            out += [ExpectedComm(unit=unit(op.module), module=op.module, phase=phase, kind="all_to_all",
+                                 source=f"{op.name} ring hop {i + 1}") for i in range(hops)]
+    return out
 
 
 def _expert_comms(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]],
@@ -613,7 +675,7 @@ def _data_parallel(plan: Plan, mesh: list[MeshDim], tensor_parallel: bool, pipe:
     """How the data axis runs its ZeRO stage ('none', 'ddp', 'zero1' or 'fsdp'), whether FSDP
     reshards parameters after the forward, and notes on where that departs from the plan's words."""
     z = plan.zero_stage
-    if not any(d.role in BATCH_ROLES for d in mesh):
+    if not any(d.role in (*BATCH_ROLES, "context") for d in mesh):
         return "none", False, ([f"ZeRO-{z} has no data-parallel axis to shard over: nothing is sharded "
                                 f"(the cost model agrees)"] if z else [])
     mode = {0: "ddp", 1: "zero1", 2: "fsdp", 3: "fsdp"}[z]
@@ -631,6 +693,11 @@ def _data_parallel(plan: Plan, mesh: list[MeshDim], tensor_parallel: bool, pipe:
                      "step, gradients reduce-scattered")
     if z == 0:
         notes.append("ZeRO-0 runs as replicated data parallelism (FSDP2's replicate, i.e. DDP): gradients all-reduced")
+    if any(d.role == "context" for d in mesh):
+        notes.append("context parallelism: each context-axis rank holds 2 chunks of each sequence (load-balanced for "
+                     "causal attention), attention runs as ring attention whose K/V hops are all-to-alls to the next "
+                     "rank (worker/context.py; torch's context_parallel needs CUDA SDPA kernels), and every gradient "
+                     "synchronises over data x context")
     if any(d.role == "expert" for d in mesh):
         notes.append("expert parallelism: each expert-axis rank holds its share of every layer's experts, whose "
                      "gradients synchronise over the data axis only; the other parameters over data x expert. The "

@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from worker import measure
 from worker.analyze import model_spec
+from worker.context import Ring, context_parallel
 from worker.data import global_batch, local_batch
 from worker.experts import expert_rows, shard_experts
 from worker.parallelize import (
@@ -115,7 +116,10 @@ def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: i
     rows = expert_rows(module)
     apply_recompute(module, spec.recompute)
     prefixes = [zs.blocks_attr] if zs.blocks_attr else []
-    if spec.dim("data") and spec.dim("expert"):
+    if spec.dim("context"):  # parameters replicated over the context ranks too: one data group
+        group = _made(mesh)["dp", "cp"]._flatten("dp_cp") if spec.dim("data") else _made(mesh)["cp"]
+        apply_data_parallel(module, spec, group, prefixes)
+    elif spec.dim("data") and spec.dim("expert"):
         apply_data_parallel(module, spec, _made(mesh)["dp", "ep"]._flatten("dp_ep"), prefixes, experts,
                             _made(mesh)["dp"])
     elif spec.dim("data") or spec.dim("expert"):
@@ -186,6 +190,12 @@ class Runner:
         # FSDP2's fully_shard/replicate cast parameters themselves (MixedPrecisionPolicy); elsewhere autocast
         self.autocast = spec.precision != "fp32" and spec.data_parallel in ("none", "zero1")
         self.scaler = torch.amp.GradScaler(device.type) if spec.precision == "fp16" else None
+        # the context group's ring: this rank's share of each sequence, and the ring attention over it
+        self.ring = None
+        if spec.dim("context"):
+            cp = _made(self.mesh)["cp"]
+            assert spec.seq_len is not None  # analyze refuses a context axis without a sequence
+            self.ring = Ring(cp.get_group(), cp.get_local_rank(), cp.size(), spec.seq_len)
 
     def _tie_groups(self) -> list[tuple[Any, nn.Parameter]]:
         """Tied parameters split across the first and last pipeline stage (GPT's embedding and
@@ -209,14 +219,20 @@ class Runner:
 
     def batch(self, step: int) -> tuple[torch.Tensor, ...]:
         full = global_batch(self.zs, step, self.spec.global_batch, self.spec.seq_len, self.st.seed)
-        return local_batch(full, self.data_index, self.data_count, self.device)
+        mine = local_batch(full, self.data_index, self.data_count, self.device)
+        if self.ring is not None:  # token ids and targets [batch, seq]: the positions this rank holds
+            pos = self.ring.positions[self.ring.rank].to(self.device)
+            mine = tuple(t.index_select(1, pos) for t in mine)
+        return mine
 
     def step(self, step: int) -> torch.Tensor | None:
         inputs, targets = self.batch(step)
         ctx = (torch.autocast(self.device.type, dtype=DTYPES[self.spec.precision]) if self.autocast
                else contextlib.nullcontext())
+        # forward and backward (and a recomputed layer's forward inside it) under ring attention
+        ring = context_parallel(self.ring) if self.ring is not None else contextlib.nullcontext()
         loss = None
-        with ctx:
+        with ctx, ring:
             if self.schedule is None:
                 loss = self.module(inputs, targets)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -313,11 +329,18 @@ def comm_counts(mode) -> dict[str, dict[str, dict[str, int]]]:
             key = "Global"
         else:
             key = canonical(name.partition(".")[2] + ".").rstrip(".")  # 'GPT.blocks.0' -> 'blocks.0'
+        mine: dict[str, dict[str, int]] = {}
         for phase, counts in phases.items():
             for op, c in counts.items():
-                d = out.setdefault(key, {}).setdefault(phase, {})
+                d = mine.setdefault(phase, {})
                 kind = collective_kind(str(op))
                 d[kind] = d.get(kind, 0) + int(c)
+        # a checkpoint wrapper and the module it wraps are one FQN here and each count the same
+        # collectives: adding them up would double a recomputed layer's
+        for phase, kinds in mine.items():
+            d = out.setdefault(key, {}).setdefault(phase, {})
+            for kind, c in kinds.items():
+                d[kind] = max(d.get(kind, 0), c)
     return out
 
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Role = Literal["pp", "data", "tensor", "expert", "replicate"]
+Role = Literal["pp", "data", "tensor", "expert", "context", "replicate"]
 
 
 class MeshDim(BaseModel):
@@ -19,7 +19,7 @@ class MeshDim(BaseModel):
     device order are merged into one dimension (a plan may split the batch on both dp and tp)."""
 
     model_config = ConfigDict(frozen=True)
-    name: str                      # pp | dp | tp | ep | rep: named by role, not by the plan axis
+    name: str                      # pp | dp | tp | ep | cp | rep: named by role, not by the plan axis
     size: int
     role: Role
     plan_axes: list[str] = Field(default_factory=list)
@@ -41,7 +41,7 @@ class StyleSpec(BaseModel):
 
 
 class ExpectedComm(BaseModel):
-    """A collective the Plan's cost model prices on the tensor (or expert) axis, where the executor performs it."""
+    """A collective the Plan's cost model prices on the tensor (expert, context) axis, where the executor performs it."""
 
     unit: str = Field(description="top-level module or block layer ('blocks.0', 'lm_head'; '' = the root)")
     module: str = Field(description="the module whose hook or style performs it")

@@ -57,6 +57,7 @@ from collections.abc import Callable
 import numpy as np
 
 from search.algorithm.chain import Chain, after_stack, find_chain
+from search.algorithm.context import context_accumulation_shapes
 from search.algorithm.evaluate import (
     PipeShape,
     PipeTables,
@@ -482,6 +483,8 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     if shapes is None:
         shapes = pipeline_shapes(cluster, job, len(chain.layers), zero_stages, allow_async, pipelines=pipelines,
                                  accumulate=accumulate)
+        if accumulate:  # and on the context-parallel meshes of a long-sequence graph
+            shapes += context_accumulation_shapes(graph, cluster, job, zero_stages)
     graphs: dict[int, tuple[OpGraph, CostModel, Chain | None]] = {}
     tails: dict[int, set[str]] = {}  # the ops after the stack, per micro-batch graph
     placeable: dict[tuple[int, tuple[MeshAxis, ...]], bool] = {}

@@ -87,9 +87,12 @@ def request_cluster(req: JobRequest, check_batch: bool = True):
         raise InputError(f"the profile was measured on {prof.device!r}, but the cluster is of {cluster.device.name!r}; "
                          f"search {prof.device!r} devices with it (or profile {cluster.device.name!r})")
     if check_batch and req.global_batch is not None:
-        from search.prices.mesh import data_ways, mesh_candidates
+        from search.prices.mesh import CONTEXT_MIN_SEQ, CONTEXT_SIZES, data_ways, mesh_candidates
 
         ways = sorted({data_ways(m) for m in mesh_candidates(cluster)})
+        seq = req.seq_len or 0
+        if seq >= CONTEXT_MIN_SEQ:  # a long sequence may split over a context axis inside the data axis
+            ways = sorted({*ways, *(w // cp for w in ways for cp in CONTEXT_SIZES if w % cp == 0 and seq % cp == 0)})
         if not any(req.global_batch % w == 0 for w in ways):
             raise InputError(f"global_batch {req.global_batch} does not split over any data-parallel size this cluster "
                              f"offers ({', '.join(map(str, ways))}): every op carrying the batch splits it over dp")

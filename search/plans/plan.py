@@ -24,6 +24,7 @@ from search.plans.flops import mfu, model_flops
 from search.prices.accuracy import PricedFrom
 from search.prices.mesh import (
     EXPERT_LABEL,
+    SEQ_LABEL,
     Config,
     Mesh,
     default_role,
@@ -41,8 +42,9 @@ class AxisSpec(BaseModel):
     name: str
     size: int
     stride: int
-    role: Literal["data", "tensor", "expert"]  # what torch runs on this axis: DDP/ZeRO/FSDP, parallelize_module,
-    #                                            or routed experts split over it (all-to-all dispatch and combine)
+    role: Literal["data", "tensor", "expert", "context"]  # what torch runs on this axis: DDP/ZeRO/FSDP,
+    # parallelize_module, routed experts split over it (all-to-all dispatch and combine), or the
+    # sequence split over it (ring attention)
 
     @model_validator(mode="before")
     @classmethod
@@ -173,6 +175,8 @@ def _role(op: Op, label: str | None, batch: str) -> str:
         return "batch"
     if label == EXPERT_LABEL:
         return "experts"
+    if label == SEQ_LABEL and not any(label in p.dims for p in op.params):
+        return "seq"  # the sequence as a row dimension (context axis, or sequence parallelism)
     in_params = any(label in p.dims for p in op.params)
     if op.kind == "attention":
         return "heads"

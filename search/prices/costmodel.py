@@ -38,12 +38,15 @@ from search.prices.boundaries import INFEASIBLE, Boundaries, Pair, exit_allowed
 from search.prices.cluster import Cluster
 from search.prices.compute import Kernel, gemm_shape, op_time
 from search.prices.mesh import (
+    CONTEXT,
     DATA,
     EXPERT,
     EXPERT_LABEL,
+    SEQ_LABEL,
     TENSOR,
     Config,
     Mesh,
+    context_code,
     input_grad_placement,
     input_placement,
     op_configs,
@@ -84,9 +87,10 @@ PRECISION_BYTES: dict[str, Bytes] = {
 }
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
-# Axes that split the batch: a parameter replicated there has its gradient synchronised by DDP /
-# FSDP over them (an expert axis splits the experts' own weights, which need none there)
-BATCH_ROLES = (DATA, EXPERT)
+# Axes that split the batch (or, on a context axis, the sequence): a parameter replicated there has
+# its gradient synchronised by DDP / FSDP over them (an expert axis splits the experts' own
+# weights, which need none there); ZeRO shards over all of them (torchtitan's dp_shard x cp)
+BATCH_ROLES = (DATA, EXPERT, CONTEXT)
 # Cross entropy keeps its log-probabilities (one copy of its input, the logits) for backward; its
 # backward, the step's first, while every activation is still kept, makes the gradient of the
 # log-probabilities and of the logits: two more. For a language model that moment is the peak,
@@ -379,7 +383,10 @@ class CostModel:
             if self.profile is not None:  # measured forward and forward + backward, optimizer step, calibrated
                 m_fwd, m_fb, ok = self.profile.compute(op, mesh, cfg, t_fwd)
                 if ok:
-                    t_fwd, t_fb = m_fwd, m_fb
+                    # ring attention runs the measured local block (local queries against one
+                    # rank's keys) once per rank of each context axis splitting it
+                    ring = ring_ways(op, cfg, mesh)
+                    t_fwd, t_fb = m_fwd * ring, m_fb * ring
                 elif t_fwd > 0:  # not profiled: the catalog's figure, with the op kind's calibration
                     f = m_fwd / t_fwd
                     t_fwd, t_fb = f * t_fwd, f * t_fb
@@ -402,6 +409,9 @@ class CostModel:
             # this op's own compute is exposed (per op, so still a sum), as far as the device
             # overlaps at all (NCCL on its own streams: fully; gloo on the cores computing: not)
             hide = self.device.comm_overlap
+            if op.kind == "attention":  # queries split over a context axis: K/V travel the ring
+                t_ring_f, t_ring_b = self._ring_attention(op, cfg, mesh, in_locals, t_fwd, t_fb - t_fwd, comm[ci])
+                t_fwd, t_fb = t_fwd + t_ring_f, t_fb + t_ring_f + t_ring_b
             if op.kind == "dispatch":  # before the tokens, their per-expert counts cross each expert axis
                 t_counts = self._expert_counts(op, mesh, comm[ci])
                 t_fwd, t_fb = t_fwd + t_counts, t_fb + t_counts
@@ -421,6 +431,46 @@ class CostModel:
         return OpCosts(configs=cfgs, time=time, mem=parts.sum(axis=1), parts=parts, comm=comm,
                        time_rc=time + fwd, mem_rc=parts_rc.sum(axis=1), parts_rc=parts_rc, step=step,
                        estimated=not measured)
+
+    def _ring_attention(self, op: Op, cfg: Config, mesh: Mesh, in_locals: list[float], fwd: float, bwd: float,
+                        comm: np.ndarray) -> tuple[float, float]:
+        """The exposed time of ring attention on each context axis that splits the attention's
+        sequence (forward, backward), its traffic added to `comm`. A rank keeps its queries and
+        computes against one K/V block per step while the next block arrives from its ring
+        neighbour: forward, n - 1 steps of a send/recv of the local K and V; backward, n - 1 steps
+        of K and V with the gradients accumulated for them so far (2x the bytes), and one last hop
+        of the gradients home to the block's owner (as torch's ring backward and worker/context.py
+        do). Each step hides behind one block's compute (1/n of the rank's attention, the causal
+        work balanced over ranks by the load-balanced sharding torch's context_parallel uses) as far
+        as the device overlaps: exposed = (n - 1) x max(0, transfer - overlap x block compute); the
+        last hop has nothing left to hide behind. A sum over ops still, so FT stays exact."""
+        t_f = t_b = 0.0
+        kv = sum(n * self.esize(t) for n, t in zip(in_locals[1:3], op.inputs[1:3], strict=True))
+        hide = self.device.comm_overlap
+        for ai, (ax, lab) in enumerate(zip(mesh.axes, cfg, strict=True)):
+            if ax.role != CONTEXT or ax.size == 1 or lab != SEQ_LABEL:
+                continue
+            n = ax.size
+            alpha, beta = self.ring_coefficients(mesh, ai)
+            step_f, step_b = alpha + beta * kv, alpha + beta * 2 * kv
+            t_f += (n - 1) * max(0.0, step_f - hide * fwd / n)
+            t_b += (n - 1) * max(0.0, step_b - hide * bwd / n) + step_f
+            comm[ai] += (3 * n - 2) * kv
+        return t_f, t_b
+
+    def ring_coefficients(self, mesh: Mesh, axis: int) -> tuple[float, float]:
+        """(alpha, beta) of one ring step on a context axis: each rank sends to one neighbour and
+        receives from the other at once, so a step costs one point-to-point transfer on the
+        axis's links (the profile's send/recv fit, scaled by the axis's calibration, if it has one)."""
+        ax = mesh.axes[axis]
+        bw, lat = self.cluster.link(ax.size, ax.stride)
+        if self.profile is not None:
+            fit = self.profile.collective("send_recv", 2)
+            f = self.profile.comm_factor(ax.name)
+            if fit is not None:
+                return fit.alpha * f + self.profile.sync, fit.beta * f
+            return lat * f + self.profile.sync, f / bw
+        return lat, 1.0 / bw
 
     def _expert_counts(self, op: Op, mesh: Mesh, comm: np.ndarray) -> float:
         """The all-to-all of a dispatch's per-expert token counts (int64) over each expert axis,
@@ -489,15 +539,23 @@ class CostModel:
         pays = self.bounds.pays(prod.name, cons.name)
         crossing = self.bounds.crossing(prod, cons)
         blocked = np.zeros((Cu, Cv), dtype=bool)
-        out_pl = [output_placement(c, prod) for c in prod_cfgs]
-        out_gpl = [output_grad_placement(c, prod) for c in prod_cfgs]
+        # on a context axis the tokens flattened into the batch dimension (the loss's input) are
+        # split as the sequence is: the same local tokens, no conversion between the two
+        ctx = [a for a, ax in enumerate(mesh.axes) if ax.role == CONTEXT and ax.size > 1]
+        batch = self.graph.batch_label
+
+        def tokens(pl: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(context_code(c, batch) if a in ctx else c for a, c in enumerate(pl)) if ctx else pl
+
+        out_pl = [tokens(output_placement(c, prod)) for c in prod_cfgs]
+        out_gpl = [tokens(output_grad_placement(c, prod)) for c in prod_cfgs]
         full_bytes = prod.output.numel * self.esize(prod.output)
         keeps_input = self.bounds.any_reader_keeps(prod.name)
         for t in cons.inputs:
             if t.source != prod.name:
                 continue
-            in_pl = [input_placement(c, t) for c in cons_cfgs]
-            in_gpl = [input_grad_placement(c, t) for c in cons_cfgs]
+            in_pl = [tokens(input_placement(c, t)) for c in cons_cfgs]
+            in_gpl = [tokens(input_grad_placement(c, t)) for c in cons_cfgs]
             changed = np.zeros((Cu, Cv), dtype=bool)
             for a in range(n_axes):
                 if mesh.axes[a].size == 1:
@@ -633,6 +691,14 @@ def sync_unit_shares(graph: OpGraph, experts_apart: bool = False) -> dict[str, f
     for _, numel, u in owned:
         totals[u] = totals.get(u, 0.0) + numel
     return {name: numel / totals[u] if totals[u] > 0 else 1.0 for name, numel, u in owned}
+
+
+def ring_ways(op: Op, cfg: Config, mesh: Mesh) -> int:
+    """Over how many ranks an attention op's keys and values travel a ring: the product of the
+    context axes that split its sequence (1 for any other op)."""
+    if op.kind != "attention":
+        return 1
+    return math.prod(ax.size for ax, lab in zip(mesh.axes, cfg, strict=True) if ax.role == CONTEXT and lab == SEQ_LABEL)
 
 
 def runs_on_dtensor(op: Op, cfg: Config, mesh: Mesh) -> bool:

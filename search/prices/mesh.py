@@ -17,6 +17,14 @@ every configuration offered must be executable as planned):
   of the axis by all-to-all (dispatch) and sends the results back (combine); the expert weights'
   gradients are then synchronised only over the data axes, across the ranks holding the same
   experts. Offered only for graphs with experts (expert_meshes).
+- ``context``: every op splits the sequence (``seq``), as a data axis splits the batch, and the
+  parameters are replicated there with their gradients synchronised over it as over a data axis
+  (FSDP2 / DDP run over data x context as one group, as torchtitan does). Attention needs every
+  key and value of the sequence: its queries stay local and the K/V shards travel around the ring
+  of the axis (ring attention, torch's ``context_parallel``), priced in the attention op's own
+  cost (search/prices/costmodel.py). Ops that see the tokens flattened (``[batch x seq, vocab]``
+  into the loss) split that flattened dimension, which carries the batch label: on a context axis
+  the two shardings are the same local tokens. Offered for long sequences (context_meshes).
 An axis on which most ops split the batch but one op splits its hidden size would need gathers
 that DDP does not perform, so that mix is not in the space.
 
@@ -35,18 +43,26 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from search.errors import InputError
-from search.models.graph import Op, OpGraph, ParamRef, TensorRef
+from search.models.graph import Op, OpGraph, ParamRef, TensorRef, label_size
 from search.prices.cluster import Cluster
 
 REPLICATE = None  # a configuration's entry for "this axis replicates the op"
-DATA, TENSOR, EXPERT = "data", "tensor", "expert"
-ROLES = (DATA, TENSOR, EXPERT)
+DATA, TENSOR, EXPERT, CONTEXT = "data", "tensor", "expert", "context"
+ROLES = (DATA, TENSOR, EXPERT, CONTEXT)
 EXPERT_LABEL = "expert"  # the experts' dimension label (search/models/moe.py)
+SEQ_LABEL = "seq"  # the sequence's dimension label (capture labels token ids [batch, seq])
+# Context axes are offered from this sequence length on: below it activations are small next to
+# the weights and the ring's K/V exchange, and every extra mesh slows the search
+CONTEXT_MIN_SEQ = 8192
+CONTEXT_SIZES = (2, 4, 8)  # context-parallel degrees offered (torchtitan's usual range)
+# Op kinds whose sequence dimension is a row dimension like the batch (each token computed on its
+# own) wherever no parameter carries it: they split the sequence with no communication
+SEQ_LOCAL_KINDS = ("linear", "embedding")
 
 
 def default_role(axis_name: str) -> str:
     """The role of an axis named the way mesh_candidates names them (for plans written without roles)."""
-    return DATA if axis_name == "dp" else EXPERT if axis_name == "ep" else TENSOR
+    return {"dp": DATA, "ep": EXPERT, "cp": CONTEXT}.get(axis_name, TENSOR)
 
 
 @dataclass(frozen=True)
@@ -54,7 +70,7 @@ class MeshAxis:
     name: str
     size: int
     stride: int  # how many devices apart consecutive members of one group are
-    role: str  # "data", "tensor" or "expert" (see the module docstring)
+    role: str  # "data", "tensor", "expert" or "context" (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -127,6 +143,8 @@ def axis_choices(op: Op, axis: MeshAxis, batch: str) -> list[str | None]:
     parallel style exists for its kind)."""
     if axis.size == 1:
         return [REPLICATE]
+    if axis.role == CONTEXT:
+        return context_choices(op, batch)
     if axis.role == EXPERT and EXPERT_LABEL in op.splittable:
         return [EXPERT_LABEL]
     if axis.role in (DATA, EXPERT):
@@ -137,6 +155,36 @@ def axis_choices(op: Op, axis: MeshAxis, batch: str) -> list[str | None]:
     if op.params and op.kind not in TENSOR_STYLED_KINDS:
         return [REPLICATE]  # a module with parameters splits only under a parallel style
     return [REPLICATE] + [lab for lab in op.splittable if lab != batch]
+
+
+def splits_sequence(op: Op) -> bool:
+    """Whether `op` can split the sequence with its queries local: a dimension it may shard
+    anyway (norms, pointwise ops), a row dimension of a Linear or Embedding (no parameter carries
+    it), or attention's, whose keys and values then travel the ring (ring attention)."""
+    if SEQ_LABEL in op.splittable or op.kind == "attention":
+        return True
+    return (op.kind in SEQ_LOCAL_KINDS and SEQ_LABEL in op.output.dims
+            and not any(SEQ_LABEL in p.dims for p in op.params))
+
+
+def context_choices(op: Op, batch: str) -> list[str | None]:
+    """What `op` may do on a context axis: split the sequence wherever it carries one (or nothing:
+    an op that reads the sequence but cannot split it locally, a softmax over it, say, would need
+    the whole sequence gathered); an op that sees the tokens flattened into the batch dimension
+    splits that; an op without either replicates."""
+    carries = {d for t in (*op.inputs, op.output) for d in t.dims}
+    if SEQ_LABEL in carries:
+        return [SEQ_LABEL] if splits_sequence(op) else []
+    if batch in carries:
+        return [batch] if batch in op.splittable else []
+    return [REPLICATE]
+
+
+def context_code(code: str, batch: str) -> str:
+    """A placement on a context axis with the flattened tokens' shard named as the sequence's:
+    what an op splits there as 'batch' is the same local tokens (context_meshes admits no graph
+    where the batch label stands for anything else there)."""
+    return f"S:{SEQ_LABEL}" if code == f"S:{batch}" else code
 
 
 # op_configs per (op object, mesh, batch label): the pipeline search asks for the same op's
@@ -210,6 +258,56 @@ def expert_meshes(graph: OpGraph, meshes: list[Mesh]) -> list[Mesh]:
     return out
 
 
+def sequence_length(graph: OpGraph) -> int:
+    """The sequence length the graph's attention runs over (0 without attention on `seq`)."""
+    sizes = [op.label_size(SEQ_LABEL) for op in graph.ops
+             if op.kind == "attention" and any(SEQ_LABEL in t.dims for t in op.inputs)]
+    return min(sizes) if sizes else 0
+
+
+def context_blocker(graph: OpGraph) -> str | None:
+    """Why no context axis can run `graph` as priced, or None. The batch label on a tensor without
+    the sequence must be the tokens flattened (batch x seq elements, as the loss of a language
+    model reads them): a pooled [batch, hidden] (BERT's CLS, a classifier) depends on the whole
+    sequence, which no rank of a context axis holds."""
+    seq = sequence_length(graph)
+    if seq < 2:
+        return "no attention over a sequence"
+    batch = graph.batch_label
+    rows = {op.label_size(batch) for op in graph.ops if SEQ_LABEL in op.output.dims and batch in op.output.dims}
+    for op in graph.ops:
+        for t in (*op.inputs, op.output):
+            if batch in t.dims and SEQ_LABEL not in t.dims:
+                n = label_size((t,), batch)
+                if not any(n == b * seq for b in rows):
+                    return f"op {op.name!r} reads the batch without the sequence (pooled over it)"
+    return None
+
+
+def context_meshes(graph: OpGraph, meshes: list[Mesh], min_seq: int = CONTEXT_MIN_SEQ) -> list[Mesh]:
+    """For a graph whose attention runs over at least `min_seq` tokens, each mesh with a data axis
+    (and no expert axis) also factored as data x context for every size of CONTEXT_SIZES that
+    divides the data axis and the sequence (the context axis inside the data axis, next to tp: its
+    ring exchanges K/V every layer, so it takes the faster links before data parallelism's
+    once-a-step gradient sync)."""
+    seq = sequence_length(graph)
+    if seq < max(min_seq, 2) or context_blocker(graph) is not None:
+        return meshes
+    out = list(meshes)
+    for mesh in meshes:
+        if any(a.role in (EXPERT, CONTEXT) for a in mesh.axes):
+            continue
+        for i, a in enumerate(mesh.axes):
+            if a.role != DATA:
+                continue
+            for cp in CONTEXT_SIZES:
+                if a.size % cp or seq % cp:
+                    continue
+                split = (MeshAxis(a.name, a.size // cp, a.stride * cp, DATA), MeshAxis("cp", cp, a.stride, CONTEXT))
+                out.append(Mesh(pp=mesh.pp, axes=mesh.axes[:i] + split + mesh.axes[i + 1:]))
+    return out
+
+
 def unplaceable_op(ops: Iterable[Op], mesh: Mesh, batch: str) -> Op | None:
     """The first op with no configuration on `mesh` (the batch does not split over its data
     axes, or the op reads the batch without being able to split it), else None."""
@@ -218,15 +316,21 @@ def unplaceable_op(ops: Iterable[Op], mesh: Mesh, batch: str) -> Op | None:
 
 def placeable_meshes(graph: OpGraph, meshes: list[Mesh]) -> list[Mesh]:
     """The meshes every op of `graph` can run on, with their expert-parallel variants for a graph
-    with routed experts (expert_meshes); InputError naming why when there are none."""
+    with routed experts (expert_meshes) and context-parallel ones for long sequences
+    (context_meshes); InputError naming why when there are none."""
     out, why = [], []
-    for mesh in expert_meshes(graph, meshes):
+    blocker = context_blocker(graph)
+    for mesh in context_meshes(graph, expert_meshes(graph, meshes)):
+        if blocker is not None and any(a.role == CONTEXT and a.size > 1 for a in mesh.axes):
+            why.append(f"{mesh.describe()}: no context axis: {blocker}")
+            continue
         odd = unplaceable_op(graph.ops, mesh, graph.batch_label)
         if odd is None:
             out.append(mesh)
         else:
             why.append(f"{mesh.describe()}: op {odd.name!r} cannot split its batch over {data_ways(mesh)} "
-                       f"data-parallel ranks")
+                       f"data-parallel ranks" + (" or its sequence over the context axis"
+                                                 if any(a.role == CONTEXT for a in mesh.axes) else ""))
     if meshes and not out:
         raise InputError("no device mesh can run this model: " + "; ".join(why)
                          + " (choose a global batch divisible by the data-parallel size, or fewer devices)")

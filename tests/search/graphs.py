@@ -173,3 +173,47 @@ def moe_layer(batch: int = 8, seq: int = 4, dim: int = 8, experts: int = 4, top_
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     return capture_with_blocks(model, (ids, ids), "layers" if layers > 1 else None, "moe-layer",
                                [["batch", "seq"], ["batch", "seq"]])
+
+
+def attention_lm(batch: int = 2, seq: int = 8, dim: int = 8, heads: int = 2, layers: int = 1,
+                 causal: bool = True) -> OpGraph:
+    """A small causal language model captured from torch: embedding, `layers` x (norm, q/k/v,
+    fused attention, output projection, residual), head and the loss over the flattened tokens,
+    the shape of every decoder the zoo has, small enough for the exhaustive reference."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from search.models.capture import capture_with_blocks
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.RMSNorm(dim)
+            self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, _ = x.shape
+            h = self.norm(x)
+            q, k, v = (m(h).view(b, t, heads, dim // heads).transpose(1, 2) for m in (self.q, self.k, self.v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return x + self.o(a.transpose(1, 2).reshape(b, t, dim))
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(16, dim)
+            self.layers = nn.ModuleList(Block() for _ in range(layers))
+            self.head = nn.Linear(dim, 16, bias=False)
+
+        def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            h = self.emb(ids)
+            for layer in self.layers:
+                h = layer(h)
+            return F.cross_entropy(self.head(h).flatten(0, 1).float(), targets.flatten(0, 1))
+
+    with torch.device("meta"):
+        model = Model()
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    return capture_with_blocks(model, (ids, ids), "layers" if layers > 1 else None, "attention-lm",
+                               [["batch", "seq"], ["batch", "seq"]])

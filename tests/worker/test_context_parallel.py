@@ -1,0 +1,111 @@
+"""Context parallelism as planned: the search's own plans for llama-tiny on a context axis (cp4,
+and dp2 x cp2 under FSDP) run on 4 gloo processes, reproduce the single-process losses step by
+step, and perform exactly the ring hops the plan prices, per layer, forward and backward."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from search.algorithm.ft import SearchOptions, search
+from search.models.capture import capture_model
+from search.models.zoo import get_model
+from search.plans.plan import Plan, build_plans
+from search.prices.cluster import make_cluster
+from search.prices.costmodel import TrainingJob
+from search.prices.mesh import Mesh, MeshAxis
+from worker.reference import reference_losses
+
+MODEL, BATCH, SEQ, STEPS = "llama-tiny", 4, 16, 3
+TOL = 2e-5  # fp32: ring attention merges the blocks' softmax by log-sum-exp, in another order
+MESHES = {
+    "cp4": (Mesh(pp=1, axes=(MeshAxis("dp", 1, 4, "data"), MeshAxis("cp", 4, 1, "context"),
+                             MeshAxis("tp", 1, 1, "tensor"))), 0),
+    "dp2 x cp2 fsdp": (Mesh(pp=1, axes=(MeshAxis("dp", 2, 2, "data"), MeshAxis("cp", 2, 1, "context"),
+                                        MeshAxis("tp", 1, 1, "tensor"))), 3),
+    "cp4 recompute": (Mesh(pp=1, axes=(MeshAxis("dp", 1, 4, "data"), MeshAxis("cp", 4, 1, "context"),
+                                       MeshAxis("tp", 1, 1, "tensor"))), 0),
+}
+
+
+def plan_on(mesh: Mesh, zero: int, model: str = MODEL, recompute: bool = False) -> Plan:
+    """The fastest plan the search finds on this mesh and ZeRO stage (with `recompute`, the leanest:
+    every layer recomputed)."""
+    g = capture_model(get_model(model), BATCH, SEQ)
+    job = TrainingJob(global_batch=BATCH, seq_len=SEQ, precision="fp32")
+    r = search(g, make_cluster("cpu", 4, devices_per_node=4), job,
+               SearchOptions(meshes=(mesh,), zero_stages=(zero,), recompute=recompute))
+    points = [p for p in r.points if r.solutions[p.mesh_index].mesh == mesh]
+    return build_plans(r, points[-1:] if recompute else points[:1])[0]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    from worker.analyze import analyze
+    from worker.launch import run_jobs
+    from worker.spec import Job, RunSettings
+
+    jobs = {name: Job(spec=analyze(plan_on(*m, recompute="recompute" in name)),
+                      settings=RunSettings(steps=STEPS, warmup=1, comm_debug=True))
+            for name, m in MESHES.items()}
+    raws = run_jobs(list(jobs.values()), timeout=400)
+    return {name: (job, raw) for (name, job), raw in zip(jobs.items(), raws, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return reference_losses(MODEL, STEPS, BATCH, SEQ, seed=0, lr=1e-3)
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_loss_matches_single_process(name, runs, reference):
+    job, raw = runs[name]
+    assert job.spec.dim("context") is not None and "cp: seq 100%" in job.spec.summary
+    got = raw["losses"]
+    assert len(got) == STEPS and all(math.isfinite(x) for x in got)
+    assert abs(got[-1] - got[0]) > 1e-4, "the loss did not move: no training happened"
+    diffs = [abs(a - b) for a, b in zip(got, reference, strict=True)]
+    assert max(diffs) < TOL, f"{name} ({job.spec.summary}): losses {got} vs single-process {reference}"
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_ring_hops_equal_the_plan(name, runs):
+    """Per layer on cp n: n - 1 hops of K and V forward, n backward (K, V and their gradients, then
+    the gradients home) and, in a recomputed layer, the forward's n - 1 again; on every rank alike,
+    and no all-to-all anywhere else."""
+    job, raw = runs[name]
+    n = job.spec.size("context")
+    again = n - 1 if "recompute" in name else 0
+    assert bool(job.spec.recompute) == bool(again)
+    want = Counter((e.unit, e.phase) for e in job.spec.expected_comms if e.kind == "all_to_all")
+    assert want == {(f"layers.{i}", p): k for i in range(2) for p, k in (("forward", n - 1), ("backward", n + again))}
+    for rank in raw["ranks"]:
+        comm = rank["comm"]
+        got = Counter({(unit, phase): kinds["all_to_all"] for unit, phases in comm.items()
+                       if unit.startswith("layers.") and unit.count(".") == 1
+                       for phase, kinds in phases.items() if "all_to_all" in kinds})
+        assert got == want, f"{name} rank {rank['rank']}: executed {dict(got)}, plan {dict(want)}"
+        outside = {(u, p) for u, phases in comm.items() for p, kinds in phases.items()
+                   if "all_to_all" in kinds and not u.startswith("layers.") and u not in ("", "Global")}
+        assert not outside, f"all-to-alls outside the attention layers: {outside}"
+
+
+def test_context_parallelism_beside_tensor_parallelism_is_refused_saying_why():
+    """cp2 x tp2 is priced (the search offers it) but not executed: analyze says so before launch."""
+    from worker.analyze import Unsupported, analyze
+
+    plan = plan_on(Mesh(pp=1, axes=(MeshAxis("dp", 1, 4, "data"), MeshAxis("cp", 2, 2, "context"),
+                                    MeshAxis("tp", 2, 1, "tensor"))), 0)
+    with pytest.raises(Unsupported, match="context parallelism beside tensor or expert parallelism is not executed"):
+        analyze(plan)
+
+
+def test_a_learned_position_embedding_is_refused_saying_why():
+    """GPT-2 looks its position embedding up for 0 .. t - 1 of the tokens it holds: wrong on a share."""
+    from worker.analyze import Unsupported, analyze
+
+    plan = plan_on(MESHES["cp4"][0], 0, model="gpt2-tiny")
+    with pytest.raises(Unsupported, match="learned position embedding"):
+        analyze(plan)
