@@ -478,9 +478,9 @@ def _run_plan_from_search(args: argparse.Namespace, device: str):
                         precision=args.precision or ("fp32" if device == "cpu" else "bf16"),
                         zero_stages=list(_zero_stages(args.zero)), recompute=not args.no_recompute,
                         # the plan picked here is launched at once: search only what the executor runs as
-                        # priced (it does not accumulate gradients, and refuses some pipelines: fp16, a tied
-                        # parameter split over the tensor axis across stages)
-                        pipeline=False, grad_accumulation=False)
+                        # priced (it refuses some pipelines: fp16, a tied parameter split over the tensor
+                        # axis across stages); gradient accumulation it runs
+                        pipeline=False, grad_accumulation=True)
     if args.profile:
         fields["profile"] = _read_json(args.profile, "profile")
         if args.device is None:

@@ -752,10 +752,12 @@ def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
         raise Unsupported(f"interleaved 1F1B ({pl.virtual_stages} virtual stages per device) is not executed here; "
                           f"re-plan with virtual_stages 1")
     if plan.mesh.pp == 1 and pl.stages == 1:
-        if pl.micro_batches > 1:
-            raise Unsupported(f"gradient accumulation ({pl.micro_batches} micro-batches without a pipeline) is not "
-                              f"executed here: a one-stage plan runs its whole batch per step")
-        return PipelineExec()
+        # gradient accumulation: the rank's batch as equal micro-batches in one process (Runner._accumulate)
+        per_rank = plan.global_batch // math.prod(a.size for a in plan.mesh.axes if a.role in ("data", "expert"))
+        if pl.micro_batches > 1 and per_rank % pl.micro_batches:
+            raise Unsupported(f"gradient accumulation: {pl.micro_batches} micro-batches do not divide the "
+                              f"{per_rank} samples each data-parallel rank holds")
+        return PipelineExec(micro_batches=pl.micro_batches)
     if pl.stages != plan.mesh.pp:
         raise Unsupported(f"plan has {pl.stages} pipeline stages on a mesh with pp={plan.mesh.pp}; the executor "
                           f"runs one stage per pp rank")

@@ -233,7 +233,9 @@ class Runner:
         ring = context_parallel(self.ring) if self.ring is not None else contextlib.nullcontext()
         loss = None
         with ctx, ring:
-            if self.schedule is None:
+            if self.schedule is None and self.spec.pipeline.micro_batches > 1:
+                loss = self._accumulate(inputs, targets)
+            elif self.schedule is None:
                 loss = self.module(inputs, targets)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             elif self.stage == 0:
@@ -258,6 +260,30 @@ class Runner:
         # frees of blocks allocated before profiling started are not reported)
         self.opt.zero_grad(set_to_none=True)
         return loss.detach() if loss is not None else None
+
+    def _accumulate(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Gradient accumulation: the rank's batch as m equal micro-batches, each loss scaled by
+        1/m so the summed gradients are the whole batch's mean, as the single process computes it.
+        Data-parallel synchronisation as the cost model prices it: DDP (ZeRO-1) and replicate
+        (ZeRO-0) all-reduce once, after the last micro-batch; FSDP (ZeRO-2/3) reduce-scatters
+        every micro-batch, so gradients stay sharded; a tensor axis's partial gradients are
+        reduced as each backward accumulates them (reduce_partial_grads)."""
+        m = self.spec.pipeline.micro_batches
+        once = self.spec.data_parallel in ("ddp", "zero1")
+        total = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m), strict=True)):
+            last = i == m - 1
+            sync: Any = contextlib.nullcontext()
+            module: Any = self.module  # DDP or an FSDP2-based replicate, told apart by what they offer
+            if once and not last and hasattr(module, "no_sync"):  # DDP
+                sync = module.no_sync()
+            elif once and hasattr(module, "set_requires_gradient_sync"):  # replicate
+                module.set_requires_gradient_sync(last)
+            with sync:
+                loss = self.module(x, y) / m
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach()
+        return total
 
     def global_loss(self, loss: torch.Tensor | None) -> float:
         """Mean of the data shards' losses (the single-process loss when shards are equal)."""
@@ -295,7 +321,8 @@ class Runner:
             elif s == mem_step:
                 # MemTracker refuses a module that runs more than once per step (micro-batches)
                 ctx = (measure.cpu_peak(self.module, self.opt, mem)
-                       if self.schedule is None and self.st.memory_method == "memtracker" else measure.profiler_peak(mem))
+                       if self.schedule is None and self.spec.pipeline.micro_batches == 1
+                       and self.st.memory_method == "memtracker" else measure.profiler_peak(mem))
             t0 = time.perf_counter()
             with ctx:
                 loss = self.step(s)

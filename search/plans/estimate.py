@@ -334,9 +334,6 @@ def _launch_blockers(req: EstimateRequest, shape: Shape, schedule: str) -> list[
         out.append(f"1F1B needs at least as many micro-batches as stages ({shape.micro_batches} < {shape.pp})")
     if shape.pp > 1 and req.precision == "fp16":
         out.append("fp16 needs loss scaling, which the pipeline schedules do not apply to their per-micro-batch losses")
-    if shape.pp == 1 and shape.micro_batches > 1:
-        out.append(f"gradient accumulation ({shape.micro_batches} micro-batches without a pipeline) is not executed: "
-                   "a one-stage plan runs its whole batch per step")
     if req.recompute == "selective":
         out.append("selective recomputation is not executed: the executor checkpoints whole layers")
     return out

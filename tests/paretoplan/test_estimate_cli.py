@@ -42,9 +42,9 @@ def test_prints_time_memory_mfu_source_and_launchability(tmp_path, capsys):
 
 
 def test_not_launchable_says_why(capsys):
-    assert main(["estimate", *TINY, "--tp", "2"]) == 0  # dp 4, 4 samples each in micro-batches of 1
+    assert main(["estimate", *TINY, "--tp", "2", "--recompute", "selective"]) == 0
     out = capsys.readouterr().out
-    assert "launchable: no: gradient accumulation (4 micro-batches without a pipeline)" in out
+    assert "launchable: no: selective recomputation is not executed" in out
 
 
 def test_against_a_frontier_file(frontier_file, capsys):

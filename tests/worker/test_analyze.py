@@ -148,12 +148,16 @@ def test_interleaved_1f1b_is_refused():
         analyze(plan)
 
 
-def test_gradient_accumulation_without_a_pipeline_is_refused():
-    """A one-stage plan with micro-batches would run its whole batch per step: not what was priced."""
+def test_gradient_accumulation_without_a_pipeline_runs_as_micro_batches():
+    """A one-stage plan with micro-batches runs each rank's batch as that many equal micro-batches
+    (tests/worker/test_accumulation.py runs them); a count that does not divide it is refused."""
     plan = baseline("gpt2-tiny", "data-parallel")
-    plan = plan.model_copy(update={"pipeline": plan.pipeline.model_copy(update={"micro_batches": 2})})
-    with pytest.raises(Unsupported, match="gradient accumulation"):
-        analyze(plan)
+    two = plan.model_copy(update={"pipeline": plan.pipeline.model_copy(update={"micro_batches": 2})})
+    spec = analyze(two)
+    assert (spec.pipeline.stages, spec.pipeline.micro_batches) == (1, 2)
+    three = plan.model_copy(update={"pipeline": plan.pipeline.model_copy(update={"micro_batches": 3})})
+    with pytest.raises(Unsupported, match="do not divide"):
+        analyze(three)
 
 
 @pytest.mark.parametrize(("tp", "pp", "micro_batch"), [(2, 2, 2), (2, 1, 4), (1, 2, 1)])
@@ -173,7 +177,9 @@ def test_estimates_called_launchable_are_executable(tp, pp, micro_batch):
 def test_estimates_not_launchable_are_refused_by_the_worker_too():
     from search.plans.estimate import EstimateRequest, estimate
 
-    e = estimate(EstimateRequest(model="gpt2-tiny", device="cpu", devices=4, global_batch=8, precision="fp32", tp=2))
-    assert not e.launchable and "gradient accumulation" in (e.not_launchable_reason or "")
-    with pytest.raises(Unsupported, match="gradient accumulation"):
+    # GPT's tied head and embedding split over tp and cut apart by the pipeline
+    e = estimate(EstimateRequest(model="gpt2-tiny", device="cpu", devices=4, global_batch=8, precision="fp32",
+                                 tp=2, pp=2, micro_batch=2))
+    assert not e.launchable and "tied" in (e.not_launchable_reason or "")
+    with pytest.raises(Unsupported, match="tied"):
         analyze(e.plan)

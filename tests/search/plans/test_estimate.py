@@ -97,7 +97,7 @@ def test_gradient_accumulation_costs_time_and_saves_activations():
     assert four.breakdown.params == one.breakdown.params
     assert four.time_s > one.time_s
     assert "accumulate m4" in four.plan.summary
-    assert not four.launchable and "gradient accumulation" in (four.not_launchable_reason or "")
+    assert four.launchable, four.not_launchable_reason  # the executor accumulates (tests/worker/test_accumulation.py)
 
 
 # ---- MFU ------------------------------------------------------------------------------------------------
