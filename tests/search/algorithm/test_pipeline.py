@@ -331,3 +331,40 @@ def test_every_shape_lies_inside_its_end_stage_bounds():
                 assert np.all(t + lams * m >= bd.b * (1 - 1e-9)), sh.describe()
         checked += 1
     assert checked > 10
+
+
+def test_middle_stage_lower_bounds_hold_every_split():
+    """The DP with its middle stages at their lower bounds (`_Stages.lower`: the ladder of
+    powers-of-two micro-batches in flight) weakly dominates the true DP point for point, per
+    boundary layout: what lets it declare a layout dead before the middle stages are solved."""
+    from search.algorithm.evaluate import pipe_tables
+    from search.algorithm.pipeline import _Envelope, _split_layers, _Stages
+    from search.prices.costmodel import CostModel
+
+    g = stack(8, batch=64)
+    cl = make_cluster("h100-80gb", 8)
+    job = TrainingJob(global_batch=64, seq_len=None)
+    checked = 0
+    for sh in pipeline_shapes(cl, job, 8, (0, 1)):
+        if sh.stages < 4:
+            continue
+        mg = micro_batch_graph(g, sh.micro_batches)
+        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
+        tabs = pipe_tables(mg, cm, sh)
+        if tabs is None:
+            continue
+        S = _Stages.build(mg, cm, tabs, 0.0, True, _Envelope(np.zeros(0), np.zeros(0), tabs.buffers))
+        assert S is not None
+        # some middle stage is bounded by another weighting than its own (else nothing is tested)
+        assert any(S.lower_weights(s) != S.weights[s] for s in range(1, sh.stages - 1)), sh.describe()
+        for b in S.boundary_configs():
+            true = _split_layers(S, b, 8, tabs.p2p, 0.0)
+            low = _split_layers(S, b, 8, tabs.p2p, 0.0, lower=True)
+            if true is None:
+                continue
+            assert low is not None, sh.describe()
+            tol = 1 + 1e-9
+            for t, m in zip(true[0], true[1], strict=True):
+                assert np.any((low[0] <= t * tol) & (low[1] <= m * tol)), sh.describe()
+            checked += 1
+    assert checked > 4
