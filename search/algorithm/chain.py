@@ -97,6 +97,19 @@ def find_chain(graph: OpGraph, min_layers: int = 3, solo: bool = False) -> Chain
     return found[(min_layers, solo)]
 
 
+def carry_chains(full: OpGraph, part: OpGraph) -> None:
+    """Give `part`, the graph of one micro-batch of `full` (evaluate.micro_batch_graph), the
+    stacks already proven on `full`, so each micro-batch count does not read every layer again.
+    Sound: the micro-batch graph divides every tensor's batch dimension and every batched op's
+    FLOPs alike, so layers that wire and price alike on the full batch still do (the same map
+    applied to equal ops gives equal ops); a stack not found on `full` is asked afresh."""
+    cache: tuple[object, object, dict[tuple[int, bool], Chain | None]] | None = full.__dict__.get("_chains")
+    if cache is None or cache[0] is not full.ops or cache[1] is not full.blocks:
+        return
+    found = {key: chain for key, chain in cache[2].items() if chain is not None}
+    object.__setattr__(part, "_chains", (part.ops, part.blocks, found))
+
+
 def _find_chain(graph: OpGraph, min_layers: int, solo: bool) -> Chain | None:
     if not graph.blocks:
         return None

@@ -67,6 +67,7 @@ from search.algorithm.evaluate import (
     stage_weights,
     unsupported,
     weigh_op,
+    with_edges,
 )
 from search.algorithm.factor_graph import MeshProblem, prepare_mesh
 from search.algorithm.frontier import RTOL, Factor, Stats, assignments, join, least_memory, pareto_mask, select, staircase
@@ -204,8 +205,8 @@ class _Powers:
 
 def _floor(tables: PipeTables) -> tuple[float, float]:
     """A lower bound on the iteration time and peak memory of every plan of a shape: the slowest
-    stage takes at least the average of all stages, and every op and edge costs at least its
-    cheapest configuration (the leanest stage weights for memory)."""
+    stage takes at least the average of all stages, every op costs at least its cheapest
+    configuration (the leanest stage weights for memory) and every edge at least nothing."""
     shape = tables.shape
     weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule)
     lean = min(weights, key=lambda w: (w.inflight, w.copies))
@@ -218,10 +219,7 @@ def _floor(tables: PipeTables) -> tuple[float, float]:
         w = weigh_op(oc, lean)
         t += k * float(min(w.time.min(), w.time_rc.min()))
         m += k * float(min(w.mem.min(), w.mem_rc.min()))
-    edge_uses: dict[int, tuple[float, int]] = {}
-    for ec in tables.edge_costs.values():
-        edge_uses[id(ec)] = (float(ec.time.min()), edge_uses[id(ec)][1] + 1 if id(ec) in edge_uses else 1)
-    t += sum(v * k for v, k in edge_uses.values()) * lean.slots
+    # edges cost >= 0 and are left out: the stage search's tables come without them (`pipe_tables`)
     return t / shape.stages, m / shape.stages + tables.buffers
 
 
@@ -510,7 +508,7 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
     `graph` and `cm` are the micro-batch graph and its cost model; `envelope` holds (time,
     memory) of plans known to exist, which prune partial stages that cannot win (exact);
     `chain` and `base` as for pipe_tables."""
-    tables = pipe_tables(graph, cm, shape, chain=chain, base=base)
+    tables = pipe_tables(graph, cm, shape, chain=chain, base=base, edges=False)
     if tables is None:
         return None
     known_t, known_m = envelope if envelope is not None else (np.zeros(0), np.zeros(0))
@@ -544,7 +542,7 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
     for layer in chain.layers:  # every layer's output takes the tied boundary layout
         assigns.setdefault(layer[-1], np.zeros(len(keep), dtype=np.int64))[:] = np.array(out_b)[keep]
     root = Factor(scope=(), keys=np.zeros((len(keep), 0), dtype=np.int32), t=t[keep], m=mem[keep])
-    return PipeSolution.of(tables, root, splits, assigns, S.stats)
+    return PipeSolution.of(with_edges(tables, cm), root, splits, assigns, S.stats)
 
 # ---- the whole pipeline pass --------------------------------------------------------------------
 def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stages: tuple[int, ...],
