@@ -231,8 +231,9 @@ class _Stages:
 
     def __init__(self, weights: list[Weights], solve: Callable[[Weights], MeshProblem | None],
                  ends: dict[Weights, MeshProblem], head: Factor, tail: Factor, domain: dict[str, int], eps: float,
-                 stats: Stats, env: _Envelope) -> None:
+                 stats: Stats, env: _Envelope, middle: Callable[[Weights], Factor] | None = None) -> None:
         self.weights, self.solve, self.ends, self.head, self.tail = weights, solve, ends, head, tail
+        self.middle = middle
         self.domain, self.eps, self.stats, self.env = domain, eps, stats, env
         self.powers: dict[Weights, _Powers] = {}
         self.cache: dict[tuple[int, int], Factor] = {}
@@ -259,6 +260,31 @@ class _Stages:
                                 split_outside=(head or w == first, w == last), edge_weights=w, known=known)
             return prob if prob.unit is not None else None
 
+        # The middle stages differ only in the micro-batches in flight: every stage's memory is
+        # static + inflight * activations, its time the same. One elimination of the layer keeping
+        # (time, static, activations) Pareto in all three holds, for every inflight >= 0, the
+        # layer's frontier under that weighing (a point beaten in all three components is beaten
+        # under every weighing): each middle stage then costs one reduction instead of a solve.
+        bare = Weights(first.slots, first.copies, 0.0)
+        layer3: list[Factor] = []
+
+        def middle(w: Weights) -> Factor:
+            assert (w.slots, w.copies) == (bare.slots, bare.copies) and w.inflight >= 0
+            if not layer3:
+                weighted = {name: weigh_op(oc, bare) for name, oc in tables.op_costs.items() if name not in covered}
+                act = {name: (oc.parts[:, 3], oc.parts_rc[:, 3]) for name, oc in tables.op_costs.items()
+                       if name not in covered}
+                prob = prepare_mesh(graph, cm, sub, True, 0.0, shape.zero, recompute, weighted,
+                                    split_outside=(False, False), edge_weights=bare, known=known, activations=act)
+                assert prob.unit is not None and prob.unit.m2 is not None  # the ends solved it as one layer
+                layer3.append(prob.unit)
+            u = layer3[0]
+            assert u.m2 is not None
+            m = u.m + w.inflight * u.m2
+            keep = pareto_mask(u.keys[:, 0].astype(np.int64), u.t, m, eps)
+            return Factor(scope=u.scope, keys=u.keys[keep], t=u.t[keep], m=m[keep], parents=(u,), parent_idx=(keep,),
+                          layers=1)
+
         beaten = envelope is not None and len(envelope[0]) > 0  # known plans to judge the ends by
         lp = solve(last, head=beaten)
         if lp is None:
@@ -281,14 +307,19 @@ class _Stages:
         domain = ends[first].domain
         head, tail = ends[first].head, ends[last].tail
         assert head is not None and tail is not None
-        return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env)
+        return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env,
+                   middle if all((w.slots, w.copies) == (bare.slots, bare.copies) for w in weights) else None)
 
     def power(self, w: Weights) -> _Powers:
         """The k-layer powers of the layer frontier under weights w (its problem solved once)."""
         if w not in self.powers:
-            prob = self.ends.get(w) or self.solve(w)
-            assert prob is not None and prob.unit is not None  # the stack solved as one layer under the ends
-            self.powers[w] = _Powers(prob.unit, self.domain, self.eps, self.stats, self.env)
+            if w in self.ends or self.middle is None:
+                prob = self.ends.get(w) or self.solve(w)
+                assert prob is not None and prob.unit is not None  # the stack solved as one layer under the ends
+                unit = prob.unit
+            else:
+                unit = self.middle(w)
+            self.powers[w] = _Powers(unit, self.domain, self.eps, self.stats, self.env)
         return self.powers[w]
 
     def layer_floor(self, b: int) -> tuple[float, float]:
