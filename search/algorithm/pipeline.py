@@ -20,7 +20,11 @@ device. Stage boundaries come from a DP over layers whose values are frontiers o
 time, max stage memory): F_s(j) = Pareto( union over k of max(F_{s-1}(j - k), S_s(k)) ), where
 S_s(k) is stage s holding k layers (the k-fold Minkowski sum of the layer frontier under
 stage s's weights) and max(.,.) of two staircases is their pointwise maximum - exact, and
-linear in their sizes.
+linear in their sizes. The DP holds each F as a staircase of a memory budget (the least time
+within it) on the grid of every stage point's memory, so one numpy sweep covers every j. The
+middle stages' weights differ only in the micro-batches in flight, so their layer is
+eliminated once keeping (time, static memory, activations) Pareto in all three, and each middle
+stage's layer frontier is one reduction of it (`_Stages.build`, `middle`).
 
 Gradient accumulation is the same machinery with p = 1: m micro-batches on one stage (m slots,
 no bubble), one micro-batch's activations held, gradients summed and synchronised once.
@@ -46,7 +50,9 @@ The space searched, and what is left out on purpose:
 Speed, exactly. Every shape is first bounded from its op tables alone (`shape_bound`: edges and
 transfers cost >= 0, every op at its cheapest); the shapes are solved in the order of their time
 bound, and one whose bounds the plans found so far (without pipelines, earlier shapes) beat is
-skipped whole. Inside a shape, partial stages beaten by a known plan are dropped (`_Envelope`).
+skipped whole. Inside a shape, partial stages beaten by a known plan are dropped (`_Envelope`),
+and a boundary layout whose DP with the middle stages at their lower bounds (`_Stages.lower`)
+finds nothing unbeaten is dropped before the middle stages are weighed.
 """
 
 from __future__ import annotations
