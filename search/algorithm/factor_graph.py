@@ -88,9 +88,18 @@ def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str
             est *= domain[u]
         return (est, v)
 
+    # a variable's weight changes only when a factor touching it does: keep the weights and
+    # recompute those of the variables that shared a factor with the one eliminated
+    weights: dict[str, tuple[float, str]] = {}
     while remaining:
-        v = min(remaining, key=weight)
+        for u in remaining:
+            if u not in weights:
+                weights[u] = weight(u)
+        v = min(remaining, key=weights.__getitem__)
         mine = sorted((live.pop(fid) for fid in by_var.pop(v)), key=len)
+        for f in mine:
+            for u in f.scope:
+                weights.pop(u, None)
         for f in mine:
             for u in f.scope:
                 if u != v:
