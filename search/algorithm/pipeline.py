@@ -493,7 +493,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             k = int(K_i[j, col])
             _, pt = picks_i[k]
             s = order[i]
-            st, sm, idx = stairs_of(S, s, k, b, weights, p2p, lower)
+            st, sm, idx = _stairs_of(S, s, k, b, weights, p2p, lower)
             q = int(np.flatnonzero(idx == pt[col])[0])
             t_max, m_max = max(t_max, float(st[q])), max(m_max, float(sm[q]))
             back.append((k, int(pt[col])))
@@ -509,7 +509,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     return out_t[keep], out_m[keep], [[backs[int(a)][int(place[s])] for s in range(p)] for a in keep]
 
 
-def stairs_of(S: _Stages, s: int, k: int, b: int, weights: list[Weights], p2p: np.ndarray, lower: bool
+def _stairs_of(S: _Stages, s: int, k: int, b: int, weights: list[Weights], p2p: np.ndarray, lower: bool
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Stage s's points as the DP saw them (its transfer added)."""
     send = weights[s].slots * p2p[b] if s < len(weights) - 1 else 0.0
