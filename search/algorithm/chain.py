@@ -97,6 +97,22 @@ def find_chain(graph: OpGraph, min_layers: int = 3, solo: bool = False) -> Chain
     return found[(min_layers, solo)]
 
 
+def carry_chains(full: OpGraph, part: OpGraph) -> None:
+    """Give `part`, the graph of one micro-batch of `full` (evaluate.micro_batch_graph), the
+    stacks already proven on `full`, so each micro-batch count does not read every layer again.
+    Sound: the micro-batch graph divides every tensor's batch dimension and every batched op's
+    FLOPs alike, so layers that wire and price alike on the full batch still do (the same map
+    applied to equal ops gives equal ops); a stack not found on `full` is asked afresh."""
+    cache: tuple[object, object, dict[tuple[int, bool], Chain | None]] | None = full.__dict__.get("_chains")
+    if cache is None or cache[0] is not full.ops or cache[1] is not full.blocks:
+        return
+    found = {key: chain for key, chain in cache[2].items() if chain is not None}
+    object.__setattr__(part, "_chains", (part.ops, part.blocks, found))
+    after: tuple[object, dict[str, frozenset[str]]] | None = full.__dict__.get("_after")
+    if after is not None and after[0] is full.ops:  # the same wiring: the same ops after the stack
+        object.__setattr__(part, "_after", (part.ops, dict(after[1])))
+
+
 def _find_chain(graph: OpGraph, min_layers: int, solo: bool) -> Chain | None:
     if not graph.blocks:
         return None
@@ -209,10 +225,23 @@ def _ref(layers: list[tuple[str, ...]], i: int, name: str) -> tuple[object, ...]
 
 
 def after_stack(graph: OpGraph, chain: Chain) -> set[str]:
-    """The ops after the block stack: those reading, directly or not, the last layer's output."""
+    """The ops after the block stack: those reading, directly or not, the last layer's output.
+    Kept on the graph (keyed by its ops, as `find_chain`): the pipeline search asks per shape,
+    and each answer walks every op's consumers."""
+    cache: tuple[object, dict[str, frozenset[str]]] | None = graph.__dict__.get("_after")
+    if cache is None or cache[0] is not graph.ops:
+        cache = (graph.ops, {})
+        object.__setattr__(graph, "_after", cache)
+    last = chain.layers[-1][-1]
+    if last not in cache[1]:
+        cache[1][last] = frozenset(_after_stack(graph, last))
+    return set(cache[1][last])
+
+
+def _after_stack(graph: OpGraph, last: str) -> set[str]:
     consumers = graph.consumers()
     out: set[str] = set()
-    todo = [c for c, _ in consumers[chain.layers[-1][-1]]]
+    todo = [c for c, _ in consumers[last]]
     while todo:
         name = todo.pop()
         if name not in out:

@@ -14,6 +14,7 @@ reference checks FT.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from functools import cached_property
 
 import numpy as np
 
-from search.algorithm.chain import Chain, after_stack, find_chain, layer_index, layer_outputs, recompute_var
+from search.algorithm.chain import Chain, after_stack, carry_chains, find_chain, layer_index, layer_outputs, recompute_var
 from search.models.graph import OpGraph, TensorRef
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, recomputed_mem
 from search.prices.mesh import (
@@ -158,6 +159,7 @@ def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
         meta["global_batch"] = int(meta["global_batch"]) // m
     out = graph.model_copy(update={"ops": tuple(ops), "meta": meta})
     out.__dict__.pop("_op_index", None)  # model_copy copies the name -> op cache of the full-batch graph
+    carry_chains(graph, out)
     return out
 
 
@@ -238,12 +240,15 @@ def p2p_costs(graph: OpGraph, cm: CostModel, shape: PipeShape, boundary: str,
 
 
 def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape, min_layers: int = 3, chain: Chain | None = None,
-                base: dict[str, OpCosts] | None = None) -> PipeTables | None:
+                base: dict[str, OpCosts] | None = None, edges: bool = True) -> PipeTables | None:
     """Unweighted cost tables of one micro-batch on the stage sub-mesh, and the boundary
     transfers. `graph` and `cm` are the micro-batch graph and its cost model. None if it cannot
     pipeline. The search asks for a stack of at least 3 layers (the chain it reuses blocks
     along); pricing one given plan may take a stack of 2 (`min_layers`). A caller that already
-    has them passes the graph's `chain` and the op tables `mesh_costs` gives (`base`)."""
+    has them passes the graph's `chain` and the op tables `mesh_costs` gives (`base`). Without
+    `edges` the edge tables are left empty (`with_edges` adds them): the stage search prices
+    its edges per stage weighting itself and needs them only for the shapes that reach the
+    frontier."""
     chain = chain if chain is not None else find_chain(graph, min_layers)
     if chain is None or unsupported(graph, chain) is not None or len(chain.layers) < shape.stages:
         return None
@@ -254,21 +259,30 @@ def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape, min_layers: int
     base = dict(base) if base is not None else mesh_costs(graph, cm, sub, shape.zero, chain)
     if shape.stages > 1:  # one stage (gradient accumulation) holds a tied parameter once
         base.update(_tied_copies(graph, cm, sub, shape, chain))
-    edges = _all_edges(graph, cm, sub, base, chain, skip={n for layer in chain.layers[2:] for n in layer})
+    for i in range(2, len(chain.layers)):
+        for a, b in zip(chain.template, chain.layers[i], strict=True):
+            base[b] = base[a]
+    p2p, p2p_bytes = p2p_costs(graph, cm, shape, chain.boundary, base[chain.boundary].configs)
+    covered = {name for layer in chain.layers[2:] for name in layer}
+    buffers = cm.buffers(sub, [graph.op(n) for n in base if n not in covered], shape.zero)
+    tabs = PipeTables(shape=shape, graph=graph, chain=chain, op_costs=base, edge_costs={},
+                      buffers=buffers, p2p=p2p, p2p_bytes=p2p_bytes)
+    return with_edges(tabs, cm) if edges else tabs
+
+
+def with_edges(tabs: PipeTables, cm: CostModel) -> PipeTables:
+    """`tabs` with every edge's table (layers 2.. through the template's, as their ops)."""
+    graph, chain = tabs.graph, tabs.chain
+    sub = Mesh(pp=1, axes=tabs.shape.mesh.axes)
+    edges = _all_edges(graph, cm, sub, tabs.op_costs, chain, skip={n for layer in chain.layers[2:] for n in layer})
     template = set(chain.template)
     template_edges = {k: ec for k, ec in edges.items() if k[1] in template}
     for i in range(2, len(chain.layers)):
         names = dict(zip(chain.template, chain.layers[i], strict=True))
         names[chain.boundary] = chain.layers[i - 1][-1]
-        for a, b in zip(chain.template, chain.layers[i], strict=True):
-            base[b] = base[a]
         for (src, dst), ec in template_edges.items():
             edges[(names.get(src, src), names[dst])] = ec
-    p2p, p2p_bytes = p2p_costs(graph, cm, shape, chain.boundary, base[chain.boundary].configs)
-    covered = {name for layer in chain.layers[2:] for name in layer}
-    buffers = cm.buffers(sub, [graph.op(n) for n in base if n not in covered], shape.zero)
-    return PipeTables(shape=shape, graph=graph, chain=chain, op_costs=base, edge_costs=edges,
-                      buffers=buffers, p2p=p2p, p2p_bytes=p2p_bytes)
+    return dataclasses.replace(tabs, edge_costs=edges)
 
 
 def _tied_copies(graph: OpGraph, cm: CostModel, sub: Mesh, shape: PipeShape, chain: Chain) -> dict[str, OpCosts]:

@@ -28,28 +28,35 @@ from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, add_edges, re
 from search.prices.mesh import Mesh, op_configs
 
 
-def _op_factor(name: str, oc: OpCosts, rc: str | None = None) -> Factor:
-    """One point per configuration; inside a block also per recomputation choice of the block."""
+def _op_factor(name: str, oc: OpCosts, rc: str | None = None,
+               act: tuple[np.ndarray, np.ndarray] | None = None) -> Factor:
+    """One point per configuration; inside a block also per recomputation choice of the block.
+    `act`: the op's activations without and with recomputation, kept as the second memory
+    component."""
     c = np.arange(len(oc.configs))
     if rc is None:
-        return leaf((name,), c[:, None], oc.time, oc.mem, note=f"op {name}")
+        return leaf((name,), c[:, None], oc.time, oc.mem, note=f"op {name}", m2=None if act is None else act[0])
     keys = np.concatenate([np.stack([c, np.zeros_like(c)], 1), np.stack([c, np.ones_like(c)], 1)])
     return leaf((name, rc), keys, np.concatenate([oc.time, oc.time_rc]), np.concatenate([oc.mem, oc.mem_rc]),
-                note=f"op {name}")
+                note=f"op {name}", m2=None if act is None else np.concatenate(act))
 
 
-def _edge_factor(ec: EdgeCosts, src_name: str, dst_name: str, rc: str | None = None) -> Factor:
+def _edge_factor(ec: EdgeCosts, src_name: str, dst_name: str, rc: str | None = None,
+                 act: np.ndarray | None = None) -> Factor:
     """Resharding time and the kept redistributed copy; a recomputed block keeps no copy and runs
-    its forward collectives again."""
+    its forward collectives again. `act`: the copy's bytes kept as the second memory component
+    (then `ec.mem` holds what does not scale with it)."""
     cu, cv = ec.time.shape
     ku, kv = np.meshgrid(np.arange(cu), np.arange(cv), indexing="ij")
     keys = np.stack([ku.ravel(), kv.ravel()], axis=1)
-    if rc is None or not (ec.mem.any() or ec.time_rc is not None):
-        return leaf((src_name, dst_name), keys, ec.time.ravel(), ec.mem.ravel(), note=f"edge {src_name}->{dst_name}")
+    if rc is None or not (ec.mem.any() or ec.time_rc is not None or (act is not None and act.any())):
+        return leaf((src_name, dst_name), keys, ec.time.ravel(), ec.mem.ravel(), note=f"edge {src_name}->{dst_name}",
+                    m2=None if act is None else act.ravel())
     n = len(keys)
     keys = np.concatenate([np.c_[keys, np.zeros(n, int)], np.c_[keys, np.ones(n, int)]])
     return leaf((src_name, dst_name, rc), keys, np.concatenate([ec.time.ravel(), ec.recomputed_time.ravel()]),
-                np.concatenate([ec.mem.ravel(), recomputed_mem(ec.mem.ravel())]), note=f"edge {src_name}->{dst_name}")
+                np.concatenate([ec.mem.ravel(), recomputed_mem(ec.mem.ravel())]), note=f"edge {src_name}->{dst_name}",
+                m2=None if act is None else np.concatenate([act.ravel(), recomputed_mem(act.ravel())]))
 
 
 def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str, ...] = (), eps: float = 0.0,
@@ -81,9 +88,18 @@ def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str
             est *= domain[u]
         return (est, v)
 
+    # a variable's weight changes only when a factor touching it does: keep the weights and
+    # recompute those of the variables that shared a factor with the one eliminated
+    weights: dict[str, tuple[float, str]] = {}
     while remaining:
-        v = min(remaining, key=weight)
+        for u in remaining:
+            if u not in weights:
+                weights[u] = weight(u)
+        v = min(remaining, key=weights.__getitem__)
         mine = sorted((live.pop(fid) for fid in by_var.pop(v)), key=len)
+        for f in mine:
+            for u in f.scope:
+                weights.pop(u, None)
         for f in mine:
             for u in f.scope:
                 if u != v:
@@ -142,8 +158,11 @@ class _MeshFactors:
     recomputation chosen. Edge tables are priced once and kept in `edge_costs`."""
 
     def __init__(self, graph: OpGraph, cm: CostModel, mesh: Mesh, op_costs: dict[str, OpCosts],
-                 layer_of: dict[str, int], chain: Chain | None, eps: float, edge_weights: Weights | None) -> None:
+                 layer_of: dict[str, int], chain: Chain | None, eps: float, edge_weights: Weights | None,
+                 activations: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
         self.graph, self.cm, self.mesh, self.op_costs = graph, cm, mesh, op_costs
+        self.activations = activations
+        self.raw_mem: dict[tuple[str, str], np.ndarray] = {}  # edges' unweighted kept copies
         self.layer_of, self.eps, self.edge_weights = layer_of, eps, edge_weights
         self.stats = Stats()
         # ops after the stack read the last layer's output; the boundary variable stands for it -
@@ -179,12 +198,13 @@ class _MeshFactors:
             prod_cfgs = op_configs(prod, mesh, graph.batch_label)
             ec = None
             if any(t.source == src for t in cons.inputs):
-                ec = self._weighed(cm.edge_costs(prod, cons, mesh, prod_cfgs, self.op_costs[dst].configs))
+                ec = cm.edge_costs(prod, cons, mesh, prod_cfgs, self.op_costs[dst].configs)
             for pair in self.pairs.get(dst, []):
                 if pair.a == src:
-                    ec = add_edges(ec, self._weighed(cm.pair_costs(pair, mesh, prod_cfgs, self.op_costs[dst].configs)))
+                    ec = add_edges(ec, cm.pair_costs(pair, mesh, prod_cfgs, self.op_costs[dst].configs))
             assert ec is not None
-            self.edge_costs[(src, dst)] = ec
+            self.edge_costs[(src, dst)] = self._weighed(ec)
+            self.raw_mem[(src, dst)] = ec.mem
         return self.edge_costs[(src, dst)]
 
     def factors(self, ops: list[Op], fixed: dict[int, int]) -> list[Factor]:
@@ -196,9 +216,12 @@ class _MeshFactors:
             layer = self.layer_of.get(op.name)
             rc = recompute_var(layer) if layer is not None and layer not in fixed else None
             oc = self.op_costs[op.name]
+            act = self.activations[op.name] if self.activations is not None else None
             if layer is not None and layer in fixed:
                 oc = _with_recompute(oc, fixed[layer])
-            out.append(_op_factor(op.name, oc, rc))
+                if act is not None and fixed[layer]:
+                    act = (act[1], act[1])
+            out.append(_op_factor(op.name, oc, rc, act))
             if op.name == self.solo_out and self.boundary is not None:
                 same = np.arange(len(oc.configs))
                 out.append(leaf((self.boundary, op.name), np.stack([same, same], 1), np.zeros(len(same)),
@@ -207,13 +230,15 @@ class _MeshFactors:
             partners = [pr.a for pr in self.pairs.get(op.name, []) if pr.a in names]
             for src in dict.fromkeys([*(t.source for t in op.inputs if t.source is not None), *partners]):
                 ec = self.edge(src, op.name)
+                raw = self.raw_mem[(src, op.name)] if self.activations is not None else None
                 if layer is not None and fixed.get(layer):
                     ec = EdgeCosts(src=ec.src, dst=ec.dst, time=ec.recomputed_time, mem=recomputed_mem(ec.mem),
                                    comm=ec.comm)
+                    raw = None if raw is None else recomputed_mem(raw)
                 # the template reads the boundary already; with a stack of 3 whose last layer is
                 # solved on its own, its output is the renamed op, but not to itself
                 src_var = src if op.name in self.template else self.rename.get(src, src)
-                out.append(_edge_factor(ec, src_var, op.name, rc))
+                out.append(_edge_factor(ec, src_var, op.name, rc, raw))
         return out
 
     def solved(self, ops: list[Op], layer: int | None, keep: tuple[str, ...],
@@ -236,7 +261,8 @@ class _MeshFactors:
 def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool = True, eps: float = 0.0,
                  zero: int = 0, recompute: bool = True, op_costs: dict[str, OpCosts] | None = None,
                  split_outside: tuple[bool, bool] | None = None, edge_weights: Weights | None = None,
-                 known: tuple[Chain, set[str]] | None = None) -> MeshProblem:
+                 known: tuple[Chain, set[str]] | None = None,
+                 activations: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> MeshProblem:
     """Cost tables and factors of one mesh under ZeRO stage `zero`; with `recompute`, every
     layer of the block stack may also be recomputed. With a stack, the template layer and the
     rest of the graph are each solved twice, their layer recomputed or not, and the two
@@ -244,7 +270,11 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     `split_outside` = (head, tail): solve the ops before the stack (with layer 0) and those after
     it separately, as pipelines place them on different stages; `edge_weights`: price the edges
     under one pipeline stage's weights (`op_costs` then come weighed); `known`: the graph's stack
-    and the ops after it, when the caller has them (the stage search asks once per weighting)."""
+    and the ops after it, when the caller has them (the stage search asks once per weighting);
+    `activations`: per op its activation bytes without and with recomputation, kept as a second
+    memory component in the template layer's elimination (with `edge_weights` holding no
+    micro-batch in flight, the edges' kept copies go there too): the pipeline's middle stages
+    weigh one such layer frontier each (only the unit is solved then)."""
     layer_of = layer_index(graph) if recompute else {}
     # a pipeline's stages cut the stack layer by layer: every layer, the last too, the template's
     # (the stage search passes its own such chain as `known`)
@@ -254,7 +284,7 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     if chain and len(op_costs[chain.boundary].configs) != len(op_costs[chain.template[-1]].configs):
         return prepare_mesh(graph, cm, mesh, reuse_blocks=False, eps=eps, zero=zero, recompute=recompute,
                             edge_weights=edge_weights)
-    fg = _MeshFactors(graph, cm, mesh, op_costs, layer_of, chain, eps, edge_weights)
+    fg = _MeshFactors(graph, cm, mesh, op_costs, layer_of, chain, eps, edge_weights, activations)
     costed = [graph.op(name) for name in op_costs]
     prob = MeshProblem(mesh=mesh, chain=chain, op_costs=op_costs, edge_costs=fg.edge_costs, domain=fg.domain,
                        buffers=cm.buffers(mesh, costed, zero), stats=fg.stats, factors=[], zero=zero)

@@ -46,6 +46,9 @@ class Factor:
     layer_leaf: bool = False              # the points below use the template layer's op names
     is_union: bool = False                # parent_idx = (which parent, index in it) per point
     note: str = ""
+    # a second memory component kept apart (pipeline.py: activations, weighed per stage after the
+    # elimination); with it, reductions keep what is Pareto in (t, m, m2)
+    m2: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.t)
@@ -58,9 +61,11 @@ class Stats:
     max_factor_points: int = 0
 
 
-def leaf(scope: tuple[str, ...], keys: np.ndarray, t: np.ndarray, m: np.ndarray, note: str = "") -> Factor:
+def leaf(scope: tuple[str, ...], keys: np.ndarray, t: np.ndarray, m: np.ndarray, note: str = "",
+         m2: np.ndarray | None = None) -> Factor:
     return Factor(scope=scope, keys=np.asarray(keys, dtype=np.int32).reshape(len(t), len(scope)),
-                  t=np.asarray(t, dtype=np.float64), m=np.asarray(m, dtype=np.float64), note=note)
+                  t=np.asarray(t, dtype=np.float64), m=np.asarray(m, dtype=np.float64), note=note,
+                  m2=None if m2 is None else np.asarray(m2, dtype=np.float64))
 
 
 def _group_ids(keys: np.ndarray, radix: np.ndarray) -> np.ndarray:
@@ -128,6 +133,40 @@ def pareto_mask(group: np.ndarray, t: np.ndarray, m: np.ndarray, eps: float = 0.
     return cand[keep]
 
 
+PAIRS3 = 4_000_000  # point pairs compared at once by `pareto_mask3`
+
+
+def pareto_mask3(group: np.ndarray, t: np.ndarray, m: np.ndarray, m2: np.ndarray) -> np.ndarray:
+    """Indices (sorted by group, then time) of the points no other point of their group beats
+    or equals in all of (t, m, m2), compared exactly (no tolerance: a point is dropped only if
+    another is no worse in every component, so every weighing m + c m2, c >= 0, of the
+    survivors has the Pareto set of the whole). Pairwise within groups, in chunks."""
+    n = len(t)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    o = np.lexsort((m2, m, t, group))
+    g, m_, m2_ = group[o], m[o], m2[o]
+    # after sorting, only an earlier point of the same group can beat a point
+    newg = np.ones(n, dtype=bool)
+    newg[1:] = g[1:] != g[:-1]
+    start = np.maximum.accumulate(np.where(newg, np.arange(n), 0))
+    before = np.arange(n) - start  # earlier points of the same group
+    beaten = np.zeros(n, dtype=bool)
+    ends = np.cumsum(before)
+    lo = 0
+    while lo < n:
+        hi = int(np.searchsorted(ends, ends[lo] - before[lo] + PAIRS3, side="right"))
+        hi = max(hi, lo + 1)
+        rows = np.arange(lo, hi)
+        c = before[rows]
+        i = np.repeat(rows, c)
+        j = np.repeat(start[rows], c) + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c))
+        hit = (m_[j] <= m_[i]) & (m2_[j] <= m2_[i])
+        beaten[np.unique(i[hit])] = True
+        lo = hi
+    return o[~beaten]
+
+
 def staircase(t: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Points sorted by time with the running minimum of memory: `least_memory` looks it up."""
     order = np.argsort(t)
@@ -178,11 +217,18 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
         keys = np.stack(cols, axis=1) if cols else np.zeros((n, 0), dtype=np.int32)
         return a.t[ia] + b.t[ib], a.m[ia] + b.m[ib], keys, ia, ib
 
+    three = a.m2 is not None
+    assert three == (b.m2 is not None), "both factors keep the second memory component, or neither"
+
     def reduce(t: np.ndarray, m: np.ndarray, keys: np.ndarray, ia: np.ndarray, ib: np.ndarray) -> tuple[np.ndarray, ...]:
         if admit is not None:
             ok = np.flatnonzero(admit(t, m, keys))
             t, m, keys, ia, ib = t[ok], m[ok], keys[ok], ia[ok], ib[ok]
-        keep = pareto_mask(_group_ids(keys, radix), t, m, eps)
+        if three:
+            assert a.m2 is not None and b.m2 is not None
+            keep = pareto_mask3(_group_ids(keys, radix), t, m, a.m2[ia] + b.m2[ib])
+        else:
+            keep = pareto_mask(_group_ids(keys, radix), t, m, eps)
         return t[keep], m[keep], keys[keep], ia[keep], ib[keep]
 
     total = int(cnt.sum())
@@ -204,7 +250,8 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
     if stats is not None:
         stats.joins += 1
         stats.pairs += total
-    f = Factor(scope=out_scope, keys=keys, t=t, m=m, parents=(a, b), parent_idx=(ia, ib))
+    f = Factor(scope=out_scope, keys=keys, t=t, m=m, parents=(a, b), parent_idx=(ia, ib),
+               m2=a.m2[ia] + b.m2[ib] if a.m2 is not None and b.m2 is not None else None)
     if stats is not None:
         stats.max_factor_points = max(stats.max_factor_points, len(f))
     return f
@@ -214,8 +261,10 @@ def eliminate_var(f: Factor, var: str, domain: dict[str, int], eps: float = 0.0)
     out_scope = tuple(v for v in f.scope if v != var)
     cols = [f.scope.index(v) for v in out_scope]
     keys = f.keys[:, cols]
-    keep = pareto_mask(_group_ids(keys, _radix([domain[v] for v in out_scope])), f.t, f.m, eps)
-    return Factor(scope=out_scope, keys=keys[keep], t=f.t[keep], m=f.m[keep], parents=(f,), parent_idx=(keep,))
+    group = _group_ids(keys, _radix([domain[v] for v in out_scope]))
+    keep = pareto_mask(group, f.t, f.m, eps) if f.m2 is None else pareto_mask3(group, f.t, f.m, f.m2)
+    return Factor(scope=out_scope, keys=keys[keep], t=f.t[keep], m=f.m[keep], parents=(f,), parent_idx=(keep,),
+                  m2=None if f.m2 is None else f.m2[keep])
 
 
 def select(f: Factor, sel: np.ndarray) -> Factor:
@@ -223,7 +272,7 @@ def select(f: Factor, sel: np.ndarray) -> Factor:
     if len(sel) == len(f):
         return f
     return Factor(scope=f.scope, keys=f.keys[sel], t=f.t[sel], m=f.m[sel], parents=(f,), parent_idx=(sel,),
-                  layers=f.layers)
+                  layers=f.layers, m2=None if f.m2 is None else f.m2[sel])
 
 
 def restrict_equal(f: Factor, a: str, b: str, new_name: str) -> Factor:
@@ -233,7 +282,8 @@ def restrict_equal(f: Factor, a: str, b: str, new_name: str) -> Factor:
     rest = [i for i, v in enumerate(f.scope) if v not in (a, b)]
     scope = (new_name,) + tuple(f.scope[i] for i in rest)
     keys = np.concatenate([f.keys[sel][:, [ia]], f.keys[sel][:, rest]], axis=1)
-    return Factor(scope=scope, keys=keys, t=f.t[sel], m=f.m[sel], parents=(f,), parent_idx=(sel,))
+    return Factor(scope=scope, keys=keys, t=f.t[sel], m=f.m[sel], parents=(f,), parent_idx=(sel,),
+                  m2=None if f.m2 is None else f.m2[sel])
 
 
 def union(parts: list[Factor], var: str, note: str = "") -> Factor:
@@ -246,7 +296,8 @@ def union(parts: list[Factor], var: str, note: str = "") -> Factor:
     keys = np.concatenate([np.c_[p.keys, np.full(len(p), i, dtype=p.keys.dtype)] for i, p in enumerate(parts)])
     return Factor(scope=scope + (var,), keys=keys, t=np.concatenate([p.t for p in parts]),
                   m=np.concatenate([p.m for p in parts]), parents=tuple(parts), parent_idx=(which, inner),
-                  note=note or "union", is_union=True)
+                  note=note or "union", is_union=True,
+                  m2=np.concatenate([p.m2 for p in parts]) if all(p.m2 is not None for p in parts) else None)
 
 
 def assignments(root: Factor, idx: np.ndarray, layer_maps: list[dict[str, str]] | None = None) -> dict[str, np.ndarray]:

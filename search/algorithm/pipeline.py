@@ -20,7 +20,11 @@ device. Stage boundaries come from a DP over layers whose values are frontiers o
 time, max stage memory): F_s(j) = Pareto( union over k of max(F_{s-1}(j - k), S_s(k)) ), where
 S_s(k) is stage s holding k layers (the k-fold Minkowski sum of the layer frontier under
 stage s's weights) and max(.,.) of two staircases is their pointwise maximum - exact, and
-linear in their sizes.
+linear in their sizes. The DP holds each F as a staircase of a memory budget (the least time
+within it) on the grid of every stage point's memory, so one numpy sweep covers every j. The
+middle stages' weights differ only in the micro-batches in flight, so their layer is
+eliminated once keeping (time, static memory, activations) Pareto in all three, and each middle
+stage's layer frontier is one reduction of it (`_Stages.build`, `middle`).
 
 Gradient accumulation is the same machinery with p = 1: m micro-batches on one stage (m slots,
 no bubble), one micro-batch's activations held, gradients summed and synchronised once.
@@ -46,7 +50,9 @@ The space searched, and what is left out on purpose:
 Speed, exactly. Every shape is first bounded from its op tables alone (`shape_bound`: edges and
 transfers cost >= 0, every op at its cheapest); the shapes are solved in the order of their time
 bound, and one whose bounds the plans found so far (without pipelines, earlier shapes) beat is
-skipped whole. Inside a shape, partial stages beaten by a known plan are dropped (`_Envelope`).
+skipped whole. Inside a shape, partial stages beaten by a known plan are dropped (`_Envelope`),
+and a boundary layout whose DP with the middle stages at their lower bounds (`_Stages.lower`)
+finds nothing unbeaten is dropped before the middle stages are weighed.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from search.algorithm.evaluate import (
     stage_weights,
     unsupported,
     weigh_op,
+    with_edges,
 )
 from search.algorithm.factor_graph import MeshProblem, prepare_mesh
 from search.algorithm.frontier import RTOL, Factor, Stats, assignments, join, least_memory, pareto_mask, select, staircase
@@ -153,21 +160,6 @@ def partitions(n_layers: int, p: int) -> list[tuple[int, ...]]:
 
 
 # ---- the stage DP ------------------------------------------------------------------------------
-def _maxcomb(at: np.ndarray, am: np.ndarray, bt: np.ndarray, bm: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Pareto set of (max(ta, tb), max(ma, mb)) over all pairs of two staircases, with the pair
-    that makes each point: for each candidate time T, each side's least memory within T."""
-    T = np.unique(np.concatenate([at, bt]))
-    ia = np.searchsorted(at, T * (1 + RTOL), side="right") - 1
-    ib = np.searchsorted(bt, T * (1 + RTOL), side="right") - 1
-    ok = (ia >= 0) & (ib >= 0)
-    T, ia, ib = T[ok], ia[ok], ib[ok]
-    # staircases are sorted by time with memory decreasing: the last point within T is the leanest
-    M = np.maximum(am[ia], bm[ib])
-    tt = np.maximum(at[ia], bt[ib])
-    keep = pareto_mask(np.zeros(len(tt), dtype=np.int64), tt, M)
-    return tt[keep], M[keep], ia[keep], ib[keep]
-
-
 def _staircase_of(f: Factor, b: int, add_t: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Points of f for boundary configuration b, sorted by time (memory then decreases)."""
     sel = np.flatnonzero(f.keys[:, 0] == b)
@@ -220,8 +212,8 @@ class _Powers:
 
 def _floor(tables: PipeTables) -> tuple[float, float]:
     """A lower bound on the iteration time and peak memory of every plan of a shape: the slowest
-    stage takes at least the average of all stages, and every op and edge costs at least its
-    cheapest configuration (the leanest stage weights for memory)."""
+    stage takes at least the average of all stages, every op costs at least its cheapest
+    configuration (the leanest stage weights for memory) and every edge at least nothing."""
     shape = tables.shape
     weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule)
     lean = min(weights, key=lambda w: (w.inflight, w.copies))
@@ -234,10 +226,7 @@ def _floor(tables: PipeTables) -> tuple[float, float]:
         w = weigh_op(oc, lean)
         t += k * float(min(w.time.min(), w.time_rc.min()))
         m += k * float(min(w.mem.min(), w.mem_rc.min()))
-    edge_uses: dict[int, tuple[float, int]] = {}
-    for ec in tables.edge_costs.values():
-        edge_uses[id(ec)] = (float(ec.time.min()), edge_uses[id(ec)][1] + 1 if id(ec) in edge_uses else 1)
-    t += sum(v * k for v, k in edge_uses.values()) * lean.slots
+    # edges cost >= 0 and are left out: the stage search's tables come without them (`pipe_tables`)
     return t / shape.stages, m / shape.stages + tables.buffers
 
 
@@ -249,8 +238,9 @@ class _Stages:
 
     def __init__(self, weights: list[Weights], solve: Callable[[Weights], MeshProblem | None],
                  ends: dict[Weights, MeshProblem], head: Factor, tail: Factor, domain: dict[str, int], eps: float,
-                 stats: Stats, env: _Envelope) -> None:
+                 stats: Stats, env: _Envelope, middle: Callable[[Weights], Factor] | None = None) -> None:
         self.weights, self.solve, self.ends, self.head, self.tail = weights, solve, ends, head, tail
+        self.middle = middle
         self.domain, self.eps, self.stats, self.env = domain, eps, stats, env
         self.powers: dict[Weights, _Powers] = {}
         self.cache: dict[tuple[int, int], Factor] = {}
@@ -277,6 +267,31 @@ class _Stages:
                                 split_outside=(head or w == first, w == last), edge_weights=w, known=known)
             return prob if prob.unit is not None else None
 
+        # The middle stages differ only in the micro-batches in flight: every stage's memory is
+        # static + inflight * activations, its time the same. One elimination of the layer keeping
+        # (time, static, activations) Pareto in all three holds, for every inflight >= 0, the
+        # layer's frontier under that weighing (a point beaten in all three components is beaten
+        # under every weighing): each middle stage then costs one reduction instead of a solve.
+        bare = Weights(first.slots, first.copies, 0.0)
+        layer3: list[Factor] = []
+
+        def middle(w: Weights) -> Factor:
+            assert (w.slots, w.copies) == (bare.slots, bare.copies) and w.inflight >= 0
+            if not layer3:
+                weighted = {name: weigh_op(oc, bare) for name, oc in tables.op_costs.items() if name not in covered}
+                act = {name: (oc.parts[:, 3], oc.parts_rc[:, 3]) for name, oc in tables.op_costs.items()
+                       if name not in covered}
+                prob = prepare_mesh(graph, cm, sub, True, 0.0, shape.zero, recompute, weighted,
+                                    split_outside=(False, False), edge_weights=bare, known=known, activations=act)
+                assert prob.unit is not None and prob.unit.m2 is not None  # the ends solved it as one layer
+                layer3.append(prob.unit)
+            u = layer3[0]
+            assert u.m2 is not None
+            m = u.m + w.inflight * u.m2
+            keep = pareto_mask(u.keys[:, 0].astype(np.int64), u.t, m, eps)
+            return Factor(scope=u.scope, keys=u.keys[keep], t=u.t[keep], m=m[keep], parents=(u,), parent_idx=(keep,),
+                          layers=1)
+
         beaten = envelope is not None and len(envelope[0]) > 0  # known plans to judge the ends by
         lp = solve(last, head=beaten)
         if lp is None:
@@ -299,14 +314,19 @@ class _Stages:
         domain = ends[first].domain
         head, tail = ends[first].head, ends[last].tail
         assert head is not None and tail is not None
-        return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env)
+        return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env,
+                   middle if all((w.slots, w.copies) == (bare.slots, bare.copies) for w in weights) else None)
 
     def power(self, w: Weights) -> _Powers:
         """The k-layer powers of the layer frontier under weights w (its problem solved once)."""
         if w not in self.powers:
-            prob = self.ends.get(w) or self.solve(w)
-            assert prob is not None and prob.unit is not None  # the stack solved as one layer under the ends
-            self.powers[w] = _Powers(prob.unit, self.domain, self.eps, self.stats, self.env)
+            if w in self.ends or self.middle is None:
+                prob = self.ends.get(w) or self.solve(w)
+                assert prob is not None and prob.unit is not None  # the stack solved as one layer under the ends
+                unit = prob.unit
+            else:
+                unit = self.middle(w)
+            self.powers[w] = _Powers(unit, self.domain, self.eps, self.stats, self.env)
         return self.powers[w]
 
     def layer_floor(self, b: int) -> tuple[float, float]:
@@ -317,6 +337,26 @@ class _Stages:
         assert unit is not None
         sel = unit.keys[:, 0] == b
         return (float(unit.t[sel].min()), float(unit.m[sel].min())) if sel.any() else (np.inf, np.inf)
+
+    def lower_weights(self, s: int) -> Weights:
+        """Weights no heavier than stage s's in any factor, from a ladder shared by the middle
+        stages: the same slots and weight copies, the micro-batches in flight rounded down to a
+        power of two. Every assignment costs no more under them (all costs are non-negative
+        and scale up with the weights), so the ladder's few layer problems bound all p - 2
+        middle stages from below; the rungs are mostly stages' own weights (1F1B's middle
+        stages hold 2 .. p - 1 micro-batches), solved once for both."""
+        w = self.weights[s]
+        if w.inflight < 1:
+            return w
+        return Weights(w.slots, w.copies, float(2 ** math.floor(math.log2(w.inflight))))
+
+    def lower(self, s: int, k: int) -> Factor:
+        """A lower bound on stage s holding k layers: for a middle stage the k-th power of the
+        layer under `lower_weights`, else the stage itself."""
+        if 0 < s < len(self.weights) - 1:
+            w = self.lower_weights(s)
+            return self(s, k) if w == self.weights[s] else self.power(w)(k)
+        return self(s, k)
 
     def __call__(self, s: int, k: int) -> Factor:
         if (s, k) not in self.cache:
@@ -338,19 +378,21 @@ class _Stages:
         return [int(b) for b in np.unique(self.head.keys[:, 0])]
 
 
-# a DP state: the points of the stages so far (time, memory, per point the (layers, index in
+# the DP's answer: the points of every split (time, memory, per point the (layers, index in
 # S(s, layers)) of every stage), sorted by time
 _State = tuple[np.ndarray, np.ndarray, list[list[tuple[int, int]]]]
 
 
-def _stage_points(S: _Stages, s: int, k: int, b: int, extra_t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Points of S(s, k) in boundary configuration b, plus `extra_t`, that the envelope admits."""
-    st, sm, idx = _staircase_of(S(s, k), b, extra_t)
+def _stage_points(S: _Stages, s: int, k: int, b: int, extra_t: float, lower: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Points of S(s, k) (with `lower`, of its lower bound `S.lower`) in boundary configuration
+    b, plus `extra_t`, that the envelope admits."""
+    st, sm, idx = _staircase_of(S.lower(s, k) if lower else S(s, k), b, extra_t)
     ok = S.env.admit(st, sm)
     return st[ok], sm[ok], idx[ok]
 
 
-def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float) -> _State | None:
+def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower: bool = False) -> _State | None:
     """The frontier of (max stage time, max stage memory) over every split of the n layers into
     the stages, the boundary in configuration b: F_i(j) = Pareto(union over k of
     max(F_{i-1}(j - k), S(s_i, k))), states j = layers covered by the first i stages taken. The
@@ -359,52 +401,120 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float) -> _S
     the most loaded: the ops around the stack, the most micro-batches in flight) come first, so
     a shape whose end stages already lose dies before its middle stages are solved. Partial
     splits a known plan beats are dropped (the later stages only raise the max). Each point's
-    (layers, index) per stage comes back in stage order. None if no split survives."""
+    (layers, index) per stage comes back in stage order. None if no split survives.
+
+    With `lower`, the middle stages are priced by their lower bounds (`_Stages.lower`): few
+    middle stages are solved, and every split's true point is weakly dominated by a point of
+    the result, so None proves that no split through b survives the envelope (the indices
+    returned then point into the bounds, not into the stages)."""
     weights = S.weights
     p = len(weights)
     band = stage_band(n, p)
     order = [0, p - 1, *range(1, p - 1)] if p > 1 else [0]
-    states: dict[int, _State] = {0: (np.zeros(1), np.zeros(1), [[]])}
+    # The DP runs on staircase functions of a memory budget M: F(j, M) = least max stage time of
+    # the stages taken so far, covering j layers, with every stage's memory <= M. Then the max
+    # of two staircases is their pointwise max and a union their pointwise min, exactly, on the
+    # grid of every memory a stage point has (the max memory of a split is one of them); one
+    # numpy sweep per (stage, layers) covers every state at once.
+    grid = np.zeros(1)
+    F = np.full((n + 1, 1), np.inf)
+    F[0, 0] = 0.0
+    steps: list[tuple[np.ndarray, np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]] = []
     # a layer's least time and least memory (under any stage's weights: the last stage's holds
     # the fewest micro-batches), and what a middle stage sends: bounds on the stages not yet taken
     layer_t, layer_m = S.layer_floor(b)
     send_mid = weights[0].slots * p2p[b] if p > 2 else 0.0
+    rows = np.arange(n + 1)
     for i, s in enumerate(order):
-        nxt: dict[int, _State] = {}
         left_after = p - 1 - i
         send = weights[s].slots * p2p[b] if s < p - 1 else 0.0
-        for j, (ft, fm, fback) in states.items():
-            for k in band:
-                jj = j + k
-                if jj + left_after * band.start > n or jj + left_after * (band.stop - 1) < n:
-                    continue  # the stages after this one cannot cover the rest inside the band
-                st, sm, idx = _stage_points(S, s, k, b, send)
-                if not len(st):
-                    continue
-                tt, mm, ia, ib = _maxcomb(ft, fm, st, sm)
-                # the stages not yet taken hold the other n - jj layers: one holds at least its
-                # share, so the iteration is at least that stage's time and memory (exact)
-                ahead = -(-(n - jj) // left_after) if left_after else 0
-                fut_t = ahead * layer_t + (send_mid if ahead else 0.0)
-                ok = np.flatnonzero(S.env.admit(np.maximum(tt, fut_t), np.maximum(mm, ahead * layer_m)))
-                tt, mm, ia, ib = tt[ok], mm[ok], ia[ok], ib[ok]
-                back = [fback[a] + [(k, int(idx[q]))] for a, q in zip(ia, ib, strict=True)]
-                if jj in nxt:
-                    ot, om, oback = nxt[jj]
-                    tt, mm, back = np.concatenate([ot, tt]), np.concatenate([om, mm]), oback + back
-                srt = np.argsort(tt, kind="stable")
-                tt, mm, back = tt[srt], mm[srt], [back[a] for a in srt]
-                keep = np.sort(pareto_mask(np.zeros(len(tt), dtype=np.int64), tt, mm, eps))
-                if len(keep):
-                    nxt[jj] = (tt[keep], mm[keep], [back[a] for a in keep])
-        states = nxt
-        if not states:
+        live = np.flatnonzero(np.isfinite(F).any(axis=1))
+        stairs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for k in band:
+            jj = live + k
+            # the stages after this one must cover the rest inside the band
+            if not np.any((jj + left_after * band.start <= n) & (jj + left_after * (band.stop - 1) >= n)):
+                continue
+            st, sm, idx = _stage_points(S, s, k, b, send, lower)
+            if len(st):
+                stairs[k] = (st, sm, idx)
+        if not stairs:
+            return None
+        grid_new = np.unique(np.concatenate([grid] + [sm for _, sm, _ in stairs.values()]))
+        F = F[:, np.searchsorted(grid, grid_new, side="right") - 1]  # a staircase holds between grid values
+        grid = grid_new
+        N = np.full_like(F, np.inf)
+        K = np.zeros(F.shape, dtype=np.int16)
+        picks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for k, (st, sm, idx) in stairs.items():
+            # the stage's staircase on the grid: least time within each memory budget, and its point
+            by_m = np.argsort(sm, kind="stable")
+            run = np.minimum.accumulate(st[by_m])
+            at = np.searchsorted(sm[by_m], grid, side="right") - 1
+            f = np.where(at >= 0, run[np.clip(at, 0, None)], np.inf)
+            best = np.flatnonzero(np.r_[True, st[by_m][1:] < run[:-1]])  # where the running min is set
+            which = by_m[best[np.searchsorted(best, np.clip(at, 0, None), side="right") - 1]]
+            picks[k] = (f, idx[which])
+            ok = (rows + left_after * band.start <= n) & (rows + left_after * (band.stop - 1) >= n) & (rows >= k)
+            tgt = rows[ok]
+            cand = np.maximum(F[tgt - k], f[None, :])
+            better = cand < N[tgt]
+            N[tgt] = np.where(better, cand, N[tgt])
+            K[tgt] = np.where(better, k, K[tgt])
+        # the stages not yet taken hold the other n - j layers: one holds at least its share, so
+        # the iteration is at least that stage's time and memory; a state a known plan beats at
+        # budget M ends in plans it beats (exact)
+        ahead = -(-(n - rows) // left_after) if left_after else np.zeros(n + 1, dtype=np.int64)
+        fut_t = ahead * layer_t + np.where(ahead > 0, send_mid, 0.0)
+        fin = np.isfinite(N)
+        if fin.any():
+            jr, gc = np.nonzero(fin)
+            ok = S.env.admit(np.maximum(N[jr, gc], fut_t[jr]), np.maximum(grid[gc], ahead[jr] * layer_m))
+            N[jr[~ok], gc[~ok]] = np.inf
+        F = N
+        steps.append((grid, K, picks))
+        if not np.isfinite(F).any():
             return None  # every partial split is beaten: the stages not yet taken need not be solved
-    found = states.get(n)
-    if found is None:
+    # the frontier: each budget's best split, read back stage by stage at that budget
+    last = F[n]
+    cols = np.flatnonzero(np.isfinite(last))
+    if not len(cols):
+        return None
+    cols = cols[np.r_[True, last[cols][1:] < last[cols][:-1]]]  # a budget that buys no time adds nothing
+    backs: list[list[tuple[int, int]]] = []
+    out_t, out_m = np.zeros(len(cols)), np.zeros(len(cols))
+    for r, c in enumerate(cols):
+        budget = grid[c]
+        j = n
+        back: list[tuple[int, int]] = []
+        t_max = m_max = 0.0
+        for i in range(p - 1, -1, -1):
+            g_i, K_i, picks_i = steps[i]
+            col = int(np.searchsorted(g_i, budget, side="right")) - 1
+            k = int(K_i[j, col])
+            _, pt = picks_i[k]
+            s = order[i]
+            st, sm, idx = _stairs_of(S, s, k, b, weights, p2p, lower)
+            q = int(np.flatnonzero(idx == pt[col])[0])
+            t_max, m_max = max(t_max, float(st[q])), max(m_max, float(sm[q]))
+            back.append((k, int(pt[col])))
+            j -= k
+        assert j == 0
+        out_t[r], out_m[r] = t_max, m_max
+        backs.append(back[::-1])
+    keep = np.sort(pareto_mask(np.zeros(len(out_t), dtype=np.int64), out_t, out_m, eps))
+    keep = keep[S.env.admit(out_t[keep], out_m[keep])]
+    if not len(keep):
         return None
     place = np.argsort(order)  # stage s was taken place[s]-th
-    return found[0], found[1], [[back[int(place[s])] for s in range(p)] for back in found[2]]
+    return out_t[keep], out_m[keep], [[backs[int(a)][int(place[s])] for s in range(p)] for a in keep]
+
+
+def _stairs_of(S: _Stages, s: int, k: int, b: int, weights: list[Weights], p2p: np.ndarray, lower: bool
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stage s's points as the DP saw them (its transfer added)."""
+    send = weights[s].slots * p2p[b] if s < len(weights) - 1 else 0.0
+    return _stage_points(S, s, k, b, send, lower)
 
 
 def _read_back(S: _Stages, maps: list[dict[str, str]], backs: list[list[tuple[int, int]]]
@@ -436,7 +546,7 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
     `graph` and `cm` are the micro-batch graph and its cost model; `envelope` holds (time,
     memory) of plans known to exist, which prune partial stages that cannot win (exact);
     `chain` and `base` as for pipe_tables."""
-    tables = pipe_tables(graph, cm, shape, chain=chain, base=base)
+    tables = pipe_tables(graph, cm, shape, chain=chain, base=base, edges=False)
     if tables is None:
         return None
     known_t, known_m = envelope if envelope is not None else (np.zeros(0), np.zeros(0))
@@ -447,7 +557,14 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
     chain = tables.chain
     # per boundary configuration (the stack's tied layout): the best splits into stages
     out_t, out_m, out_b, out_back = [], [], [], []
-    for b in S.boundary_configs():
+    live = S.boundary_configs()
+    if S.env.enabled and len(S.weights) > 3:
+        # first the DP with every middle stage at its lower bound (a ladder of log2 p layer
+        # problems): a layout where that finds nothing the known plans do not beat is dead,
+        # and the other middle stages' layer problems (one solve per distinct weighting: most
+        # of a deep pipeline's cost) are never built for it
+        live = [b for b in live if _split_layers(S, b, len(chain.layers), tables.p2p, eps, lower=True) is not None]
+    for b in live:
         found = _split_layers(S, b, len(chain.layers), tables.p2p, eps)
         if found is not None:
             out_t.append(found[0])
@@ -463,7 +580,7 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
     for layer in chain.layers:  # every layer's output takes the tied boundary layout
         assigns.setdefault(layer[-1], np.zeros(len(keep), dtype=np.int64))[:] = np.array(out_b)[keep]
     root = Factor(scope=(), keys=np.zeros((len(keep), 0), dtype=np.int32), t=t[keep], m=mem[keep])
-    return PipeSolution.of(tables, root, splits, assigns, S.stats)
+    return PipeSolution.of(with_edges(tables, cm), root, splits, assigns, S.stats)
 
 # ---- the whole pipeline pass --------------------------------------------------------------------
 def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stages: tuple[int, ...],

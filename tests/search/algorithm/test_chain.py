@@ -71,3 +71,23 @@ def test_the_answer_is_kept_per_graph() -> None:
     g = stack(4)
     assert find_chain(g) is find_chain(g)
     assert find_chain(g, 2) is not find_chain(g)  # each minimum asked for is its own answer
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-7b"])
+def test_a_micro_batch_graph_inherits_the_proven_stack(name: str) -> None:
+    """The stack proven on the full batch is the micro-batch graph's own: the proof run afresh on
+    the micro-batch graph finds the same layers (what lets the pipeline search skip it)."""
+    from search.algorithm.chain import _find_chain
+    from search.algorithm.evaluate import micro_batch_graph
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+
+    g = capture_model(get_model(name), 8, 64)
+    full = find_chain(g)
+    assert full is not None
+    for m in (2, 4, 8):
+        mg = micro_batch_graph(g, m)
+        carried = find_chain(mg)
+        assert carried is full
+        fresh = _find_chain(mg, 3, False)
+        assert fresh is not None and fresh.layers == full.layers and fresh.solo == full.solo

@@ -331,3 +331,95 @@ def test_every_shape_lies_inside_its_end_stage_bounds():
                 assert np.all(t + lams * m >= bd.b * (1 - 1e-9)), sh.describe()
         checked += 1
     assert checked > 10
+
+
+def test_middle_stage_lower_bounds_hold_every_split():
+    """The DP with its middle stages at their lower bounds (`_Stages.lower`: the ladder of
+    powers-of-two micro-batches in flight) weakly dominates the true DP point for point, per
+    boundary layout: what lets it declare a layout dead before the middle stages are solved."""
+    from search.algorithm.evaluate import pipe_tables
+    from search.algorithm.pipeline import _Envelope, _split_layers, _Stages
+    from search.prices.costmodel import CostModel
+
+    g = stack(8, batch=64)
+    cl = make_cluster("h100-80gb", 8)
+    job = TrainingJob(global_batch=64, seq_len=None)
+    checked = 0
+    for sh in pipeline_shapes(cl, job, 8, (0, 1)):
+        if sh.stages < 4:
+            continue
+        mg = micro_batch_graph(g, sh.micro_batches)
+        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
+        tabs = pipe_tables(mg, cm, sh)
+        if tabs is None:
+            continue
+        S = _Stages.build(mg, cm, tabs, 0.0, True, _Envelope(np.zeros(0), np.zeros(0), tabs.buffers))
+        assert S is not None
+        # some middle stage is bounded by another weighting than its own (else nothing is tested)
+        assert any(S.lower_weights(s) != S.weights[s] for s in range(1, sh.stages - 1)), sh.describe()
+        for b in S.boundary_configs():
+            true = _split_layers(S, b, 8, tabs.p2p, 0.0)
+            low = _split_layers(S, b, 8, tabs.p2p, 0.0, lower=True)
+            if true is None:
+                continue
+            assert low is not None, sh.describe()
+            tol = 1 + 1e-9
+            for t, m in zip(true[0], true[1], strict=True):
+                assert np.any((low[0] <= t * tol) & (low[1] <= m * tol)), sh.describe()
+            checked += 1
+    assert checked > 4
+
+
+def test_pareto_mask3_keeps_exactly_the_points_nothing_beats_in_all_three():
+    """`pareto_mask3` against the definition, pair by pair, with ties and several groups."""
+    from search.algorithm.frontier import pareto_mask3
+
+    rng = np.random.default_rng(7)
+    n = 600
+    group = rng.integers(0, 5, n)
+    t, m, m2 = (rng.integers(0, 12, n).astype(float) for _ in range(3))  # coarse values: many ties
+    kept = set(pareto_mask3(group, t, m, m2).tolist())
+    for i in range(n):
+        same = np.flatnonzero((group == group[i]) & (t <= t[i]) & (m <= m[i]) & (m2 <= m2[i]))
+        beaten = any((t[j], m[j], m2[j]) != (t[i], m[i], m2[i]) for j in same)
+        twins = [j for j in same if (t[j], m[j], m2[j]) == (t[i], m[i], m2[i])]
+        # a point stays iff nothing beats it; of identical points exactly one stays
+        if beaten:
+            assert i not in kept, i
+        else:
+            assert sum(j in kept for j in twins) == 1, i
+
+
+@pytest.mark.parametrize("devices", [8, 16])
+def test_middle_stages_weigh_one_layer_frontier_exactly(devices):
+    """A middle stage's layer frontier read off the one (time, static, activation) elimination
+    (`_Stages.middle`) is the frontier its own weighted elimination finds, per boundary layout,
+    for every middle stage of every shape."""
+    from search.algorithm.evaluate import pipe_tables
+    from search.algorithm.pipeline import _Envelope, _Stages
+    from search.prices.costmodel import CostModel
+
+    g = stack(8, batch=64)
+    cl = make_cluster("h100-80gb", devices)
+    job = TrainingJob(global_batch=64, seq_len=None)
+    checked = 0
+    for sh in pipeline_shapes(cl, job, 8, (0, 1)):
+        if sh.stages < 3:
+            continue
+        mg = micro_batch_graph(g, sh.micro_batches)
+        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
+        tabs = pipe_tables(mg, cm, sh)
+        if tabs is None:
+            continue
+        S = _Stages.build(mg, cm, tabs, 0.0, True, _Envelope(np.zeros(0), np.zeros(0), tabs.buffers))
+        assert S is not None and S.middle is not None
+        for w in S.weights[1:-1]:
+            fast = S.middle(w)
+            prob = S.solve(w)
+            assert prob is not None and prob.unit is not None
+            ref = prob.unit
+            for b in np.unique(ref.keys[:, 0]):
+                a, r = fast.keys[:, 0] == b, ref.keys[:, 0] == b
+                assert same_frontier(fast.t[a], fast.m[a], ref.t[r], ref.m[r]), (sh.describe(), w, b)
+            checked += 1
+    assert checked > 5
