@@ -89,11 +89,18 @@ def test_loss_matches_single_process(name, runs):
 
 
 def test_the_tensor_parallel_plans_split_the_lstm_gates(runs):
-    """Not a vacuous check: the tp plans run an LSTM gate GEMM under a parallel style."""
+    """Not a vacuous check: the tp plans run an LSTM gate GEMM under a parallel style, and on tp4
+    the recurrent GEMM itself, one style serving its call at every time step."""
     for name in ("lstm tp", "lstm dp x tp"):
         job, _ = runs[name]
         assert any(s.style in ("colwise", "rowwise") and s.module.startswith("layers.")
                    for s in job.spec.styles), job.spec.styles
+    job, _ = runs["lstm tp"]
+    steps = get_model(LSTM).default_seq_len
+    assert steps is not None
+    hh = [s for s in job.spec.styles if s.module == "layers.0.hh"]
+    assert len(hh) == 1 and hh[0].style in ("colwise", "rowwise") and len(hh[0].ops) == steps - 1, hh
+    assert sum(e.module == "layers.0.hh" and e.phase == "forward" for e in job.spec.expected_comms) == steps - 1
 
 
 @pytest.mark.parametrize("name", COMM)
