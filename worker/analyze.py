@@ -191,6 +191,7 @@ class _TensorAxis:
         self.extra: list[StyleSpec] = []           # PrepareModuleInput/Output, in application order
         self.where: dict[tuple[str, str], str] = {}  # (producer, consumer) -> module that redistributes
         self.entries: dict[str, tuple[str, str]] = {}  # module -> (producer, target code)
+        self.entry_src: dict[str, str] = {}          # module -> the code its entry converts from
         self.exits: dict[str, str] = {}              # producer -> target code
         self.bounds = Boundaries(graph)
 
@@ -362,7 +363,8 @@ class _TensorAxis:
         prev = self.entries.get(m_in)
         if prev is not None:
             # a module called once per time step converts each call's input alike, in its own hook
-            again = self.bounds.calls_of_one_op.get(m_in, False) and prev[1] == dst
+            again = (self.bounds.calls_of_one_op.get(m_in, False) and prev[1] == dst
+                     and self.entry_src.get(m_in) == src)
             if prev != (pname, dst) and not again:
                 raise Unsupported(f"module {m_in!r} receives two tensors that the plan redistributes "
                                   f"(from {prev[0]!r} and {pname!r}); PrepareModuleInput here handles one")
@@ -380,6 +382,7 @@ class _TensorAxis:
                                         desired_input_layout=dtensor(dst, dims), use_local_output=not dt_ok,
                                         ops=[f"{pname} -> {v.name}"]))
         self.entries[m_in] = (pname, dst)
+        self.entry_src[m_in] = src
         self.where[key] = m_in
 
     def convert_on_exit(self, u: Op, v: Op, i: int, src: str, dst: str, key: tuple[str, str]) -> None:
@@ -401,6 +404,10 @@ class _TensorAxis:
         ust = self.styles.get(u.name)
         dims = u.output.dims
         if ust and ust.style in ("colwise", "rowwise"):
+            if len(ust.ops) > 1 and ust.output_layout not in (None, "Partial()", dtensor(dst, dims)):
+                raise Unsupported(f"module {u.module!r} leaves its calls in different placements on tensor axis "
+                                  f"{self.axis!r} ({ust.output_layout} and {dtensor(dst, dims)} after {u.name!r}); "
+                                  f"its one style has one output layout")
             ust.output_layout = dtensor(dst, dims)
         else:
             self.extra.append(StyleSpec(module=u.module, style="prepare_output", output_layout=dtensor(src, dims),
