@@ -192,6 +192,7 @@ class _TensorAxis:
         self.extra: list[StyleSpec] = []           # PrepareModuleInput/Output, in application order
         self.where: dict[tuple[str, str], str] = {}  # (producer, consumer) -> module that redistributes
         self.entries: dict[str, tuple[str, str]] = {}  # module -> (producer, target code)
+        self.entry_src: dict[str, str] = {}          # module -> the code its entry converts from
         self.exits: dict[str, str] = {}              # producer -> target code
         self.bounds = Boundaries(graph)
 
@@ -206,8 +207,10 @@ class _TensorAxis:
         return self.cfgs[op.name][self.a]
 
     def own_leaf(self, op: Op) -> bool:
-        """The op is the only op of a leaf module: its module boundary is the op's boundary."""
-        return self.mods.is_leaf(op.module) and self.per_module[op.module] == 1
+        """The op is the only op of a leaf module: its module boundary is the op's boundary (a
+        module called once per time step holds one op per call, each leaving it alike)."""
+        return self.mods.is_leaf(op.module) and (self.per_module[op.module] == 1
+                                                 or self.bounds.calls_of_one_op.get(op.module, False))
 
     def style_of(self, op: Op) -> str | None:
         lab = self.label(op)
@@ -274,6 +277,14 @@ class _TensorAxis:
             if nat_out != self.out(op) or (op.inputs and nat_in != self.inp(op, 0)):
                 raise Unsupported(f"op {op.name!r}: its placements on tensor axis {self.axis!r} are not those of "
                                   f"{style} parallelism")
+            same = next((st for st in self.styles.values() if st.module == op.module), None)
+            if same is not None:  # another call of the same module (a recurrent GEMM): one style serves all
+                if same.style != style:
+                    raise Unsupported(f"op {op.name!r}: module {op.module!r} runs as {same.style} in one call and "
+                                      f"{style} in another on tensor axis {self.axis!r}")
+                same.ops.append(op.name)
+                self.styles[op.name] = same
+                continue
             spec = StyleSpec(module=op.module, style=style, ops=[op.name], use_local_output=True)
             if style == "sequence":
                 spec.sequence_dim = op.inputs[0].dims.index(self.label(op))
@@ -352,7 +363,10 @@ class _TensorAxis:
                               f"{pname!r} in different placements on tensor axis {self.axis!r}")
         prev = self.entries.get(m_in)
         if prev is not None:
-            if prev != (pname, dst):
+            # a module called once per time step converts each call's input alike, in its own hook
+            again = (self.bounds.calls_of_one_op.get(m_in, False) and prev[1] == dst
+                     and self.entry_src.get(m_in) == src)
+            if prev != (pname, dst) and not again:
                 raise Unsupported(f"module {m_in!r} receives two tensors that the plan redistributes "
                                   f"(from {prev[0]!r} and {pname!r}); PrepareModuleInput here handles one")
             self.where[key] = m_in
@@ -369,6 +383,7 @@ class _TensorAxis:
                                         desired_input_layout=dtensor(dst, dims), use_local_output=not dt_ok,
                                         ops=[f"{pname} -> {v.name}"]))
         self.entries[m_in] = (pname, dst)
+        self.entry_src[m_in] = src
         self.where[key] = m_in
 
     def convert_on_exit(self, u: Op, v: Op, i: int, src: str, dst: str, key: tuple[str, str]) -> None:
@@ -390,6 +405,10 @@ class _TensorAxis:
         ust = self.styles.get(u.name)
         dims = u.output.dims
         if ust and ust.style in ("colwise", "rowwise"):
+            if len(ust.ops) > 1 and ust.output_layout not in (None, "Partial()", dtensor(dst, dims)):
+                raise Unsupported(f"module {u.module!r} leaves its calls in different placements on tensor axis "
+                                  f"{self.axis!r} ({ust.output_layout} and {dtensor(dst, dims)} after {u.name!r}); "
+                                  f"its one style has one output layout")
             ust.output_layout = dtensor(dst, dims)
         else:
             self.extra.append(StyleSpec(module=u.module, style="prepare_output", output_layout=dtensor(src, dims),
@@ -402,7 +421,8 @@ class _TensorAxis:
         """PrepareModuleInput before a module's own style (hooks run in registration order)."""
         pre = [s for s in self.extra if s.style == "prepare_input"]
         post = [s for s in self.extra if s.style == "prepare_output"]
-        return pre + list(self.styles.values()) + post
+        own = list({id(s): s for s in self.styles.values()}.values())  # calls of one module share theirs
+        return pre + own + post
 
     def expected(self, unit: Callable[[str], str]) -> list[ExpectedComm]:
         """The collectives the cost model prices on this axis, each where the executor performs it:

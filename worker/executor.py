@@ -315,9 +315,7 @@ class Runner:
             if s == 0 and st.comm_debug and self.schedule is None:
                 # (not under a pipeline schedule: its backward runs autograd.grad, which the
                 # tracker's module hooks do not support)
-                from torch.distributed.tensor.debug import CommDebugMode
-
-                ctx = CommDebugMode()
+                ctx = comm_debug_mode()
             elif s == mem_step:
                 # MemTracker refuses a module that runs more than once per step (micro-batches)
                 ctx = (measure.cpu_peak(self.module, self.opt, mem)
@@ -345,6 +343,27 @@ class Runner:
         if self.rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "result.json").write_text(json.dumps({"losses": losses, "ranks": gathered}))
+
+
+def comm_debug_mode() -> Any:
+    """A CommDebugMode whose module tracker survives a module called more than once per forward
+    (an LSTM's recurrent GEMM, once per time step). torch 2.13's tracker registers a fresh
+    "module finished" forward hook on every call and never removes the earlier ones, so the
+    second call pops its parent stack twice and raises IndexError; keeping one hook per module
+    (dropping the previous call's before the tracker registers its own) counts the same."""
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.debug._comm_mode import _CommModeModuleTracker
+
+    class _OneHookPerModule(_CommModeModuleTracker):
+        def _fw_pre_hook(self, mod: nn.Module, input: Any) -> None:
+            old = self.register_forward_hook_handles.pop(self._get_mod_name(mod), None)
+            if old is not None:
+                old.remove()
+            super()._fw_pre_hook(mod, input)
+
+    mode = CommDebugMode()
+    mode.advanced_module_tracker = _OneHookPerModule()
+    return mode
 
 
 def comm_counts(mode) -> dict[str, dict[str, dict[str, int]]]:

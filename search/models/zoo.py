@@ -57,6 +57,7 @@ __all__ = [
     "ResNet",
     "VGG",
     "TinyCNN",
+    "LSTMLM",
     "HFLossAdapter",
 ]
 
@@ -640,14 +641,17 @@ class ResNet(ZooModule):
     ``nn.Sequential`` whose blocks differ in width, so there is no single block list.
     """
 
-    def __init__(self, layers: list[int], width_per_group: int = 64, num_classes: int = 1000) -> None:
+    def __init__(self, layers: list[int], width_per_group: int = 64, num_classes: int = 1000,
+                 base: int = 64) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
+        # base: the stem's and first stage's width (64 in every published ResNet; smaller only
+        # for test models, where the stages' widths scale with it)
+        self.conv1 = nn.Conv2d(3, base, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(base)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
-        in_ch = 64
+        in_ch = base
         stages = []
-        for i, (n_blocks, planes) in enumerate(zip(layers, (64, 128, 256, 512), strict=True)):
+        for i, (n_blocks, planes) in enumerate(zip(layers, (base, 2 * base, 4 * base, 8 * base), strict=True)):
             stride = 1 if i == 0 else 2
             blocks = []
             for j in range(n_blocks):
@@ -713,6 +717,73 @@ class TinyCNN(ZooModule):
         x = F.max_pool2d(F.relu(self.bn1(self.conv1(images))), 2)
         x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
         return F.cross_entropy(self.fc(torch.flatten(x, 1)).float(), labels)
+
+
+# --------------------------------------------------------------------------------------
+# Recurrent models
+# --------------------------------------------------------------------------------------
+
+
+class LSTMLayer(nn.Module):
+    """One LSTM layer (Hochreiter & Schmidhuber 1997, the gate equations of ``nn.LSTM``) written
+    from primitives so that capture sees its GEMMs and pointwise ops, not one opaque cuDNN kernel.
+
+    The input's contribution to the four gates is one GEMM over every time step at once (``ih``,
+    as cuDNN does); the recurrence is one GEMM per step (``hh``). Both produce the gates
+    gate-major (``[i | f | g | o]``, each ``dim`` wide, as ``nn.LSTM`` lays out its weights), so
+    the gate dimension and the hidden dimension stay two dimensions of their own: the recurrent
+    weight's output (4 x hidden) is a different dimension from its input (the hidden state),
+    which is what lets a plan split one and not the other. ``h_0 = c_0 = 0``, so step 0 has no
+    recurrent GEMM (``0 @ W_hh`` is zero work in any implementation that skips it, and cuDNN
+    does not).
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.ih = nn.Linear(dim, 4 * dim)
+        self.hh = nn.Linear(dim, 4 * dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        steps = x.shape[1]
+        xg = self.ih(x).unflatten(-1, (4, -1))  # [B, T, 4, H]: gates of every step from the input
+        h: torch.Tensor | None = None
+        c: torch.Tensor | None = None
+        outs = []
+        for t in range(steps):
+            g = xg[:, t] if h is None else xg[:, t] + self.hh(h).unflatten(-1, (4, -1))
+            i, f, gg, o = g.unbind(1)
+            c = torch.sigmoid(i) * torch.tanh(gg) if c is None else torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(gg)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            outs.append(h.unsqueeze(1))
+        return torch.cat(outs, 1)  # cat, not stack: capture follows the batch and hidden dims through cat
+
+
+class LSTMLM(ZooModule):
+    """Multi-layer LSTM language model, as Tofu (Wang et al., EuroSys 2019) trains: token
+    embedding of the hidden size, a stack of LSTM layers unrolled over the sequence, a linear
+    softmax head. No dropout (see the module docstring), untied head."""
+
+    def __init__(self, vocab_size: int, dim: int, n_layers: int) -> None:
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab_size, dim)
+        self.layers = nn.ModuleList(LSTMLayer(dim) for _ in range(n_layers))
+        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.init_weights()
+
+    def _init_extra(self) -> None:
+        # nn.LSTM's initialisation, U(-1/sqrt(H), 1/sqrt(H)) on every weight and bias: N(0, 0.02)
+        # on a recurrence of width 4096+ would leave the gates at 0.5 and the state nearly constant
+        for layer in self.layers:
+            assert isinstance(layer, LSTMLayer)
+            bound = layer.hh.in_features ** -0.5
+            for p in (layer.ih.weight, layer.ih.bias, layer.hh.weight):
+                nn.init.uniform_(p, -bound, bound)
+
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        h = self.tok_emb(input_ids)
+        for layer in self.layers:
+            h = layer(h)
+        return _lm_loss(self.lm_head(h), targets)
 
 
 # --------------------------------------------------------------------------------------
@@ -835,6 +906,28 @@ def _vision(name: str, family: str, build: Callable[[], nn.Module], description:
     )
 
 
+def _lstm(name: str, title: str, n_layers: int, dim: int, *, vocab: int, seq: int) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        family="lstm",
+        kind="lm",
+        build=partial(LSTMLM, vocab, dim, n_layers),
+        default_seq_len=seq,
+        image_size=None,
+        vocab_size=vocab,
+        description=f"{title}: {n_layers} LSTM layers, hidden {dim}, unrolled over {seq} steps, vocab {vocab}",
+        blocks_attr="layers",
+    )
+
+
+def _wrn(name: str, depth_layers: list[int], widen: int, title: str, *, image_size: int = 224,
+         num_classes: int = 1000, base: int = 64) -> ModelSpec:
+    # widening k as torchvision's wide_resnet50_2 reads it: every bottleneck's inner width x k
+    return _vision(name, "wrn", partial(ResNet, depth_layers, 64 * widen, num_classes, base),
+                   f"{title}: bottleneck blocks {depth_layers}, bottleneck width x{widen}, BatchNorm, "
+                   f"{num_classes} classes", image_size=image_size, num_classes=num_classes)
+
+
 def _register(*specs: ModelSpec) -> dict[str, ModelSpec]:
     return {s.name: s for s in specs}
 
@@ -879,6 +972,17 @@ ZOO: dict[str, ModelSpec] = _register(
             "ResNet-152: bottleneck blocks [3, 8, 36, 3], BatchNorm, 1000 classes"),
     _vision("wrn50-2", "wrn", partial(ResNet, [3, 4, 6, 3], 128),
             "Wide ResNet-50-2: ResNet-50 with 2x bottleneck width, 1000 classes"),
+    # Tofu's wide ResNets (Wang et al., EuroSys 2019): ResNet-152 widened 4x to 10x.
+    _wrn("wrn152-4", [3, 8, 36, 3], 4, "Wide ResNet-152-4"),
+    _wrn("wrn152-6", [3, 8, 36, 3], 6, "Wide ResNet-152-6"),
+    _wrn("wrn152-8", [3, 8, 36, 3], 8, "Wide ResNet-152-8"),
+    _wrn("wrn152-10", [3, 8, 36, 3], 10, "Wide ResNet-152-10"),
+    _wrn("wrn-tiny", [1, 1, 1, 1], 4, "Wide ResNet tiny (test model, stem width 8)", image_size=64,
+         num_classes=10, base=8),
+    # Tofu's multi-layer LSTM language models (Wang et al., EuroSys 2019): 6-10 layers, hidden 4K-8K.
+    _lstm("lstm-lm", "LSTM LM 8x8192 (Tofu)", 8, 8192, vocab=10000, seq=20),
+    _lstm("lstm-lm-6x4k", "LSTM LM 6x4096 (Tofu)", 6, 4096, vocab=10000, seq=20),
+    _lstm("lstm-tiny", "LSTM LM tiny (test model)", 2, 64, vocab=512, seq=4),
     _vision("vgg16", "vgg", VGG,
             "VGG-16 (config D): 13 conv layers, 4096-wide classifier, 1000 classes"),
     _vision("cnn-tiny", "cnn", TinyCNN,

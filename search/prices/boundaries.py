@@ -122,9 +122,23 @@ class Boundaries:
         return any(op.module for op in self.graph.ops)
 
     def own_module(self, op: Op) -> bool:
-        """The op is the only op of a module without submodules: its output leaves that module."""
+        """The op is the only op of a module without submodules: its output leaves that module.
+        A module called more than once per forward (an RNN's recurrent GEMM, once per time step)
+        records one op per call: it counts as the op's own when every op it holds is a call of
+        the same kind on the same parameters."""
         count, parents = self._modules
-        return bool(op.module) and count[op.module] == 1 and op.module not in parents
+        if not op.module or op.module in parents:
+            return False
+        return count[op.module] == 1 or self.calls_of_one_op.get(op.module, False)
+
+    @cached_property
+    def calls_of_one_op(self) -> dict[str, bool]:
+        """module -> whether all its ops are calls of one parameterised op (same kind, same params)."""
+        sig: dict[str, set[tuple[str, tuple[str, ...]]]] = {}
+        for op in self.graph.ops:
+            if op.module:
+                sig.setdefault(op.module, set()).add((op.kind, tuple(p.name for p in op.params)))
+        return {m: len(s) == 1 and bool(next(iter(s))[1]) for m, s in sig.items()}
 
     def crossing(self, prod: Op, reader: Op) -> str:
         """How the edge prod -> reader may change placement: 'entry' (the reader enters a module

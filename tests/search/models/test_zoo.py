@@ -94,6 +94,11 @@ EXACT: dict[str, int] = {
     "llama-tiny": 158_016,
     "mixtral-8x7b": 46_702_792_704,  # HF MixtralForCausalLM
     "moe-tiny": 189_248,
+    # Tofu's models: closed forms. LSTM LM: embedding and head V*H each, per layer the input and
+    # recurrent gate weights 4H*H each and one gate bias 4H (nn.LSTM's two biases only ever add)
+    "lstm-lm": 2 * 10000 * 8192 + 8 * (8 * 8192 * 8192 + 4 * 8192),
+    "lstm-lm-6x4k": 2 * 10000 * 4096 + 6 * (8 * 4096 * 4096 + 4 * 4096),
+    "lstm-tiny": 2 * 512 * 64 + 2 * (8 * 64 * 64 + 4 * 64),
 }
 
 TINY_REAL = ["gpt2-tiny", "llama-tiny", "cnn-tiny", "bert-tiny", "vit-tiny"]
@@ -112,12 +117,13 @@ def _meta_build(spec: ModelSpec) -> nn.Module:
 
 
 def test_zoo_names() -> None:
-    expected = set(PUBLISHED) | {"gpt2-tiny", "llama-tiny", "cnn-tiny", "moe-tiny"}
+    expected = set(PUBLISHED) | {"gpt2-tiny", "llama-tiny", "cnn-tiny", "moe-tiny", "lstm-lm", "lstm-lm-6x4k",
+                                 "lstm-tiny", "wrn152-4", "wrn152-6", "wrn152-8", "wrn152-10", "wrn-tiny"}
     assert set(ZOO) == expected
     for name, spec in ZOO.items():
         assert spec.name == name
         assert spec.kind in ("lm", "mlm", "vision")
-        assert spec.family in ("gpt2", "gpt3", "bert", "llama", "moe", "vit", "resnet", "vgg", "wrn", "cnn")
+        assert spec.family in ("gpt2", "gpt3", "bert", "llama", "moe", "vit", "resnet", "vgg", "wrn", "cnn", "lstm")
         assert spec.description
         if spec.kind == "vision":
             assert spec.image_size and spec.num_classes and spec.default_seq_len is None
@@ -472,3 +478,38 @@ def test_megatron_gpt_runs_attention_as_separate_kernels_with_dropout():
     assert sum(1 for n in graph.blocks[0].layers[0] if "dropout" in n) == 3  # probabilities, two residuals
     with pytest.raises(InputError, match="GPT-2-style config"):
         megatron_gpt({"n_embd": 64})
+
+
+def test_lstm_layer_computes_what_nn_lstm_computes() -> None:
+    """The zoo's LSTM layer (gate GEMMs and pointwise ops, for capture) is torch's nn.LSTM: with the
+    same weights (nn.LSTM's gate order i, f, g, o is the zoo's gate-major layout; its two biases
+    sum into the zoo's one), outputs agree, so the captured FLOPs are an LSTM's."""
+    from search.models.zoo import LSTMLayer
+
+    torch.manual_seed(0)
+    layer, ref = LSTMLayer(16), nn.LSTM(16, 16, batch_first=True)
+    with torch.no_grad():
+        ref.weight_ih_l0.copy_(layer.ih.weight)
+        ref.weight_hh_l0.copy_(layer.hh.weight)
+        ref.bias_ih_l0.copy_(layer.ih.bias)
+        ref.bias_hh_l0.zero_()
+    x = torch.randn(3, 5, 16)
+    torch.testing.assert_close(layer(x), ref(x)[0])
+
+
+def test_lstm_captures_one_recurrent_gemm_per_step_and_a_block_per_layer() -> None:
+    """lstm-tiny (2 layers, 4 steps): the input gates in one GEMM per layer over every step, the
+    recurrent GEMM at steps 1.. (h_0 = 0), both at 2 x tokens x 4H x H FLOPs; the layers a stack."""
+    from search.models.capture import capture_model
+
+    spec = get_model("lstm-tiny")
+    g = capture_model(spec, 8)
+    assert g.blocks and len(g.blocks[0].layers) == 2
+    steps, hidden = spec.default_seq_len, 64
+    assert steps is not None
+    ih = [op for op in g.ops if op.module == "layers.0.ih"]
+    hh = [op for op in g.ops if op.module == "layers.0.hh"]
+    assert len(ih) == 1 and ih[0].flops == 2 * 8 * steps * 4 * hidden * hidden
+    assert len(hh) == steps - 1 and all(op.flops == 2 * 8 * 4 * hidden * hidden for op in hh)
+    gates, state = hh[0].params[0].dims
+    assert gates != state  # the recurrent weight's output (4H) and input (H) are different dimensions

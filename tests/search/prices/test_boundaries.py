@@ -146,3 +146,23 @@ def test_leaving_a_module_only_makes_whole_or_shards_what_the_reader_takes_as_is
     ec = cm.edge_costs(lin, add, TP4, cl, ca)
     assert ec.time[cl.index((None, "h")), ca.index((None, None))] < INFEASIBLE     # P -> R: all-reduce
     assert ec.time[cl.index((None, "f")), ca.index((None, None))] < INFEASIBLE     # S -> R: a gather
+
+
+def test_a_module_called_once_per_step_is_its_ops_own_module():
+    """An LSTM's recurrent GEMM runs once per time step, so its module holds one op per call: each
+    call's output leaves the module (a gather or a reduction there is allowed, as the style's output
+    layout runs it per call), while a module holding two different ops stays 'inside'."""
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+
+    g = capture_model(get_model("lstm-tiny"), 8)
+    b = Boundaries(g)
+    hh = [op for op in g.ops if op.module == "layers.0.hh"]
+    assert len(hh) > 1 and all(b.own_module(op) for op in hh)
+    add = next(c for c, _ in g.consumers()[hh[0].name])
+    assert b.crossing(hh[0], g.op(add)) == "exit"
+    # the layer's own module holds many different ops: an edge between two of them has no boundary
+    pointwise = [op for op in g.ops if op.module == "layers.0"]
+    assert not b.own_module(pointwise[0])
+    reader = next(c for c, _ in g.consumers()[pointwise[0].name] if g.op(c).module == "layers.0")
+    assert b.crossing(pointwise[0], g.op(reader)) == "none"
