@@ -1,7 +1,7 @@
 """How fast the search finds the whole exact frontier: one fresh process per case, pinned to one
 core with one BLAS thread.
 
-    python bench/search_speed.py                 # the table for the README
+    python bench/search_speed.py                 # the table in docs/benchmarks.md
     python bench/search_speed.py --quick         # the small cases only
     PYTHONPATH=/path/to/old/tree python bench/search_speed.py   # the same table for another checkout
 

@@ -9,7 +9,7 @@ a producer's output on label L and a consumer's input on label L means no commun
 what lets the cost model price resharding by comparing placements, and what lets the search
 offer, per op, "shard this mesh axis on one of the op's splittable labels, or replicate".
 
-The JSON form (``format: paretoplan.graph/1``) is documented in README.md.
+The JSON form (``format: paretoplan.graph/1``) is documented in docs/cli.md.
 """
 
 from __future__ import annotations
