@@ -168,14 +168,16 @@ class OpGraph(BaseModel):
                     raise ValueError(f"op {op.name!r} reads from unknown op {t.source!r}")
                 if t.source == op.name:
                     raise ValueError(f"op {op.name!r} reads its own output (cycle)")
+        # the wiring before what flows along it: a cycle is named as one, not as the first
+        # mismatch it happens to create
+        if _topological_order(self.ops) is None:
+            raise ValueError("graph has a cycle")
+        for op in self.ops:
             labels = op.labels()
             for s in op.splittable:
                 if s not in labels:
                     raise ValueError(f"op {op.name!r}: splittable label {s!r} is on none of its tensors")
             _check_tensors(op, by_name)
-        order = _topological_order(self.ops)
-        if order is None:
-            raise ValueError("graph has a cycle")
         _check_params(self.ops)
         if not any(self.batch_label in t.dims for op in self.ops for t in (*op.inputs, op.output)):
             raise ValueError(f"batch_label {self.batch_label!r} names no dimension of any tensor: "
