@@ -1,30 +1,20 @@
 """Whether this machine (the one `paretoplan serve` runs on and starts its workers on) can run a plan,
 so the dashboard can say why before a launch, not after a run fails in the worker.
 
-The rules are the worker's own before it starts anything (worker/launch.py, `check_capacity`, and
-worker/analyze.py): the service may not import the worker, so they are restated here and kept in
-step with it. A worker on another machine may host what this one cannot; the answer is about this
+The CPU host rule is the worker's own, shared through search.plans.capacity; the rest restates
+what worker/launch.py (`check_capacity`) and worker/analyze.py refuse, which the service may not
+import. A worker on another machine may host what this one cannot; the answer is about this
 machine and says so.
 """
 
 from __future__ import annotations
 
-import os
 from functools import cache
-from pathlib import Path
 from typing import Any
 
-from search import format_size
+from search.plans.capacity import cpu_host_blocker, cuda_devices
 
-PROCS_PER_CORE = 4              # as worker.launch: CPU ranks beyond this per core mostly wait
-PROCESS_OVERHEAD = 600 * 2**20  # as worker.launch: a rank's Python + torch + gloo before any model
-
-
-@cache
-def gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+gpus = cache(cuda_devices)  # asked on every plan the dashboard opens; the answer does not change
 
 
 @cache
@@ -35,16 +25,6 @@ def zoo_params() -> dict[str, int]:
     from search.models.zoo import TEST_MODELS
 
     return {**{n: s.param_count() for n, s in TEST_MODELS.items()}, **{m["name"]: int(m["params"]) for m in zoo_index.load()}}
-
-
-def available_memory() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def launch_blocker(plan: dict[str, Any]) -> str | None:
@@ -63,15 +43,4 @@ def launch_blocker(plan: dict[str, Any]) -> str | None:
         if n > have_gpus:
             return f"the plan needs {n} GPUs; this machine has {have_gpus}"
         return None
-    cores = os.cpu_count() or 1
-    limit = max(4, PROCS_PER_CORE * cores)
-    if n > limit:
-        return (f"the plan needs {n} processes (one per device); this machine ({cores} CPU cores, no GPU) hosts "
-                f"at most {limit}: search for fewer devices")
-    total = n * (need + 4 * params + PROCESS_OVERHEAD)  # each rank also builds the fp32 model once
-    have = available_memory()
-    if total > have:
-        return (f"the plan needs about {format_size(total)} of memory on this machine ({n} processes x "
-                f"({format_size(need)} predicted + {format_size(4 * params)} to initialise + "
-                f"{format_size(PROCESS_OVERHEAD)} each)); it has {format_size(have)} available")
-    return None
+    return cpu_host_blocker(n, need, params)

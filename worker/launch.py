@@ -25,13 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from search import Errors, Measured, Plan, Predicted, RankMeasure, RunReport, format_size, rel_error
+from search.plans.capacity import cpu_host_blocker, cuda_devices
 from worker import measure
 from worker.analyze import Unsupported, analyze, model_spec
 from worker.executor import PROGRESS
 from worker.spec import ExecSpec, Job, RunSettings
-
-PROCESS_OVERHEAD = 600 * 2**20  # a rank's Python + torch + gloo before any model (measured ~450 MiB RSS)
-PROCS_PER_CORE = 4              # CPU ranks time-share cores; beyond this a step is mostly waiting
 
 
 class RunFailed(RuntimeError):
@@ -44,23 +42,6 @@ class RunFailed(RuntimeError):
 
 
 # ---- before launch ----------------------------------------------------------------------------
-def available_memory() -> int:
-    """MemAvailable from /proc/meminfo (what can be allocated without swapping), else total RAM."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def cuda_devices() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def check_capacity(spec: ExecSpec, device: str, max_procs: int | None = None) -> None:
     """Refuse (Unsupported) a plan this machine cannot host, before anything is started."""
     n = spec.num_devices
@@ -75,19 +56,9 @@ def check_capacity(spec: ExecSpec, device: str, max_procs: int | None = None) ->
         if need > total:
             raise Unsupported(f"plan needs {format_size(need)} per GPU (predicted), the GPU has {format_size(total)}")
         return
-    cores = os.cpu_count() or 1
-    limit = max_procs if max_procs is not None else max(4, PROCS_PER_CORE * cores)
-    if n > limit:
-        raise Unsupported(f"plan needs {n} processes (one per device), this machine ({cores} CPU cores) hosts at "
-                          f"most {limit}; search for fewer devices")
-    # at start-up every rank also builds the whole fp32 model on the host once (worker.executor.materialize)
-    init = 4 * model_spec(spec.model).param_count()
-    total_need = n * (need + init + PROCESS_OVERHEAD)
-    have = available_memory()
-    if total_need > have:
-        raise Unsupported(f"plan needs about {format_size(total_need)} of memory ({n} processes x "
-                          f"({format_size(need)} predicted + {format_size(init)} to initialise + "
-                          f"{format_size(PROCESS_OVERHEAD)} per process)), this machine has {format_size(have)} available")
+    blocker = cpu_host_blocker(n, need, model_spec(spec.model).param_count(), max_procs)
+    if blocker is not None:
+        raise Unsupported(blocker)
 
 
 # ---- running torchrun -------------------------------------------------------------------------
