@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.worker.families import COMM_FAMILIES, STEPS, families
+from tests.worker.parity import launch
 
 
 @pytest.fixture(scope="session")
@@ -18,10 +19,6 @@ def family_plans():
 def family_runs(family_plans):
     """name -> (Job, raw result) for every family, from one launch."""
     from worker.analyze import analyze
-    from worker.launch import run_jobs
-    from worker.spec import Job, RunSettings
 
-    jobs = {name: Job(spec=analyze(plan), settings=RunSettings(steps=STEPS, warmup=1, comm_debug=name in COMM_FAMILIES))
-            for name, plan in family_plans.items()}
-    raws = run_jobs(list(jobs.values()), timeout=400)
-    return {name: (job, raw) for (name, job), raw in zip(jobs.items(), raws, strict=True)}
+    return launch({name: analyze(plan) for name, plan in family_plans.items()}, STEPS,
+                  lambda name: name in COMM_FAMILIES)

@@ -5,11 +5,10 @@ gradients every micro-batch) and tensor parallelism beside data parallelism."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from search.plans.estimate import EstimateRequest, estimate
+from tests.worker.parity import assert_losses_match, launch
 from worker.reference import reference_losses
 
 MODEL, BATCH, SEQ, STEPS = "llama-tiny", 16, 32, 3
@@ -32,13 +31,8 @@ def accumulated(tp: int, micro_batch: int, zero: int):
 @pytest.fixture(scope="module")
 def runs():
     from worker.analyze import analyze
-    from worker.launch import run_jobs
-    from worker.spec import Job, RunSettings
 
-    jobs = {name: Job(spec=analyze(accumulated(*p).plan), settings=RunSettings(steps=STEPS, warmup=1))
-            for name, p in PLANS.items()}
-    raws = run_jobs(list(jobs.values()), timeout=400)
-    return {name: (job, raw) for (name, job), raw in zip(jobs.items(), raws, strict=True)}
+    return launch({name: analyze(accumulated(*p).plan) for name, p in PLANS.items()}, STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +52,4 @@ def test_loss_matches_single_process(name, runs, reference) -> None:
     job, raw = runs[name]
     assert job.spec.pipeline.micro_batches == 2 and job.spec.pipeline.stages == 1
     got = raw["losses"]
-    assert len(got) == STEPS and all(math.isfinite(x) for x in got)
-    assert abs(got[-1] - got[0]) > 1e-4, "the loss did not move: no training happened"
-    diffs = [abs(a - b) for a, b in zip(got, reference, strict=True)]
-    assert max(diffs) < TOL, f"{name} ({job.spec.summary}): losses {got} vs single-process {reference}"
+    assert_losses_match(f"{name} ({job.spec.summary})", got, reference, STEPS, TOL)

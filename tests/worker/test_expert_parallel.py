@@ -4,7 +4,6 @@ and perform exactly the all-to-alls the plan prices, per layer, forward and back
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import pytest
@@ -16,6 +15,7 @@ from search.plans.plan import Plan, build_plans
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import TrainingJob
 from search.prices.mesh import Mesh, MeshAxis
+from tests.worker.parity import assert_losses_match, launch
 from worker.reference import reference_losses
 
 MODEL, BATCH, SEQ, STEPS = "moe-tiny", 8, 16, 3
@@ -39,13 +39,8 @@ def plan_on(mesh: Mesh, zero: int) -> Plan:
 @pytest.fixture(scope="module")
 def runs():
     from worker.analyze import analyze
-    from worker.launch import run_jobs
-    from worker.spec import Job, RunSettings
 
-    jobs = {name: Job(spec=analyze(plan_on(*m)), settings=RunSettings(steps=STEPS, warmup=1, comm_debug=True))
-            for name, m in MESHES.items()}
-    raws = run_jobs(list(jobs.values()), timeout=400)
-    return {name: (job, raw) for (name, job), raw in zip(jobs.items(), raws, strict=True)}
+    return launch({name: analyze(plan_on(*m)) for name, m in MESHES.items()}, STEPS, lambda name: True)
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +53,7 @@ def test_loss_matches_single_process(name, runs, reference):
     job, raw = runs[name]
     assert job.spec.dim("expert") is not None and "experts:" in job.spec.summary
     got = raw["losses"]
-    assert len(got) == STEPS and all(math.isfinite(x) for x in got)
-    assert abs(got[-1] - got[0]) > 1e-4, "the loss did not move: no training happened"
-    diffs = [abs(a - b) for a, b in zip(got, reference, strict=True)]
-    assert max(diffs) < TOL, f"{name} ({job.spec.summary}): losses {got} vs single-process {reference}"
+    assert_losses_match(f"{name} ({job.spec.summary})", got, reference, STEPS, TOL)
 
 
 @pytest.mark.parametrize("name", list(MESHES))

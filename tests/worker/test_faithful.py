@@ -3,11 +3,10 @@ single-process reference run (same model, initialisation, data and optimizer) st
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from tests.worker.families import FAMILIES, STEPS
+from tests.worker.parity import assert_losses_match
 from worker.reference import reference_losses
 
 TOL = 2e-5  # fp32, losses ~6: collectives reorder float sums, nothing more
@@ -23,10 +22,7 @@ def test_loss_matches_single_process(name, family_runs):
     ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
                            lr=job.settings.lr, shards=shards)
     got = raw["losses"]
-    assert len(got) == STEPS and all(math.isfinite(x) for x in got)
-    assert abs(got[-1] - got[0]) > 1e-4, "the loss did not move: no training happened"
-    diffs = [abs(a - b) for a, b in zip(got, ref, strict=True)]
-    assert max(diffs) < TOL, f"{name} ({spec.summary}): losses {got} vs single-process {ref}"
+    assert_losses_match(f"{name} ({spec.summary})", got, ref, STEPS, TOL)
 
 
 def test_the_families_cover_the_parallelisms(family_runs):

@@ -5,8 +5,6 @@ collectives of one tensor-parallel step equal the plan's, module by module."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from search.algorithm.ft import SearchOptions, search
@@ -16,6 +14,7 @@ from search.plans.plan import Plan, build_plans
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import TrainingJob
 from search.prices.mesh import Mesh, MeshAxis
+from tests.worker.parity import assert_losses_match, launch
 from worker.commcheck import mismatches
 from worker.reference import reference_losses
 
@@ -64,13 +63,8 @@ COMM = ("lstm tp",)  # the plan's expected collectives are the tensor axis's (wo
 @pytest.fixture(scope="module")
 def runs():
     from worker.analyze import analyze
-    from worker.launch import run_jobs
-    from worker.spec import Job, RunSettings
 
-    jobs = {name: Job(spec=analyze(build()), settings=RunSettings(steps=STEPS, warmup=1, comm_debug=name in COMM))
-            for name, build in PLANS.items()}
-    raws = run_jobs(list(jobs.values()), timeout=400)
-    return {name: (job, raw) for (name, job), raw in zip(jobs.items(), raws, strict=True)}
+    return launch({name: analyze(build()) for name, build in PLANS.items()}, STEPS, lambda name: name in COMM)
 
 
 @pytest.mark.parametrize("name", list(PLANS))
@@ -82,10 +76,7 @@ def test_loss_matches_single_process(name, runs):
     ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
                            lr=job.settings.lr, shards=shards)
     got = raw["losses"]
-    assert len(got) == STEPS and all(math.isfinite(x) for x in got)
-    assert abs(got[-1] - got[0]) > 1e-4, "the loss did not move: no training happened"
-    diffs = [abs(a - b) for a, b in zip(got, ref, strict=True)]
-    assert max(diffs) < TOL, f"{name} ({spec.summary}): losses {got} vs single-process {ref}"
+    assert_losses_match(f"{name} ({spec.summary})", got, ref, STEPS, TOL)
 
 
 def test_the_tensor_parallel_plans_split_the_lstm_gates(runs):
