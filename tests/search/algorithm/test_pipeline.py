@@ -333,20 +333,18 @@ def test_every_shape_lies_inside_its_end_stage_bounds():
     assert checked > 10
 
 
-def test_middle_stage_lower_bounds_hold_every_split():
-    """The DP with its middle stages at their lower bounds (`_Stages.lower`: the ladder of
-    powers-of-two micro-batches in flight) weakly dominates the true DP point for point, per
-    boundary layout: what lets it declare a layout dead before the middle stages are solved."""
+def _stage_searches(devices: int, min_stages: int):
+    """(shape, its tables, its stage search) for every pipeline shape of an 8-layer stack with at
+    least `min_stages` stages whose tables exist: what the stage-search tests check, shape by shape."""
     from search.algorithm.evaluate import pipe_tables
-    from search.algorithm.pipeline import _Envelope, _split_layers, _Stages
+    from search.algorithm.pipeline import _Envelope, _Stages
     from search.prices.costmodel import CostModel
 
     g = stack(8, batch=64)
-    cl = make_cluster("h100-80gb", 8)
+    cl = make_cluster("h100-80gb", devices)
     job = TrainingJob(global_batch=64, seq_len=None)
-    checked = 0
     for sh in pipeline_shapes(cl, job, 8, (0, 1)):
-        if sh.stages < 4:
+        if sh.stages < min_stages:
             continue
         mg = micro_batch_graph(g, sh.micro_batches)
         cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
@@ -355,6 +353,17 @@ def test_middle_stage_lower_bounds_hold_every_split():
             continue
         S = _Stages.build(mg, cm, tabs, 0.0, True, _Envelope(np.zeros(0), np.zeros(0), tabs.buffers))
         assert S is not None
+        yield sh, tabs, S
+
+
+def test_middle_stage_lower_bounds_hold_every_split():
+    """The DP with its middle stages at their lower bounds (`_Stages.lower`: the ladder of
+    powers-of-two micro-batches in flight) weakly dominates the true DP point for point, per
+    boundary layout: what lets it declare a layout dead before the middle stages are solved."""
+    from search.algorithm.pipeline import _split_layers
+
+    checked = 0
+    for sh, tabs, S in _stage_searches(8, min_stages=4):
         # some middle stage is bounded by another weighting than its own (else nothing is tested)
         assert any(S.lower_weights(s) != S.weights[s] for s in range(1, sh.stages - 1)), sh.describe()
         for b in S.boundary_configs():
@@ -395,24 +404,9 @@ def test_middle_stages_weigh_one_layer_frontier_exactly(devices):
     """A middle stage's layer frontier read off the one (time, static, activation) elimination
     (`_Stages.middle`) is the frontier its own weighted elimination finds, per boundary layout,
     for every middle stage of every shape."""
-    from search.algorithm.evaluate import pipe_tables
-    from search.algorithm.pipeline import _Envelope, _Stages
-    from search.prices.costmodel import CostModel
-
-    g = stack(8, batch=64)
-    cl = make_cluster("h100-80gb", devices)
-    job = TrainingJob(global_batch=64, seq_len=None)
     checked = 0
-    for sh in pipeline_shapes(cl, job, 8, (0, 1)):
-        if sh.stages < 3:
-            continue
-        mg = micro_batch_graph(g, sh.micro_batches)
-        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
-        tabs = pipe_tables(mg, cm, sh)
-        if tabs is None:
-            continue
-        S = _Stages.build(mg, cm, tabs, 0.0, True, _Envelope(np.zeros(0), np.zeros(0), tabs.buffers))
-        assert S is not None and S.middle is not None
+    for sh, _, S in _stage_searches(devices, min_stages=3):
+        assert S.middle is not None
         for w in S.weights[1:-1]:
             fast = S.middle(w)
             prob = S.solve(w)
