@@ -145,21 +145,20 @@ def block_stack(n_layers: int, *, side_branch: bool = False, side_input: bool = 
     return OpGraph(name="block-stack", ops=tuple(ops), blocks=(BlockInfo(prefix="blocks", layers=tuple(layers)),))
 
 
-def moe_layer(batch: int = 8, seq: int = 4, dim: int = 8, experts: int = 4, top_k: int = 2, layers: int = 1) -> OpGraph:
-    """A small language model around routed experts, captured from the zoo's MoE feed-forward:
-    embedding, `layers` x (router, top-k, dispatch, two grouped GEMMs, combine), head, loss."""
+def _tiny_lm(blocks: list, batch: int, seq: int, dim: int, name: str) -> OpGraph:
+    """Captured from torch: embedding (16 tokens), `blocks` in turn, head and the loss over the
+    flattened tokens; the blocks a stack when there is more than one."""
     import torch
     import torch.nn.functional as F
     from torch import nn
 
     from search.models.capture import capture_with_blocks
-    from search.models.zoo import MoEFFN
 
     class Model(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.emb = nn.Embedding(16, dim)
-            self.layers = nn.ModuleList(MoEFFN(dim, dim, experts, top_k) for _ in range(layers))
+            self.layers = nn.ModuleList(blocks)
             self.head = nn.Linear(dim, 16, bias=False)
 
         def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -171,8 +170,20 @@ def moe_layer(batch: int = 8, seq: int = 4, dim: int = 8, experts: int = 4, top_
     with torch.device("meta"):
         model = Model()
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
-    return capture_with_blocks(model, (ids, ids), "layers" if layers > 1 else None, "moe-layer",
+    return capture_with_blocks(model, (ids, ids), "layers" if len(blocks) > 1 else None, name,
                                [["batch", "seq"], ["batch", "seq"]])
+
+
+def moe_layer(batch: int = 8, seq: int = 4, dim: int = 8, experts: int = 4, top_k: int = 2, layers: int = 1) -> OpGraph:
+    """A small language model around routed experts, captured from the zoo's MoE feed-forward:
+    embedding, `layers` x (router, top-k, dispatch, two grouped GEMMs, combine), head, loss."""
+    import torch
+
+    from search.models.zoo import MoEFFN
+
+    with torch.device("meta"):
+        blocks = [MoEFFN(dim, dim, experts, top_k) for _ in range(layers)]
+    return _tiny_lm(blocks, batch, seq, dim, "moe-layer")
 
 
 def attention_lm(batch: int = 2, seq: int = 8, dim: int = 8, heads: int = 2, layers: int = 1,
@@ -183,8 +194,6 @@ def attention_lm(batch: int = 2, seq: int = 8, dim: int = 8, heads: int = 2, lay
     import torch
     import torch.nn.functional as F
     from torch import nn
-
-    from search.models.capture import capture_with_blocks
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -199,21 +208,6 @@ def attention_lm(batch: int = 2, seq: int = 8, dim: int = 8, heads: int = 2, lay
             a = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             return x + self.o(a.transpose(1, 2).reshape(b, t, dim))
 
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.emb = nn.Embedding(16, dim)
-            self.layers = nn.ModuleList(Block() for _ in range(layers))
-            self.head = nn.Linear(dim, 16, bias=False)
-
-        def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            h = self.emb(ids)
-            for layer in self.layers:
-                h = layer(h)
-            return F.cross_entropy(self.head(h).flatten(0, 1).float(), targets.flatten(0, 1))
-
     with torch.device("meta"):
-        model = Model()
-    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
-    return capture_with_blocks(model, (ids, ids), "layers" if layers > 1 else None, "attention-lm",
-                               [["batch", "seq"], ["batch", "seq"]])
+        blocks = [Block() for _ in range(layers)]
+    return _tiny_lm(blocks, batch, seq, dim, "attention-lm")
