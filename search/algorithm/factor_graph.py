@@ -281,9 +281,9 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     chain = ((known[0] if known is not None else find_chain(graph, solo=split_outside is None))
              if reuse_blocks else None)
     op_costs = op_costs if op_costs is not None else mesh_costs(graph, cm, mesh, zero, chain)
-    if chain and len(op_costs[chain.boundary].configs) != len(op_costs[chain.template[-1]].configs):
-        return prepare_mesh(graph, cm, mesh, reuse_blocks=False, eps=eps, zero=zero, recompute=recompute,
-                            edge_weights=edge_weights)
+    # find_chain proves layer 0 configures like the template (chain._uniform): the boundary's
+    # layouts are the template output's, which the tied stack relies on
+    assert not chain or len(op_costs[chain.boundary].configs) == len(op_costs[chain.template[-1]].configs)
     fg = _MeshFactors(graph, cm, mesh, op_costs, layer_of, chain, eps, edge_weights, activations)
     costed = [graph.op(name) for name in op_costs]
     prob = MeshProblem(mesh=mesh, chain=chain, op_costs=op_costs, edge_costs=fg.edge_costs, domain=fg.domain,
