@@ -27,8 +27,10 @@ from search.plans.reports import (
     Measured,
     Predicted,
     RankMeasure,
+    ResizeTimes,
     RunReport,
     SearchSummary,
+    Segment,
     rel_error,
 )
 from search.prices.accuracy import Confidence, confidence
@@ -57,9 +59,11 @@ __all__ = [
     "Predicted",
     "ProfileLookup",
     "RankMeasure",
+    "ResizeTimes",
     "RunReport",
     "SearchRequest",
     "SearchSummary",
+    "Segment",
     "TrainingJob",
     "build_plans",
     "confidence",

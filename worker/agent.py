@@ -30,7 +30,7 @@ import httpx
 
 from search import FrontierReport, InputError, Plan, RunReport, SearchRequest, run_search
 from worker.client import Kind, LeaseLost, ServiceClient, ServiceError, Task
-from worker.launch import run_plan
+from worker.elastic import run_plan
 
 log = logging.getLogger("paretoplan.worker")
 
