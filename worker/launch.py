@@ -162,10 +162,13 @@ def _first_error(out: Path) -> dict | None:
 
 
 def _death(log_text: str) -> str:
-    """What torchrun's failure summary says killed a rank ('rank 1: Signal 9 (SIGKILL)'), or ''."""
+    """What torchrun's failure summary says killed a rank ('rank 1: Signal 9 (SIGKILL)'), or ''.
+    Its "Root Cause (first observed failure)" section names the rank that died first; the other
+    failures it lists are the ranks it stopped afterwards."""
     import re
 
-    m = re.search(r"rank\s*:\s*(\d+).*?(Signal \d+ \(\w+\))", log_text, re.S)
+    root = log_text.rpartition("Root Cause")[2] if "Root Cause" in log_text else log_text
+    m = re.search(r"rank\s*:\s*(\d+)[^\n]*\n(?:[^\n]*\n){0,4}?[^\n]*(Signal \d+ \(\w+\))", root)
     return f"rank {m.group(1)}: {m.group(2)}" if m else ""
 
 
