@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_serve(sub)
     _add_worker(sub)
+    _add_resize(sub)
     return p
 
 
@@ -203,6 +204,22 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
     wk.add_argument("--poll", type=float, default=1.0, help="seconds between claims when there is nothing to do")
     wk.add_argument("--max-tasks", type=int, default=None, help="exit after this many tasks")
     wk.add_argument("--exit-with-parent", action="store_true", help="exit when the process that started it exits")
+    wk.add_argument("--checkpoint-dir", default=None,
+                    help="where runs save checkpoints, one run directory each (default ./paretoplan-checkpoints, or "
+                         "PARETOPLAN_CHECKPOINT_DIR); workers that may take over each other's runs must share it")
+
+def _add_resize(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`resize`: order a running run of a service onto another device count."""
+    rz = sub.add_parser("resize", help="resize a running run of a paretoplan service (it saves, re-plans, goes on)",
+                        description="Ask the service to move a running run onto DEVICES devices: at its next step it "
+                                    "saves a checkpoint, takes the job's plan for the new count (searched if the job "
+                                    "has no frontier for it) and goes on from the same step.")
+    rz.add_argument("run_id", type=int, help="the run's id (GET /api/jobs/{id}/runs lists a job's runs)")
+    rz.add_argument("--devices", type=int, required=True, help="the new number of devices")
+    rz.add_argument("--memory-per-device", default=None, help="a new per-device memory budget, e.g. 40GiB")
+    rz.add_argument("--api", default="http://127.0.0.1:8000", help="the service's URL (default http://127.0.0.1:8000)")
+    rz.add_argument("--wait", action="store_true", help="wait until the run has moved (or refused), and say how")
+
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
@@ -223,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             return _profile(args)
         if args.command == "run":
             return _run(args)
+        if args.command == "resize":
+            return _resize(args)
     except InputError as e:
         print(f"paretoplan: error: {e}", file=sys.stderr)
         return EXIT_INPUT
@@ -260,7 +279,48 @@ def _worker(args: argparse.Namespace) -> int:
     from worker.agent import main as worker_main
 
     return worker_main(args.api, name=args.name, kinds=args.kinds, poll_seconds=args.poll, max_tasks=args.max_tasks,
-                       exit_with_parent=args.exit_with_parent)
+                       exit_with_parent=args.exit_with_parent, checkpoint_dir=args.checkpoint_dir)
+
+
+def _resize(args: argparse.Namespace) -> int:
+    """POST /api/runs/{id}/resize; the service's refusal (404, 409, 422) is one line and exit 2."""
+    import time
+
+    import httpx
+
+    body: dict = {"devices": args.devices}
+    if args.memory_per_device:
+        body["memory_per_device"] = args.memory_per_device
+    with httpx.Client(base_url=args.api.rstrip("/"), timeout=60) as http:
+        try:
+            r = http.post(f"/api/runs/{args.run_id}/resize", json=body)
+        except httpx.TransportError as e:
+            raise InputError(f"cannot reach the service at {args.api}: {e}") from None
+        if r.status_code != 202:
+            try:
+                detail = r.json().get("detail", r.text)
+            except ValueError:
+                detail = r.text
+            raise InputError(f"run {args.run_id}: {detail if isinstance(detail, str) else json_line(detail)} "
+                             f"({r.status_code})")
+        order = r.json()
+        plan = f": {order['strategy']['summary']}" if order.get("strategy") else " (its plan is searched first)"
+        print(f"resize {order['id']}: run {args.run_id} moves to {args.devices} devices at its next step{plan}")
+        while args.wait:
+            run = http.get(f"/api/runs/{args.run_id}").json()
+            pending = run.get("resize")
+            if run["status"] != "running" or pending is None or pending["id"] != order["id"]:
+                done = http.get(f"/api/jobs/{order['job_id']}/resizes/{order['id']}").json()
+                print(f"resize {order['id']}: {done.get('outcome') or run['status']}")
+                break
+            time.sleep(1.0)
+    return 0
+
+
+def json_line(data: object) -> str:
+    import json
+
+    return json.dumps(data, separators=(",", ":"))[:500]
 
 
 def _models() -> int:

@@ -34,8 +34,15 @@ def prepare(job_request: dict, body: ResizeIn) -> tuple[SearchRequest, int, int 
 
 
 def create(s: Session, job_id: int, req: SearchRequest, devices: int, memory: int | None) -> Resize:
-    jobs.get(s, job_id)
-    search, how = searches.get_or_create(s, req, devices)
+    job = jobs.get(s, job_id, with_request=True)
+    own = searches.get(s, job.search_id)
+    mine = SearchRequest.model_validate(job.request)
+    if own.devices == devices and req == resized(mine, devices, None, None):
+        # back to the job's own resources: its own frontier answers (its request may leave the
+        # global batch to the default, which the resized request spells out: another key)
+        search, how = own, searches.STORED if own.status == DONE else searches.SHARED
+    else:
+        search, how = searches.get_or_create(s, req, devices)
     r = Resize(job_id=job_id, devices=devices, memory_per_device=memory, search_id=search.id)
     s.add(r)
     s.flush()
