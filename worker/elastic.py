@@ -227,9 +227,12 @@ class _Supervisor:
         spec = analyze(self.plan)
         check_capacity(spec, self.settings.device, self.max_procs)
         current = _segment(self.plan, spec, self.step, self.cause)
-        k = self.launches
-        self.launches += 1
-        workdir = self.run_dir / f"launch-{self.opts.tag}{k}"
+        while True:  # a run directory resumed by another process holds its launches too
+            k = self.launches
+            self.launches += 1
+            workdir = self.run_dir / f"launch-{self.opts.tag}{k}"
+            if not workdir.exists():
+                break
         stop_at = next((s for s, _ in self.scripted if s > self.step), None)
         ck = None
         if not spec.dim("expert"):  # expert-parallel shards are plain tensors under one name on every rank

@@ -100,6 +100,41 @@ def test_cli_resizes_and_recovers_a_killed_rank_with_the_losses_of_one_process(t
     assert "4 segments, 1 restarts" in p.stdout
 
 
+@pytest.mark.processes
+def test_sigterm_saves_first_and_resume_goes_on_from_there(tmp_path):
+    """SIGTERM to `paretoplan run`: the ranks save at the next step boundary and it exits 5, naming
+    the run directory; the same command with --resume finishes the run, every loss the single
+    process's."""
+    import re
+    import signal
+    import time
+
+    run_dir, report = tmp_path / "ckpt", tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "paretoplan", "run", "--model", LLAMA, "--devices", "2", "--steps", "40",
+           "--checkpoint-dir", str(run_dir), "--report", str(report)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    err = tmp_path / "first.err"
+    with err.open("w") as f:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, cwd=tmp_path, env=env)
+    end = time.monotonic() + 600
+    while not re.search(r"step=([3-9]|\d\d)/40", err.read_text(errors="replace")):  # the progress bar
+        assert p.poll() is None and time.monotonic() < end, err.read_text()[-3000:]
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=300) == 5, err.read_text()[-3000:]
+    said = err.read_text().strip().splitlines()[-1]
+    stopped = int(re.search(r"stopped before step (\d+)", said).group(1))
+    assert 3 < stopped < 40 and f"--resume {run_dir}" in said and not report.exists()
+    again = subprocess.run([*cmd, "--resume", str(run_dir), "--no-progress"], capture_output=True, text=True,
+                           timeout=600, cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rep = RunReport.model_validate_json(report.read_text())
+    assert [(s.from_step, s.to_step, s.cause, s.ended) for s in rep.segments] == [
+        (0, stopped, "launch", "stopped"), (stopped, 40, "restart", "finished")]
+    ref = reference_losses(LLAMA, 40, rep.plan["global_batch"], rep.plan["seq_len"])
+    assert_losses_match("llama-tiny stopped and resumed", rep.losses, ref, 40, TOL)
+
+
 # ---- the pieces, without processes --------------------------------------------------------------
 def test_a_tied_parameter_is_read_under_the_name_the_checkpoint_has():
     ties = [["tok_emb.weight", "lm_head.weight"]]
