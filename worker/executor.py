@@ -93,9 +93,12 @@ def _made(mesh: DeviceMesh | None) -> DeviceMesh:
     return mesh
 
 
-def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: int) -> tuple[nn.Module, Any]:
+def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: int,
+          initialise: bool = True) -> tuple[nn.Module, Any]:
     """The module this rank trains (the whole model or its pipeline stage), parallelised and
-    materialised; and the pipeline schedule or None."""
+    materialised; and the pipeline schedule or None. `initialise` False: the shards are allocated
+    but not filled (a checkpoint is loaded into them next: building the reference model would
+    only be thrown away)."""
     zs = model_spec(spec.model)
     with torch.device("meta"):
         model = zs.build()
@@ -124,7 +127,11 @@ def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: i
     elif spec.dim("data") or spec.dim("expert"):
         dim = "dp" if spec.dim("data") else "ep"
         apply_data_parallel(module, spec, _made(mesh)[dim], prefixes, experts, None)
-    materialize(module, spec.model, seed, device, spec.ties, rows)
+    if initialise:
+        materialize(module, spec.model, seed, device, spec.ties, rows)
+    else:
+        module.to_empty(device=device)
+        retie(module, spec.ties)
     reduce_partial_grads(module)
     if spec.dim("data"):
         module = wrap_ddp(module, spec, _made(mesh).get_group("dp"))
@@ -182,7 +189,8 @@ class Runner:
         # the rank whose loss stands for its data shard: last stage, first of its tensor/replica group
         self.reporter = self.is_last and coord.get("tp", 0) == 0 and coord.get("rep", 0) == 0
         self.zs = model_spec(spec.model)
-        self.module, self.schedule = build(spec, self.mesh, device, self.st.seed)
+        resuming = self.st.checkpoint is not None and self.st.checkpoint.resume is not None
+        self.module, self.schedule = build(spec, self.mesh, device, self.st.seed, initialise=not resuming)
         dp_group = _made(self.mesh).get_group("dp") if spec.dim("data") else None
         self.opt = make_optimizer(self.module, spec, self.st.lr, dp_group)
         self.tie_groups = self._tie_groups()
