@@ -11,7 +11,9 @@ search for 2 processes), relaunches torchrun with 2 processes, which build the m
 checkpoint resharded into their layout. The times are the report's (`segments[1].resize_s`):
 save and load as the ranks measured them (slowest rank), re-plan in the launcher, restart the
 rest (old processes out, torchrun and the new ranks up, the model built). The checkpoint's size
-on disk is given beside them.
+on disk is given beside them, and under each row the ranks' own split of save (the state dict,
+DCP's write) and load (the new layout's state dict, whose optimizer state DCP makes with a zero
+step; DCP's read and reshard; putting it in place).
 """
 
 from __future__ import annotations
@@ -40,9 +42,19 @@ def run_case(model: str, batch: int, seq: int) -> dict:
         rep = json.loads(report.read_text())
         size = max((sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
                     for d in ckpt.iterdir() if d.name.endswith("step-0000002")), default=0)
+        # the ranks' own split of save and load (slowest rank of each part)
+        saved = [r["checkpoints"]["saves"][-1] for r in _ranks(ckpt / "launch-0")]
+        loaded = [r["checkpoints"]["load"] for r in _ranks(ckpt / "launch-1")]
     before, after = rep["segments"][0], rep["segments"][1]
+    parts = {"save state_dict": max(x["state_dict_s"] for x in saved), "save write": max(x["write_s"] for x in saved),
+             "load state_dict": max(x["state_dict_s"] for x in loaded), "load read": max(x["read_s"] for x in loaded),
+             "load set": max(x["set_s"] for x in loaded)}
     return {"model": model, "from": before["plan_summary"], "to": after["plan_summary"], "resize_s": after["resize_s"],
-            "bytes": size}
+            "bytes": size, "parts": parts}
+
+
+def _ranks(launch: Path) -> list[dict]:
+    return json.loads((launch / "out" / "0" / "result.json").read_text())["ranks"]
 
 
 def main() -> int:
@@ -66,6 +78,7 @@ def main() -> int:
         print(f"{model:<12} {params / 1e6:>7.1f}M {r['bytes'] / 2**20:>8.1f}MiB {t['save_s']:>6.2f}s {t['replan_s']:>7.2f}s "
               f"{t['restart_s']:>7.2f}s {t['load_s']:>6.2f}s {total:>6.2f}s  {r['from'].split(' |')[0]} -> "
               f"{r['to'].split(' |')[0]}")
+        print(f"{'':<12} {'':>8} {'':>10}  " + ", ".join(f"{k} {v:.2f}s" for k, v in r["parts"].items()))
     print(f"(cpu: {os.cpu_count()} cores, gloo; step boundary to the first step on the new layout)")
     return 0
 

@@ -198,6 +198,7 @@ class Checkpointer:
         path = Path(self.ck.resume)
         meta = read_meta(path)
         flat = state_dict(self.module, self.opt)
+        got_state = time.time()
         available = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
         wanted: dict[str, Any] = {}
         renamed: dict[str, str] = {}
@@ -210,6 +211,7 @@ class Checkpointer:
         rng = {k: v for k, v in _rng_states(self.rank, self.device).items() if k in available}
         wanted.update(rng)
         dcp.load(wanted, checkpoint_id=str(path))
+        read = time.time()
         _set_state_dict(self.module, self.opt, {renamed[k]: v for k, v in wanted.items() if k in renamed})
         # RNG streams belong to ranks: restored where the same rank saved one (nothing in this
         # training draws random numbers today; a model with dropout would need them per layout)
@@ -218,8 +220,11 @@ class Checkpointer:
         if _rng_key(self.rank, "cuda") in wanted:
             torch.cuda.set_rng_state(wanted[_rng_key(self.rank, "cuda")], self.device)
         self.before = meta
-        self.record["load"] = {"started_at": started, "s": time.time() - started, "checkpoint": str(path),
-                               "step": meta.step}
+        done = time.time()
+        # the parts: the layout's own state dict (optimizer state made by a zero step), DCP's read
+        # and reshard, and putting it in place
+        self.record["load"] = {"started_at": started, "s": done - started, "checkpoint": str(path), "step": meta.step,
+                               "state_dict_s": got_state - started, "read_s": read - got_state, "set_s": done - read}
         return meta.step
 
     # -- stopping ---------------------------------------------------------------------------
@@ -273,7 +278,9 @@ class Checkpointer:
         path = Path(self.ck.dir) / name(self.ck.tag, next_step)
         flat = state_dict(self.module, self.opt)
         flat.update(_rng_states(self.rank, self.device))
+        got_state = time.time()
         dcp.save(flat, checkpoint_id=str(path))
+        wrote = time.time() - got_state
         # the slowest rank's time per step, as the report keeps it
         slowest = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -295,7 +302,7 @@ class Checkpointer:
             print(PROGRESS + json.dumps({"saved": str(path), "at": next_step}), flush=True)
         dist.barrier()  # no rank goes on (or exits) before the checkpoint is complete
         self.record["saves"].append({"step": next_step, "s": float(took.item()), "done_at": time.time(),
-                                     "checkpoint": str(path)})
+                                     "checkpoint": str(path), "state_dict_s": got_state - started, "write_s": wrote})
         return path
 
 

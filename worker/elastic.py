@@ -73,9 +73,17 @@ class Control:
         self._order: Order | None = None
         self._stop: str | None = None
         self._stop_file: Path | None = None
+        self.current: Plan | None = None  # the plan running now (the supervisor keeps it)
+        self.answer: Callable[[Order, str], None] | None = None  # tells an order's asker what came of it
 
     def resize(self, order: Order) -> None:
         with self._lock:
+            now = self.current
+            if now is not None and order.devices == now.num_devices and order.plan in (None, now):
+                # nothing to move: no stop, no save
+                if self.answer is not None:
+                    self.answer(order, f"already on {order.devices} devices with that plan")
+                return
             self._order = order
             self._poke()
 
@@ -159,6 +167,7 @@ class _Supervisor:
         self.run_dir = Path(opts.run_dir or tempfile.mkdtemp(prefix="paretoplan-run-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.control = opts.control or Control()
+        self.control.answer = self._answer
         self.available = opts.available or _host_devices(settings.device)
         self.scripted = sorted(opts.resizes)
         self.segments: list[Segment] = []  # closed
@@ -254,6 +263,7 @@ class _Supervisor:
             if self.progress is not None and "step" in msg:
                 self.progress(msg["step"] + 1, msg["steps"])
 
+        self.control.current = self.plan
         self.control.arm(workdir / "stop" if ck else None)
         try:
             raw = run_jobs([job], workdir=workdir, progress=on_line, timeout=self._remaining())[0]
@@ -271,6 +281,10 @@ class _Supervisor:
     def _announce(self, segments: list[Segment]) -> None:
         if self.opts.on_segments:
             self.opts.on_segments(segments)
+
+    def _answer(self, order: Order, outcome: str) -> None:
+        if self.opts.on_order and order.id is not None:
+            self.opts.on_order(order, outcome)
 
     def _note(self, message: str) -> None:
         if self.opts.on_note:
@@ -329,16 +343,13 @@ class _Supervisor:
         # a resume from this checkpoint (this process may die before the next one saves) takes the new layout
         nxt = _segment(self.plan, analyze(self.plan), self.step, self.cause)
         checkpoint.annotate(path, self._history(nxt))
-        if self.opts.on_order and order.id is not None:
-            self.opts.on_order(order, outcome)
+        self._answer(order, outcome)
         if self.control.stopping:  # a SIGTERM during the resize: stop here, resumable from this checkpoint
             raise RunStopped(self.step, str(path))
         return None
 
     def _plan_for(self, order: Order) -> tuple[Plan, str]:
         """The plan to move to for `order`, or the current one when no plan can serve it (with a note)."""
-        if order.devices == self.plan.num_devices and order.plan is None:
-            return self.plan, f"already on {order.devices} devices"
         try:
             plan = order.plan
             if plan is None:

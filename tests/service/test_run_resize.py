@@ -99,7 +99,7 @@ def _wait_run(http: httpx.Client, run_id: int, until, timeout: float = 600.0) ->
 
 
 @pytest.mark.processes
-def test_a_worker_killed_mid_run_is_resumed_from_its_checkpoint_by_another(databases, tmp_path):
+def test_a_worker_killed_mid_run_is_resumed_from_its_checkpoint_by_another(databases, tmp_path, capsys):
     """The run checkpoints every 3 steps; its worker is SIGKILLed after the first checkpoint; its
     torchrun goes with it; once the lease expires another worker claims the run and goes on from
     the latest checkpoint (not from step 0), and every loss is the single process's."""
@@ -121,6 +121,12 @@ def test_a_worker_killed_mid_run_is_resumed_from_its_checkpoint_by_another(datab
             assert run_dir.parent == tmp_path / "paretoplan-checkpoints"
             rescuer = start_worker(server.url, "rescuer", tmp_path, kinds="run")
             done = _wait_run(http, run["id"], lambda r: r["status"] == "done")
+            # `paretoplan resize` against the service: a finished run cannot move (409, one line, exit 2)
+            from paretoplan.cli import main
+
+            assert main(["resize", str(run["id"]), "--devices", "1", "--api", server.url]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "is done, not running" in err and "(409)" in err, err
     finally:
         if rescuer is not None:
             rescuer.stop()

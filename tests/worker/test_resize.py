@@ -175,6 +175,22 @@ def test_control_asks_the_running_launch_to_stop_through_its_file(tmp_path):
     assert stop.exists() and control.stopping == "SIGTERM"
 
 
+def test_an_order_for_the_layout_running_now_stops_nothing(tmp_path):
+    from worker.elastic import Order
+
+    control, answers = Control(), []
+    control.answer = lambda order, outcome: answers.append((order.id, outcome))
+    control.current = baseline(LLAMA, "fsdp", 2)
+    stop = tmp_path / "stop"
+    control.arm(stop)
+    control.resize(Order(devices=2, id=7))
+    control.resize(Order(devices=2, plan=baseline(LLAMA, "fsdp", 2), id=8))
+    assert not stop.exists() and control.take_order() is None
+    assert answers == [(7, "already on 2 devices with that plan"), (8, "already on 2 devices with that plan")]
+    control.resize(Order(devices=2, plan=baseline(LLAMA, "megatron-tp2-dp", 2), id=9))  # another layout: it moves
+    assert stop.exists() and control.take_order() is not None
+
+
 def _seg(plan: dict, a: int, b: int, cause: str, ended: str = "finished") -> Segment:
     return Segment(from_step=a, to_step=b, devices=plan["num_devices"], plan_summary=plan["summary"], plan=plan,
                    cause=cause, ended=ended, predicted=Predicted(time_s=1.0, memory_bytes=1),  # type: ignore[arg-type]
