@@ -257,7 +257,8 @@ class Checkpointer:
         local = self._signalled or bool(self.ck.stop_file and os.path.exists(self.ck.stop_file))
         flag = torch.tensor([1 if local else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        asked = bool(flag.item())
+        # a stop asked for after the last step is no stop: the run is over (and reports)
+        asked = bool(flag.item()) and step + 1 < self.steps
         scripted = self.ck.stop_at is not None and step + 1 == self.ck.stop_at and step + 1 == end
         stop = asked or scripted
         # (no periodic save after the last step: the run is over)
