@@ -15,6 +15,7 @@ from search.errors import InputError, NoFeasiblePlan, invalid, read_json
 EXIT_INPUT = 2
 EXIT_NO_PLAN = 3
 EXIT_RUN_FAILED = 4  # `run`: a rank failed or the run timed out
+EXIT_STOPPED = 5  # `run`: stopped by SIGTERM after saving a checkpoint (go on with --resume)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_serve(sub)
     _add_worker(sub)
+    _add_resize(sub)
     return p
 
 
@@ -168,6 +170,15 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     r.add_argument("--max-procs", type=int, default=None, help="most CPU processes to start (default 4 per core)")
     r.add_argument("--timeout", type=float, default=None, help="stop the run after this many seconds")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--resize", metavar="STEP:DEVICES[,...]", default=None,
+                   help="resize the running job before these steps: stop, save, re-plan for the new device count "
+                        "(the same --pick rule), relaunch and load resharded, e.g. 8:2,16:4")
+    r.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="save a checkpoint after every N steps (a rank that dies resumes from the last one)")
+    r.add_argument("--checkpoint-dir", default=None,
+                   help="keep checkpoints in this run directory (default: a temporary one, removed at the end)")
+    r.add_argument("--resume", default=None, metavar="DIR",
+                   help="go on from the latest checkpoint in this run directory (of a run stopped by SIGTERM)")
 
 
 def _add_serve(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -193,6 +204,22 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
     wk.add_argument("--poll", type=float, default=1.0, help="seconds between claims when there is nothing to do")
     wk.add_argument("--max-tasks", type=int, default=None, help="exit after this many tasks")
     wk.add_argument("--exit-with-parent", action="store_true", help="exit when the process that started it exits")
+    wk.add_argument("--checkpoint-dir", default=None,
+                    help="where runs save checkpoints, one run directory each (default ./paretoplan-checkpoints, or "
+                         "PARETOPLAN_CHECKPOINT_DIR); workers that may take over each other's runs must share it")
+
+def _add_resize(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`resize`: order a running run of a service onto another device count."""
+    rz = sub.add_parser("resize", help="resize a running run of a paretoplan service (it saves, re-plans, goes on)",
+                        description="Ask the service to move a running run onto DEVICES devices: at its next step it "
+                                    "saves a checkpoint, takes the job's plan for the new count (searched if the job "
+                                    "has no frontier for it) and goes on from the same step.")
+    rz.add_argument("run_id", type=int, help="the run's id (GET /api/jobs/{id}/runs lists a job's runs)")
+    rz.add_argument("--devices", type=int, required=True, help="the new number of devices")
+    rz.add_argument("--memory-per-device", default=None, help="a new per-device memory budget, e.g. 40GiB")
+    rz.add_argument("--api", default="http://127.0.0.1:8000", help="the service's URL (default http://127.0.0.1:8000)")
+    rz.add_argument("--wait", action="store_true", help="wait until the run has moved (or refused), and say how")
+
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
@@ -213,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             return _profile(args)
         if args.command == "run":
             return _run(args)
+        if args.command == "resize":
+            return _resize(args)
     except InputError as e:
         print(f"paretoplan: error: {e}", file=sys.stderr)
         return EXIT_INPUT
@@ -250,7 +279,48 @@ def _worker(args: argparse.Namespace) -> int:
     from worker.agent import main as worker_main
 
     return worker_main(args.api, name=args.name, kinds=args.kinds, poll_seconds=args.poll, max_tasks=args.max_tasks,
-                       exit_with_parent=args.exit_with_parent)
+                       exit_with_parent=args.exit_with_parent, checkpoint_dir=args.checkpoint_dir)
+
+
+def _resize(args: argparse.Namespace) -> int:
+    """POST /api/runs/{id}/resize; the service's refusal (404, 409, 422) is one line and exit 2."""
+    import time
+
+    import httpx
+
+    body: dict = {"devices": args.devices}
+    if args.memory_per_device:
+        body["memory_per_device"] = args.memory_per_device
+    with httpx.Client(base_url=args.api.rstrip("/"), timeout=60) as http:
+        try:
+            r = http.post(f"/api/runs/{args.run_id}/resize", json=body)
+        except httpx.TransportError as e:
+            raise InputError(f"cannot reach the service at {args.api}: {e}") from None
+        if r.status_code != 202:
+            try:
+                detail = r.json().get("detail", r.text)
+            except ValueError:
+                detail = r.text
+            raise InputError(f"run {args.run_id}: {detail if isinstance(detail, str) else json_line(detail)} "
+                             f"({r.status_code})")
+        order = r.json()
+        plan = f": {order['strategy']['summary']}" if order.get("strategy") else " (its plan is searched first)"
+        print(f"resize {order['id']}: run {args.run_id} moves to {args.devices} devices at its next step{plan}")
+        while args.wait:
+            run = http.get(f"/api/runs/{args.run_id}").json()
+            pending = run.get("resize")
+            if run["status"] != "running" or pending is None or pending["id"] != order["id"]:
+                done = http.get(f"/api/jobs/{order['job_id']}/resizes/{order['id']}").json()
+                print(f"resize {order['id']}: {done.get('outcome') or run['status']}")
+                break
+            time.sleep(1.0)
+    return 0
+
+
+def json_line(data: object) -> str:
+    import json
+
+    return json.dumps(data, separators=(",", ":"))[:500]
 
 
 def _models() -> int:
@@ -434,25 +504,49 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """`paretoplan run`: pick a plan (searched here or read), launch it, print predicted vs measured."""
-    from worker.launch import RunFailed, default_device, format_table, run_plan
+    """`paretoplan run`: pick a plan (searched here or read), launch it, print predicted vs measured;
+    with --resize, --checkpoint-every and --resume it checkpoints, resizes and recovers (worker.elastic)."""
+    import signal
+
+    from worker.elastic import Control, Elastic, RunStopped, check_resizes, run_plan
+    from worker.launch import RunFailed, default_device, format_table
     from worker.spec import RunSettings
 
     if args.steps < 1:
         raise InputError(f"--steps must be at least 1, got {args.steps}")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise InputError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    resizes = _resizes(args.resize)
+    check_resizes(resizes, args.steps)
     if args.report:
         _check_writable(args.report)
+    resume = Path(args.resume) if args.resume else None
+    if resume is not None and not resume.is_dir():
+        raise InputError(f"--resume {args.resume}: not a run directory")
     device = default_device()
     plan = _run_plan_from_search(args, device) if args.model else _run_plan_from_file(args)
     settings = RunSettings(steps=args.steps, warmup=min(args.warmup, max(args.steps - 1, 0)), seed=args.seed,
                            lr=args.lr, device=device)
+    control = Control()
+    elastic = Elastic(run_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else resume, every=args.checkpoint_every,
+                      resizes=resizes, replan=_replanner(args, plan, device), control=control, resume=resume,
+                      on_note=lambda m: print(f"paretoplan: {m}", file=sys.stderr))
+    # SIGTERM: save at the next step boundary, then stop (resumable with --resume)
+    previous = signal.signal(signal.SIGTERM, lambda *_: control.stop("SIGTERM"))
     try:
-        report = run_plan(plan, settings=settings, show_progress=not args.no_progress, max_procs=args.max_procs,
-                          timeout=args.timeout)
+        report = run_plan(plan, settings=settings, elastic=elastic, show_progress=not args.no_progress,
+                          max_procs=args.max_procs, timeout=args.timeout)
     except RunFailed as e:
         print(f"paretoplan: run failed: {str(e).splitlines()[0]}", file=sys.stderr)
         return EXIT_RUN_FAILED
+    except RunStopped as e:
+        print(f"paretoplan: {e}; go on with the same command and --resume {Path(e.checkpoint).parent}", file=sys.stderr)
+        return EXIT_STOPPED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(format_table(report))
+    if len(report.segments) > 1:
+        print(format_segments(report))
     for note in report.notes:
         print(f"note: {note}")
     if plan.predicted.priced_from == "catalog":  # what it was measured against is the catalog's price
@@ -464,7 +558,36 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_plan_from_search(args: argparse.Namespace, device: str):
+def _resizes(text: str | None) -> list[tuple[int, int]]:
+    """`--resize 8:2,16:4` as [(8, 2), (16, 4)]."""
+    if not text:
+        return []
+    out = []
+    for part in text.split(","):
+        step, _, devices = part.strip().partition(":")
+        if not (step.strip().isdigit() and devices.strip().isdigit()):
+            raise InputError(f"--resize takes STEP:DEVICES pairs separated by commas, e.g. 8:2,16:4; got {part!r}")
+        out.append((int(step), int(devices)))
+    return out
+
+
+def format_segments(report) -> str:
+    """One line per segment: steps, devices, plan, what the resize took."""
+    lines = [f"{'segment':>7} {'steps':>11} {'devices':>7} {'save':>8} {'re-plan':>8} {'restart':>8} {'load':>8}  plan"]
+    for i, seg in enumerate(report.segments):
+        t = seg.resize_s
+        cells = (f"{t.save_s:>7.2f}s {t.replan_s:>7.2f}s {t.restart_s:>7.2f}s {t.load_s:>7.2f}s" if t
+                 else f"{'-':>8} {'-':>8} {'-':>8} {'-':>8}")
+        what = f"{seg.cause}, {seg.ended}" + (f": {seg.error}" if seg.error else "")
+        lines.append(f"{i:>7} {f'{seg.from_step}-{seg.to_step}':>11} {seg.devices:>7} {cells}  "
+                     f"{seg.plan_summary} ({what})")
+    lines.append(f"{len(report.segments)} segments, {report.restarts} restarts; losses of all {report.steps} steps "
+                 f"in one list")
+    return "\n".join(lines)
+
+
+def _run_plan_from_search(args: argparse.Namespace, device: str, devices: int | None = None,
+                          global_batch: int | None = None):
     """Search this machine (catalog device 'cpu' with N processes when there is no GPU) and pick."""
     from pydantic import ValidationError
 
@@ -472,9 +595,9 @@ def _run_plan_from_search(args: argparse.Namespace, device: str):
 
     if device == "cuda" and args.device is None:
         raise InputError("this machine has GPUs: name their catalog type with --device (see `paretoplan devices`)")
-    fields: dict = dict(model=args.model, device=args.device or "cpu", devices=args.devices,
+    fields: dict = dict(model=args.model, device=args.device or "cpu", devices=devices or args.devices,
                         devices_per_node=args.devices_per_node, memory_budget=args.memory_budget,
-                        global_batch=args.global_batch, seq_len=args.seq_len,
+                        global_batch=global_batch or args.global_batch, seq_len=args.seq_len,
                         precision=args.precision or ("fp32" if device == "cpu" else "bf16"),
                         zero_stages=list(_zero_stages(args.zero)), recompute=not args.no_recompute,
                         # the plan picked here is launched at once: search only what the executor runs as
@@ -492,6 +615,28 @@ def _run_plan_from_search(args: argparse.Namespace, device: str):
     o = run_search(req)
     report = o.report.model_dump()
     return _pick(report, args.pick or "budget")
+
+
+def _replanner(args: argparse.Namespace, plan, device: str):
+    """How a resize re-plans: the same search for the new device count (the global batch the run
+    trains with kept), and the same pick rule (a frontier index or a baseline name, which mean
+    nothing on another frontier, becomes the fastest within the budget)."""
+    def replan(devices: int):
+        if args.model:
+            return _run_plan_from_search(args, device, devices=devices, global_batch=plan.global_batch)
+        from pydantic import ValidationError
+
+        from search import SearchRequest, run_search
+
+        try:
+            req = SearchRequest(model=plan.model, device=plan.device, devices=devices, global_batch=plan.global_batch,
+                                seq_len=plan.seq_len, precision=plan.precision, pipeline=False, grad_accumulation=True)
+        except ValidationError as e:
+            raise invalid(e, f"re-planning for {devices} devices") from None
+        pick = args.pick if args.pick in ("fastest", "leanest") else "budget"
+        return _pick(run_search(req).report.model_dump(), pick)
+
+    return replan
 
 
 def _run_plan_from_file(args: argparse.Namespace):

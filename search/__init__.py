@@ -16,7 +16,7 @@ numpy and pydantic only.
 """
 
 from search.errors import InputError, NoFeasiblePlan, read_json
-from search.plans.api import JobRequest, SearchRequest, request_cluster, resolve, run_search
+from search.plans.api import JobRequest, SearchRequest, request_cluster, resized, resolve, run_search
 from search.plans.estimate import Estimate, EstimateRequest, estimate
 from search.plans.plan import PLAN_VERSION, Plan, build_plans, pick
 from search.plans.reports import (
@@ -27,8 +27,10 @@ from search.plans.reports import (
     Measured,
     Predicted,
     RankMeasure,
+    ResizeTimes,
     RunReport,
     SearchSummary,
+    Segment,
     rel_error,
 )
 from search.prices.accuracy import Confidence, confidence
@@ -57,9 +59,11 @@ __all__ = [
     "Predicted",
     "ProfileLookup",
     "RankMeasure",
+    "ResizeTimes",
     "RunReport",
     "SearchRequest",
     "SearchSummary",
+    "Segment",
     "TrainingJob",
     "build_plans",
     "confidence",
@@ -74,6 +78,7 @@ __all__ = [
     "read_json",
     "rel_error",
     "request_cluster",
+    "resized",
     "resolve",
     "run_search",
 ]

@@ -174,14 +174,19 @@ class Run(LeaseMixin, Base):
     strategy_id: Mapped[int] = mapped_column(ForeignKey("strategies.id"))
     steps: Mapped[int] = mapped_column(Integer)
     step: Mapped[int | None] = mapped_column(Integer)
-    checkpoint: Mapped[str | None] = mapped_column(Text)  # unused until runs write checkpoints (resize)
+    checkpoint: Mapped[str | None] = mapped_column(Text)  # the run directory its worker saves checkpoints to
+    checkpoint_every: Mapped[int | None] = mapped_column(Integer)
+    devices: Mapped[int | None] = mapped_column(Integer)  # what it runs on now (a resize changes it)
+    segments: Mapped[Any | None] = mapped_column(JSON)  # its launches so far, as its worker reports them
     report: Mapped[RunReport | None] = deferred(mapped_column(ModelJSON(RunReport)))
 
     __table_args__ = (Index("ix_runs_status_id", "status", "id"),)
 
 
 class Resize(Base):
-    """New resources recorded for a job, and the search that answers what plan it would move to."""
+    """New resources recorded for a job, and the search that answers what plan it would move to;
+    for a running run (`run_id`), an order its worker carries out at the next step boundary and
+    answers (`outcome`)."""
 
     __tablename__ = "resizes"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -189,6 +194,9 @@ class Resize(Base):
     devices: Mapped[int] = mapped_column(Integer)
     memory_per_device: Mapped[int | None] = mapped_column(BigInteger)
     search_id: Mapped[int] = mapped_column(ForeignKey("searches.id"))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
+    outcome: Mapped[str | None] = mapped_column(Text)  # a run's resize: what its worker did, once it answered
+    answered_at: Mapped[datetime | None] = mapped_column(DateTime)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 

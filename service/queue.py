@@ -36,11 +36,14 @@ from search import FrontierReport, InputError, Plan, RunReport, SearchSummary
 from service.crud import events
 from service.crud.errors import Conflict
 from service.db import Database
-from service.models import DONE, FAILED, QUEUED, RUNNING, Clock, Run, Search, Strategy, utcnow
+from service.models import DONE, FAILED, QUEUED, RUNNING, Clock, Job, Resize, Run, Search, Strategy, utcnow
 
 Kind = Literal["search", "run"]
 Table = type[Search] | type[Run]
 TABLES: dict[Kind, Table] = {"search": Search, "run": Run}
+
+
+RUN_PROGRESS = ("checkpoint", "devices", "segments")  # run columns a heartbeat may set
 
 
 class LeaseLost(Conflict):
@@ -109,7 +112,9 @@ def claim(db: Database, worker: str, kinds: list[Kind], lease_seconds: float, ma
             else:
                 run = s.scalars(select(Run).where(Run.id == task_id)).one()
                 plan = s.scalar(select(Strategy.plan).where(Strategy.id == run.strategy_id))
-                payload = {"plan": plan, "steps": run.steps, "job_id": run.job_id, "strategy_id": run.strategy_id}
+                request = s.scalar(select(Job.request).where(Job.id == run.job_id))
+                payload = {"plan": plan, "steps": run.steps, "job_id": run.job_id, "strategy_id": run.strategy_id,
+                           "request": request, "checkpoint": run.checkpoint, "checkpoint_every": run.checkpoint_every}
                 events.add(s, "status", run_id=task_id, job_id=run.job_id, stage=RUNNING,
                            message=f"claimed by {worker}{again}")
             return Claim(kind, task_id, token, attempt, lease_seconds, expires, payload)
@@ -122,8 +127,9 @@ def _owned(T: Table, task_id: int, token: str) -> ColumnElement[bool]:
 
 def heartbeat(db: Database, kind: Kind, task_id: int, token: str, lease_seconds: float, *, stage: str | None = None,
               fraction: float | None = None, message: str | None = None, step: int | None = None,
-              clock: Clock = utcnow) -> datetime:
-    """Renew the lease (and record progress); LeaseLost when the claim is not the task's any more."""
+              run: dict[str, Any] | None = None, clock: Clock = utcnow) -> datetime:
+    """Renew the lease (and record progress); LeaseLost when the claim is not the task's any more.
+    `run`: columns of a run its worker reports (checkpoint, devices, segments)."""
     T = TABLES[kind]
     with db.write_session() as s:
         now = clock()
@@ -135,6 +141,8 @@ def heartbeat(db: Database, kind: Kind, task_id: int, token: str, lease_seconds:
             values["progress"] = fraction
         if kind == "run" and step is not None:
             values["step"] = step
+        if kind == "run" and run:
+            values.update({k: v for k, v in run.items() if k in RUN_PROGRESS and v is not None})
         stmt = (update(T).where(_owned(T, task_id, token)).values(**values)
                 .returning(T.id, Run.job_id if kind == "run" else null()))
         row = s.execute(stmt).first()
@@ -181,12 +189,20 @@ def complete_search(db: Database, task_id: int, token: str, report: FrontierRepo
                    message=f"done: {len(report.frontier)} Pareto-optimal plans in {report.search_seconds:.2f} s; {fit}")
 
 
+def close_orders(s: Session, run_id: int, now: datetime, outcome: str) -> None:
+    """Resize orders of a run that ends before its worker answered them are answered here."""
+    s.execute(update(Resize).where(Resize.run_id == run_id, Resize.outcome.is_(None))
+              .values(outcome=outcome, answered_at=now))
+
+
 def check_answers(report: RunReport, run_id: int, steps: int, plan: dict[str, Any]) -> None:
-    """InputError unless the report is of run `run_id`: its plan (`plan`, as stored) and its steps."""
+    """InputError unless the report is of run `run_id`: its plan (`plan`, as stored; the first
+    segment's when it was resized) and its steps."""
     if report.steps != steps:
         raise InputError(f"report: {report.steps} steps, but run {run_id} was launched for {steps}")
-    if report.plan != Plan.model_validate(plan).model_dump(mode="json"):  # both normalised the same way
-        raise InputError(f"report: its plan ({report.plan_summary!r}) is not the plan of run {run_id}")
+    launched = report.segments[0] if report.segments else report
+    if launched.plan != Plan.model_validate(plan).model_dump(mode="json"):  # both normalised the same way
+        raise InputError(f"report: its plan ({launched.plan_summary!r}) is not the plan of run {run_id}")
 
 
 def complete_run(db: Database, task_id: int, token: str, report: RunReport, *, clock: Clock = utcnow) -> None:
@@ -204,6 +220,7 @@ def complete_run(db: Database, task_id: int, token: str, report: RunReport, *, c
                          .returning(Run.id, Run.job_id)).first()
         if done is None:
             raise LeaseLost(_lost(s, Run, "run", task_id))
+        close_orders(s, task_id, now, "not carried out: the run finished first")
         events.add(s, "status", run_id=task_id, job_id=done[1], stage=DONE, fraction=1.0, message="run finished")
 
 
@@ -227,6 +244,8 @@ def fail(db: Database, kind: Kind, task_id: int, token: str, error: str, *, inpu
         r = s.execute(stmt).first()
         if r is None:
             raise LeaseLost(_lost(s, T, kind, task_id))
+        if kind == "run" and status == FAILED:
+            close_orders(s, task_id, now, "not carried out: the run failed")
         events.add(s, "status", stage=status, message=("failed, queued again: " if again else "failed: ") + error,
                    **_event_ids(kind, task_id, r[1]))
         return status

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
-from search import Confidence, EstimateRequest, FrontierReport, RunReport, SearchRequest, SearchSummary
+from search import Confidence, EstimateRequest, FrontierReport, ResizeTimes, RunReport, SearchRequest, SearchSummary
 
 
 def _utc(dt: datetime | None) -> str | None:
@@ -167,11 +167,31 @@ class LaunchIn(BaseModel):
     strategy_id: int | None = Field(default=None, gt=0, le=2**31 - 1,
                                     description="default: the selected strategy, else the fastest that fits")
     steps: int = Field(default=20, gt=0, le=1_000_000, description="training steps to run")
+    checkpoint_every: int | None = Field(default=None, gt=0, le=1_000_000,
+                                         description="save a checkpoint after every N steps: a run whose worker "
+                                                     "dies resumes from the last one (default: only at a resize)")
 
 
 class Metrics(BaseModel):
     time_s: float | None = None
     memory_bytes: int | None = None
+
+
+class SegmentOut(BaseModel):
+    """One launch of a run (search.plans.reports.Segment without its plan): steps [from_step,
+    to_step) on `devices`, and what starting it took."""
+
+    model_config = ConfigDict(extra="ignore")
+    from_step: int = Field(ge=0, le=2**31 - 1)
+    to_step: int = Field(ge=0, le=2**31 - 1)
+    devices: int = Field(gt=0, le=1_000_000)
+    plan_summary: str = Field(max_length=2000)
+    cause: Literal["launch", "resize", "restart"]
+    ended: Literal["finished", "resize", "stopped", "failed", "running"]
+    error: str | None = Field(default=None, max_length=4000)
+    resize_s: ResizeTimes | None = None
+    time_s: float | None = Field(default=None, ge=0)
+    memory_bytes: int | None = Field(default=None, ge=0, le=2**63 - 1)
 
 
 class RunOut(BaseModel):
@@ -186,8 +206,13 @@ class RunOut(BaseModel):
     attempts: int
     worker: str | None = None
     error: str | None = None
-    checkpoint: str | None = None
-    predicted: Metrics
+    checkpoint: str | None = Field(default=None, description="the run directory its checkpoints are saved to")
+    checkpoint_every: int | None = None
+    devices: int | None = Field(default=None, description="the devices it runs on now")
+    segments: list[SegmentOut] = Field(default_factory=list, description="its launches so far: one per resize "
+                                                                          "or restart")
+    resize: ResizeOut | None = Field(default=None, description="a resize asked for and not yet carried out")
+    predicted: Metrics = Field(description="of the plan it finished on (its report's), else of its strategy")
     measured: Metrics | None = None
     report: RunReport | None = Field(default=None, description="the worker's RunReport")
     created_at: Timestamp
@@ -217,6 +242,8 @@ class ResizeOut(BaseModel):
     strategy: StrategyOut | None = None
     least_memory_bytes: int | None = None
     frontier_url: str = Field(description="the frontier searched for the new resources (GET it)")
+    run_id: int | None = Field(default=None, description="the running run it resizes (POST /api/runs/{id}/resize)")
+    outcome: str | None = Field(default=None, description="a run's resize: what its worker did, once done")
     created_at: Timestamp
 
 
@@ -271,6 +298,17 @@ class ClaimIn(BaseModel):
     kinds: list[TaskKind] = Field(default=["search", "run"], min_length=1, max_length=2)
 
 
+class ResizeOrder(BaseModel):
+    """A resize a running run's worker is to carry out at the next step boundary."""
+
+    id: int = Field(description="the resize; answer it with resize_id in a heartbeat")
+    devices: int
+    plan: dict[str, Any] | None = Field(default=None, description="the plan to move to, when the frontier for "
+                                                                  "`devices` is known; else the worker searches")
+    strategy_id: int | None = None
+    request: dict[str, Any] = Field(description="the job's SearchRequest for `devices` (the search it needs)")
+
+
 class TaskOut(BaseModel):
     """A claimed task: the worker owns it until `lease_expires_at` unless it heartbeats."""
 
@@ -280,11 +318,15 @@ class TaskOut(BaseModel):
     attempt: int
     lease_seconds: float
     lease_expires_at: Timestamp
-    request: dict[str, Any] | None = Field(default=None, description="search: the SearchRequest")
+    request: dict[str, Any] | None = Field(default=None, description="search: the SearchRequest; run: the job's, "
+                                                                     "to re-plan for another device count")
     plan: dict[str, Any] | None = Field(default=None, description="run: the Plan to execute")
     steps: int | None = None
     job_id: int | None = None
     strategy_id: int | None = None
+    checkpoint: str | None = Field(default=None, description="run: its run directory, when an earlier claim saved "
+                                                             "checkpoints there: resume from the latest")
+    checkpoint_every: int | None = None
 
 
 class HeartbeatIn(BaseModel):
@@ -294,10 +336,17 @@ class HeartbeatIn(BaseModel):
     fraction: float | None = Field(default=None, ge=0.0, le=1.0)
     message: str | None = Field(default=None, max_length=4000)
     step: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    checkpoint: str | None = Field(default=None, min_length=1, max_length=4000,
+                                   description="run: the run directory a checkpoint was just saved to")
+    devices: int | None = Field(default=None, gt=0, le=1_000_000, description="run: the devices it runs on now")
+    segments: list[SegmentOut] | None = Field(default=None, max_length=10_000, description="run: its launches so far")
+    resize_id: int | None = Field(default=None, gt=0, le=2**62, description="run: the resize order answered")
+    resize_outcome: str | None = Field(default=None, max_length=4000)
 
 
 class HeartbeatOut(BaseModel):
     lease_expires_at: Timestamp
+    resize: ResizeOrder | None = Field(default=None, description="run: a resize to carry out at the next step boundary")
 
 
 class SearchResultIn(BaseModel):

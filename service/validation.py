@@ -62,27 +62,3 @@ def canonical_key(req: SearchRequest) -> str:
     doc = {"request": req.model_dump(mode="json"), "key": KEY_VERSION, "plan": PLAN_VERSION}
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def resized(req: SearchRequest, devices: int, memory_per_device: int | None,
-            devices_per_node: int | None) -> SearchRequest:
-    """The same request for new resources; the global batch stays what the job trains with."""
-    from search import parse_size
-
-    batch = req.global_batch
-    if batch is None and req.graph is None:
-        old = int(req.cluster.get("devices", req.devices)) if req.cluster is not None else req.devices
-        batch = max(8, old)  # what search.plans.api.resolve defaulted it to
-    update: dict[str, Any] = {"global_batch": batch}
-    if req.cluster is not None:
-        cluster = dict(req.cluster, devices=devices)
-        if devices_per_node is not None:
-            cluster["devices_per_node"] = devices_per_node
-        update["cluster"] = cluster
-    else:
-        update["devices"] = devices
-        if devices_per_node is not None:
-            update["devices_per_node"] = devices_per_node
-    if memory_per_device is not None:
-        update["memory_budget"] = parse_size(memory_per_device)
-    return SearchRequest.model_validate(req.model_copy(update=update).model_dump())

@@ -6,11 +6,17 @@ failure. A 409 from the service means the claim is over (the lease expired and a
 took the task): the work is dropped, at the next progress report of the search or step of the run.
 
 - A search runs `search.run_search` in this process, so searches never run in the API server.
-- A run executes its Plan with `worker.launch.run_plan` (torchrun on this machine).
+- A run executes its Plan with `worker.elastic.run_plan` (torchrun on this machine), saving
+  checkpoints to `<checkpoint dir>/run-<id>` (reported in the heartbeats; the service keeps it in
+  the run's `checkpoint`). A resize order that comes back with a heartbeat is carried out at the
+  next step boundary and answered; a run claimed again after its worker died resumes from the
+  latest checkpoint of its run directory, re-planned (the job's request, the fastest plan within
+  its budget) when this host has fewer devices.
 
 SIGTERM or SIGINT stops the worker: the task in hand is handed back to the queue at once
-(`fail` with retry) rather than waiting for its lease to expire; a run's torchrun and ranks are
-stopped on the way out (`worker.launch` kills them on any exception).
+(`fail` with retry) rather than waiting for its lease to expire. A run saves first, at its next
+step boundary (a second signal does not wait), so the next claim goes on from there; its
+torchrun and ranks are stopped on any way out (`worker.launch` kills them on any exception).
 """
 
 from __future__ import annotations
@@ -23,14 +29,16 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
 import httpx
 
-from search import FrontierReport, InputError, Plan, RunReport, SearchRequest, run_search
+from search import FrontierReport, InputError, NoFeasiblePlan, Plan, RunReport, SearchRequest, resized, run_search
 from worker.client import Kind, LeaseLost, ServiceClient, ServiceError, Task
-from worker.launch import run_plan
+from worker.elastic import Control, Elastic, Order, RunStopped, run_plan
 
 log = logging.getLogger("paretoplan.worker")
 
@@ -58,6 +66,7 @@ class Lease:
         self._lock = threading.Lock()
         self._pending: dict[str, Any] = {}
         self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{self.kind}-{self.id}", daemon=True)
+        self.on_answer: Callable[[dict[str, Any]], None] | None = None  # what the service said back
 
     def progress(self, **fields: Any) -> None:
         with self._lock:
@@ -79,9 +88,13 @@ class Lease:
             body, self._pending = self._pending, {}
         if body and not self.lost.is_set():
             try:
-                self.client.heartbeat(self.kind, self.id, self.token, **body)
+                self._answered(self.client.heartbeat(self.kind, self.id, self.token, **body))
             except (LeaseLost, httpx.HTTPError, ServiceError) as e:
                 log.warning("last progress of %s %s not sent: %s", self.kind, self.id, e)
+
+    def _answered(self, answer: dict[str, Any]) -> None:
+        if self.on_answer is not None:
+            self.on_answer(answer)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -92,7 +105,7 @@ class Lease:
             with self._lock:
                 body, self._pending = self._pending, {}
             try:
-                self.client.heartbeat(self.kind, self.id, self.token, **body)
+                self._answered(self.client.heartbeat(self.kind, self.id, self.token, **body))
             except LeaseLost as e:
                 log.warning("%s %s: %s", self.kind, self.id, e.detail)
                 self.lost.set()
@@ -117,7 +130,7 @@ class Lease:
 class Agent:
     def __init__(self, api: str, *, name: str | None = None, kinds: tuple[Kind, ...] = KINDS,
                  poll_seconds: float = 1.0, worker_token: str | None = None, max_tasks: int | None = None,
-                 exit_with_parent: bool = False) -> None:
+                 exit_with_parent: bool = False, checkpoint_dir: str | Path | None = None) -> None:
         self.api = api.rstrip("/")
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.kinds = list(kinds)
@@ -128,6 +141,9 @@ class Agent:
         self.client = ServiceClient(self.api, worker_token=worker_token)
         self.done = 0
         self._stopping = False
+        self.checkpoints = Path(checkpoint_dir or os.environ.get("PARETOPLAN_CHECKPOINT_DIR")
+                                or "paretoplan-checkpoints").resolve()
+        self._control: Control | None = None  # of the run in hand: a first SIGTERM asks it to save and stop
 
     # ---- the loop ------------------------------------------------------------------------------
     def serve(self) -> int:
@@ -164,7 +180,11 @@ class Agent:
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._stopping = True
-        raise Stopped(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if self._control is not None and self._control.stopping is None:
+            self._control.stop(name)  # the run saves at its next step boundary, then RunStopped
+            return
+        raise Stopped(name)
 
     def process(self, task: Task) -> None:
         log.info("claimed %s %s (attempt %s)", task.kind, task.id, task.attempt)
@@ -179,6 +199,8 @@ class Agent:
             log.info("%s %s done", task.kind, task.id)
         except (LeaseLost, _Abandon) as e:
             log.warning("%s %s dropped: the lease was lost (%s)", task.kind, task.id, e)
+        except RunStopped as e:
+            self._give_back(task, f"the worker was stopped; {e}", retry=True)
         except Stopped:
             self._give_back(task, "the worker was stopped", retry=True)
             raise
@@ -213,15 +235,70 @@ class Agent:
             raise RuntimeError(f"the service handed out run {task.id} without its plan and steps")
         plan, steps = Plan.model_validate(task.plan), task.steps
         lease.progress(stage="launching", fraction=0.0)
+        run_dir = self.checkpoints / f"run-{task.id}"
+        resume = None
+        if task.checkpoint:
+            if Path(task.checkpoint).is_dir():
+                run_dir = resume = Path(task.checkpoint)
+            else:
+                lease.progress(message=f"checkpoint directory {task.checkpoint} is not reachable from this worker: "
+                                       f"starting from step 0")
+        control = Control()
+        seen: set[int] = set()
+
+        def on_answer(answer: dict[str, Any]) -> None:
+            order = answer.get("resize")
+            if order and order["id"] not in seen:
+                seen.add(order["id"])
+                given = Plan.model_validate(order["plan"]) if order.get("plan") else None
+                control.resize(Order(devices=order["devices"], plan=given, id=order["id"]))
 
         def progress(step: int, total: int) -> None:
             lease.check()
             lease.progress(stage="training", step=step, fraction=min(1.0, step / max(total, 1)))
 
-        report = run_plan(plan, steps, progress=progress)
+        elastic = Elastic(
+            run_dir=run_dir, every=task.checkpoint_every, control=control, resume=resume,
+            replan=_replanner(task.request, plan.global_batch), tag=f"a{task.attempt}-",
+            on_checkpoint=lambda where, step: lease.progress(checkpoint=where, message=f"checkpoint at step {step}"),
+            on_segments=lambda segs: lease.progress(
+                devices=segs[-1].devices, segments=[x.model_dump(mode="json", exclude={"plan", "predicted"})
+                                                    for x in segs]),
+            on_note=lambda note: lease.progress(message=note),
+            on_order=lambda order, outcome: lease.progress(resize_id=order.id, resize_outcome=outcome))
+        lease.on_answer = on_answer
+        self._control = control
+        try:
+            report = run_plan(plan, steps, elastic=elastic, progress=progress)
+        except RunStopped as e:
+            lease.progress(checkpoint=str(run_dir), message=str(e))
+            lease.flush()
+            raise
+        finally:
+            self._control = None
+            lease.on_answer = None
         lease.check()
         lease.flush()
         return report
+
+
+def _replanner(request: dict[str, Any] | None, global_batch: int) -> Callable[[int], Plan] | None:
+    """How a run of this job re-plans for another device count: the job's search for that many
+    devices (the global batch it trains with kept), and the job's rule, the fastest plan within its
+    memory budget."""
+    if request is None:
+        return None
+    req = SearchRequest.model_validate(request)
+
+    def replan(devices: int) -> Plan:
+        wanted = resized(req, devices, None, None).model_copy(update={"global_batch": global_batch})
+        report = run_search(wanted).report
+        if report.picked is None:
+            least = min((p.memory_bytes for p in report.frontier), default=0)
+            raise NoFeasiblePlan(f"no plan on {devices} devices fits the job's memory budget", least)
+        return Plan.model_validate(report.frontier[report.picked].plan)
+
+    return replan
 
 
 def _warm_up() -> None:
@@ -233,7 +310,7 @@ def _warm_up() -> None:
 
 
 def main(api: str, *, name: str | None = None, kinds: str = "search,run", poll_seconds: float = 1.0,
-         max_tasks: int | None = None, exit_with_parent: bool = False) -> int:
+         max_tasks: int | None = None, exit_with_parent: bool = False, checkpoint_dir: str | None = None) -> int:
     logging.basicConfig(level=os.environ.get("PARETOPLAN_LOG_LEVEL", "INFO"),
                         format="%(asctime)s worker %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -243,5 +320,6 @@ def main(api: str, *, name: str | None = None, kinds: str = "search,run", poll_s
         raise InputError(f"--kinds takes search, run or both separated by commas, got {kinds!r}")
     chosen = tuple(by_name[k] for k in wanted)
     agent = Agent(api, name=name, kinds=chosen, poll_seconds=poll_seconds, max_tasks=max_tasks,
-                  worker_token=os.environ.get("PARETOPLAN_WORKER_TOKEN"), exit_with_parent=exit_with_parent)
+                  worker_token=os.environ.get("PARETOPLAN_WORKER_TOKEN"), exit_with_parent=exit_with_parent,
+                  checkpoint_dir=checkpoint_dir)
     return agent.serve()

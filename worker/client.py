@@ -45,6 +45,8 @@ class Task(BaseModel):
     request: dict[str, Any] | None = None  # search: the SearchRequest
     plan: dict[str, Any] | None = None     # run: the Plan to execute
     steps: int | None = None               # run: training steps
+    checkpoint: str | None = None          # run: the run directory an earlier claim saved checkpoints to
+    checkpoint_every: int | None = None    # run: save after every N steps
 
 
 def _raise_for(r: httpx.Response) -> None:
@@ -81,10 +83,13 @@ class ServiceClient:
         r = self._post("/api/tasks/claim", {"worker": worker, "kinds": kinds})
         return None if r.status_code == 204 else Task.model_validate(r.json())
 
-    def heartbeat(self, kind: Kind, task_id: int, token: str, **progress: Any) -> None:
-        """Renew the lease; progress (stage, fraction, message, step) rides along."""
-        self._post(f"/api/tasks/{kind}/{task_id}/heartbeat",
-                   {"token": token, **{k: v for k, v in progress.items() if v is not None}})
+    def heartbeat(self, kind: Kind, task_id: int, token: str, **progress: Any) -> dict[str, Any]:
+        """Renew the lease; progress (stage, fraction, message, step; a run's checkpoint, devices,
+        segments and resize answer) rides along. The service's answer: a run's pending `resize`."""
+        r = self._post(f"/api/tasks/{kind}/{task_id}/heartbeat",
+                       {"token": token, **{k: v for k, v in progress.items() if v is not None}})
+        answer: dict[str, Any] = r.json()
+        return answer
 
     def search_result(self, task_id: int, token: str, report: FrontierReport) -> None:
         self._post_report(f"/api/tasks/search/{task_id}/result", token, report)

@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from worker import measure
 from worker.analyze import model_spec
+from worker.checkpoint import Checkpointer
 from worker.context import Ring, context_parallel
 from worker.data import global_batch, local_batch
 from worker.experts import expert_rows, shard_experts
@@ -45,10 +46,8 @@ from worker.parallelize import (
     retie,
     wrap_ddp,
 )
-from worker.spec import ExecSpec, Job
+from worker.spec import PROGRESS, ExecSpec, Job
 from worker.stages import StageModule, split_of
-
-PROGRESS = "@@paretoplan "
 
 
 class InjectedFailure(RuntimeError):
@@ -94,9 +93,12 @@ def _made(mesh: DeviceMesh | None) -> DeviceMesh:
     return mesh
 
 
-def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: int) -> tuple[nn.Module, Any]:
+def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: int,
+          initialise: bool = True) -> tuple[nn.Module, Any]:
     """The module this rank trains (the whole model or its pipeline stage), parallelised and
-    materialised; and the pipeline schedule or None."""
+    materialised; and the pipeline schedule or None. `initialise` False: the shards are allocated
+    but not filled (a checkpoint is loaded into them next: building the reference model would
+    only be thrown away)."""
     zs = model_spec(spec.model)
     with torch.device("meta"):
         model = zs.build()
@@ -125,7 +127,11 @@ def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: i
     elif spec.dim("data") or spec.dim("expert"):
         dim = "dp" if spec.dim("data") else "ep"
         apply_data_parallel(module, spec, _made(mesh)[dim], prefixes, experts, None)
-    materialize(module, spec.model, seed, device, spec.ties, rows)
+    if initialise:
+        materialize(module, spec.model, seed, device, spec.ties, rows)
+    else:
+        module.to_empty(device=device)
+        retie(module, spec.ties)
     reduce_partial_grads(module)
     if spec.dim("data"):
         module = wrap_ddp(module, spec, _made(mesh).get_group("dp"))
@@ -183,7 +189,8 @@ class Runner:
         # the rank whose loss stands for its data shard: last stage, first of its tensor/replica group
         self.reporter = self.is_last and coord.get("tp", 0) == 0 and coord.get("rep", 0) == 0
         self.zs = model_spec(spec.model)
-        self.module, self.schedule = build(spec, self.mesh, device, self.st.seed)
+        resuming = self.st.checkpoint is not None and self.st.checkpoint.resume is not None
+        self.module, self.schedule = build(spec, self.mesh, device, self.st.seed, initialise=not resuming)
         dp_group = _made(self.mesh).get_group("dp") if spec.dim("data") else None
         self.opt = make_optimizer(self.module, spec, self.st.lr, dp_group)
         self.tie_groups = self._tie_groups()
@@ -294,25 +301,42 @@ class Runner:
         dist.all_reduce(t)
         return float(t[0] / t[1]) if t[1] else float("nan")
 
+    def checkpointer(self) -> Checkpointer | None:
+        ck = self.st.checkpoint
+        if ck is None:
+            return None
+        return Checkpointer(ck, self.module, self.opt, rank=self.rank, world=self.world, seed=self.st.seed,
+                            steps=self.st.steps, plan=self.spec.plan, ties=self.spec.ties, device=self.device)
+
     def run(self, out_dir: Path) -> None:
+        """Train steps [first, end): from step 0, or from the checkpoint it resumes, to the last
+        step, or to a stop (a scripted resize, a stop file, SIGTERM) where it saves first."""
         st = self.st
         n = st.steps
-        mem_step = n - 1 if (st.measure_memory and self.device.type == "cpu" and n - st.warmup >= 2) else None
+        saver = self.checkpointer()
+        first = saver.resume() if saver else 0
+        end = min(st.checkpoint.stop_at or n, n) if st.checkpoint else n
+        mem_step = (end - 1 if (st.measure_memory and self.device.type == "cpu" and end - first - st.warmup >= 2)
+                    else None)
         times: list[float] = []
         losses: list[float] = []
         mem: dict = {}
         comm: dict = {}
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        if saver:
+            saver.install()
         dist.barrier()
-        for s in range(n):
+        for s in range(first, end):
             if st.fail_rank == self.rank and s == st.fail_step:
                 raise InjectedFailure(f"injected failure on rank {self.rank} at step {s}")
-            if s == st.warmup and self.device.type == "cuda":
+            if saver:
+                saver.before_step(s)
+            if s == first + st.warmup and self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
                 torch.cuda.reset_peak_memory_stats(self.device)
             ctx: Any = contextlib.nullcontext()
-            if s == 0 and st.comm_debug and self.schedule is None:
+            if s == first and st.comm_debug and self.schedule is None:
                 # (not under a pipeline schedule: its backward runs autograd.grad, which the
                 # tracker's module hooks do not support)
                 ctx = comm_debug_mode()
@@ -327,22 +351,30 @@ class Runner:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             times.append(time.perf_counter() - t0)
-            if s == 0 and st.comm_debug and self.schedule is None:
+            if s == first and st.comm_debug and self.schedule is None:
                 comm = comm_counts(ctx)
             losses.append(self.global_loss(loss))
             if self.rank == 0:
                 print(PROGRESS + json.dumps({"step": s, "steps": n, "loss": losses[-1], "time_s": times[-1]}), flush=True)
-        timed = [i for i in range(st.warmup, n) if i != mem_step] or [n - 1]
+            if saver and saver.after_step(s, losses, times, first, end):
+                break
+        if saver:
+            saver.uninstall()
+        ran = len(times)
+        timed = [i for i in range(st.warmup, ran) if first + i != mem_step] or [ran - 1]
         peak = (int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda"
                 else mem.get("peak_bytes"))
         mine = {"rank": self.rank, "coord": self.coord, "times": times, "timed": timed,
                 "time_s": measure.median([times[i] for i in timed]), "memory_bytes": peak,
-                "memory_by_category": mem.get("by_category", {}), "comm": comm}
+                "memory_by_category": mem.get("by_category", {}), "comm": comm,
+                "checkpoints": saver.record if saver else None}
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, mine)
         if self.rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "result.json").write_text(json.dumps({"losses": losses, "ranks": gathered}))
+            stopped = saver.record.get("stopped") if saver else None
+            (out_dir / "result.json").write_text(json.dumps({
+                "losses": losses, "first_step": first, "stopped": stopped, "ranks": gathered}))
 
 
 def comm_debug_mode() -> Any:

@@ -24,21 +24,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from search import Errors, Measured, Plan, Predicted, RankMeasure, RunReport, format_size, rel_error
+from search import Errors, Measured, Plan, Predicted, RankMeasure, RunReport, Segment, format_size, rel_error
 from search.plans.capacity import cpu_host_blocker, cuda_devices
 from worker import measure
 from worker.analyze import Unsupported, analyze, model_spec
-from worker.executor import PROGRESS
-from worker.spec import ExecSpec, Job, RunSettings
+from worker.spec import PROGRESS, ExecSpec, Job, RunSettings
 
 
 class RunFailed(RuntimeError):
-    """A rank failed (or the run timed out); the message names the rank and its error."""
+    """A rank failed (or the run timed out); the message names the rank and its error.
+    `died`: no rank raised an error of its own: one was killed (a signal, the OOM killer, its
+    host lost), the fault a restart from the last checkpoint answers; an error a rank raised would
+    only be raised again."""
 
-    def __init__(self, message: str, rank: int | None = None, log: str = "") -> None:
+    def __init__(self, message: str, rank: int | None = None, log: str = "", died: bool = False) -> None:
         super().__init__(message)
         self.rank = rank
         self.log = log
+        self.died = died
 
 
 # ---- before launch ----------------------------------------------------------------------------
@@ -126,8 +129,20 @@ def _kill_session(proc: subprocess.Popen, known: set[int], grace: float = 5.0) -
         proc.wait()
 
 
+# what the ranks around a dead one raise: the collective they were in lost its peer
+COLLATERAL_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
+COLLATERAL_WORDS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "gloo", "NCCL",
+                    "ProcessGroup", "Socket Timeout", "timed out")
+
+
+def _collateral(error: dict) -> bool:
+    return error.get("type") in COLLATERAL_TYPES or any(w in error.get("message", "") for w in COLLATERAL_WORDS)
+
+
 def _first_error(out: Path) -> dict | None:
-    errors = []
+    """The error of the first rank that raised one of its own; when every error is a lost peer's
+    (or none was written), the first of those marked `collateral` (a rank died)."""
+    errors: list[dict[str, Any]] = []
     for p in out.glob("error-rank*.json"):
         try:
             errors.append(json.loads(p.read_text()))
@@ -136,7 +151,35 @@ def _first_error(out: Path) -> dict | None:
     if not errors:
         return None
     # the first rank to fail is the cause; the others typically fail on its closed connections
-    return min(errors, key=lambda e: e.get("time", 0.0))
+    def when(e: dict[str, Any]) -> float:
+        return float(e.get("time", 0.0))
+
+    own = [e for e in errors if not _collateral(e)]
+    if own:
+        return min(own, key=when)
+    first: dict[str, Any] = min(errors, key=when)
+    return first | {"collateral": True}
+
+
+def _death(log_text: str) -> str:
+    """What torchrun's failure summary says killed a rank ('rank 1: Signal 9 (SIGKILL)'), or ''.
+    Its "Root Cause (first observed failure)" section names the rank that died first; the other
+    failures it lists are the ranks it stopped afterwards."""
+    import re
+
+    root = log_text.rpartition("Root Cause")[2] if "Root Cause" in log_text else log_text
+    m = re.search(r"rank\s*:\s*(\d+)[^\n]*\n(?:[^\n]*\n){0,4}?[^\n]*(Signal \d+ \(\w+\))", root)
+    return f"rank {m.group(1)}: {m.group(2)}" if m else ""
+
+
+def _die_with_parent() -> None:
+    """In torchrun's process, before it runs: SIGTERM when the launcher dies (a worker killed by
+    SIGKILL must not leave its ranks training on; torchrun stops them on SIGTERM)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Callable[[dict], None] | None = None,
@@ -163,7 +206,8 @@ def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Ca
     repo = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([repo, *filter(None, [env.get("PYTHONPATH")])])
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         known: set[int] = set()  # the ranks, remembered while torchrun is their parent
         seen_at = 0.0
         try:
@@ -187,12 +231,18 @@ def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Ca
             _kill_session(proc, known)
     if rc != 0:
         err = _first_error(out)
-        if err is not None:
+        log_text = log_path.read_text(errors="replace")
+        if err is not None and not err.get("collateral"):
             raise RunFailed(f"rank {err['rank']} failed: {err['type']}: {err['message'].strip()}",
                             rank=err["rank"], log=str(log_path))
-        tail = log_path.read_text()[-2000:]
-        raise RunFailed(f"torchrun exited with code {rc} before any rank reported an error:\n{tail}",
-                        log=str(log_path))
+        death = _death(log_text)
+        if death:
+            raise RunFailed(f"a rank died ({death}); the others lost it", log=str(log_path), died=True)
+        if err is not None:
+            raise RunFailed(f"rank {err['rank']} lost its peers ({err['type']}: {err['message'].strip()[:300]}); "
+                            f"a rank died without reporting an error", rank=err["rank"], log=str(log_path), died=True)
+        raise RunFailed(f"torchrun exited with code {rc} before any rank reported an error:\n{log_text[-2000:]}",
+                        log=str(log_path), died=True)
     results = [json.loads((out / str(i) / "result.json").read_text()) for i in range(len(jobs))]
     if not keep and workdir is None:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -200,22 +250,35 @@ def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Ca
 
 
 # ---- reports ----------------------------------------------------------------------------------
-def make_report(job: Job, raw: dict[str, Any], started: datetime, finished: datetime) -> RunReport:
-    spec, st = job.spec, job.settings
+def measured_of(job: Job, raw: dict[str, Any]) -> Measured:
+    """What one launch measured; its steps are numbered in the run (from the launch's first step)."""
+    st = job.settings
     ranks = raw["ranks"]
+    first = raw.get("first_step", 0)
     n = len(ranks[0]["times"])
     timed = ranks[0]["timed"]
     per_step = [max(r["times"][s] for r in ranks) for s in range(n)]
     timed_times = [per_step[s] for s in timed]
     mems = [r["memory_bytes"] for r in ranks if r["memory_bytes"] is not None]
-    measured = Measured(
+    return Measured(
         time_s=measure.median(timed_times), time_spread=measure.spread(timed_times),
         memory_bytes=max(mems) if mems else None,
         memory_method="cuda_max_allocated" if st.device == "cuda" else (
-            "memtracker" if st.memory_method == "memtracker" and spec.pipeline.stages == 1 else "profiler"),
-        timed_steps=timed, step_times_s=per_step,
+            "memtracker" if st.memory_method == "memtracker" and job.spec.pipeline.stages == 1 else "profiler"),
+        timed_steps=[first + s for s in timed], step_times_s=per_step,
         per_rank=[RankMeasure(rank=r["rank"], coord=r["coord"], time_s=r["time_s"], memory_bytes=r["memory_bytes"])
                   for r in ranks])
+
+
+def make_report(job: Job, raw: dict[str, Any], started: datetime, finished: datetime, *,
+                losses: list[float] | None = None, step_times_s: list[float] | None = None,
+                segments: list[Segment] | None = None, restarts: int = 0) -> RunReport:
+    """The RunReport of a run whose last launch was `job` (its figures are that launch's); `losses`
+    and `step_times_s` of every step when the run had several launches."""
+    spec, st = job.spec, job.settings
+    measured = measured_of(job, raw)
+    if step_times_s is not None:
+        measured = measured.model_copy(update={"step_times_s": step_times_s})
     predicted = Predicted(time_s=spec.predicted_time_s, memory_bytes=spec.predicted_memory_bytes)
     if st.device == "cuda":
         import torch
@@ -226,18 +289,22 @@ def make_report(job: Job, raw: dict[str, Any], started: datetime, finished: date
     return RunReport(
         model=spec.model, plan_summary=spec.summary, num_devices=spec.num_devices, device=device,
         backend="nccl" if st.device == "cuda" else "gloo", mesh={d.name: d.size for d in spec.mesh},
-        steps=st.steps, seed=st.seed, losses=raw["losses"], predicted=predicted, measured=measured,
+        steps=st.steps, seed=st.seed, losses=raw["losses"] if losses is None else losses, predicted=predicted,
+        measured=measured,
         errors=Errors(time=rel_error(measured.time_s, predicted.time_s),
                       memory=rel_error(measured.memory_bytes, predicted.memory_bytes)),
-        notes=spec.notes, comm=ranks[0].get("comm") or {}, plan=spec.plan, started=started, finished=finished)
+        notes=spec.notes, comm=raw["ranks"][0].get("comm") or {}, plan=spec.plan, started=started, finished=finished,
+        segments=segments or [], restarts=restarts)
 
 
 class Progress:
     """A tqdm bar over all steps of all jobs: step, loss, step time."""
 
-    def __init__(self, jobs: list[Job], enabled: bool = True) -> None:
+    def __init__(self, jobs: list[Job], enabled: bool = True, resumable: bool = False) -> None:
+        """`resumable`: one job whose launches may resume at an earlier step (the bar follows the step)."""
         from tqdm import tqdm
 
+        self.resumable = resumable
         self.bar = tqdm(total=sum(j.settings.steps for j in jobs), unit="step", disable=not enabled,
                         file=sys.stderr, dynamic_ncols=True)
 
@@ -245,7 +312,7 @@ class Progress:
         if "summary" in msg:
             self.bar.set_description(f"plan {msg['job'] + 1}/{msg['jobs']}")
         elif "step" in msg:
-            self.bar.update(1)
+            self.bar.update(msg["step"] + 1 - self.bar.n if self.resumable else 1)
             self.bar.set_postfix(step=f"{msg['step'] + 1}/{msg['steps']}", loss=f"{msg['loss']:.4f}",
                                  step_ms=f"{msg['time_s'] * 1e3:.1f}")
 
@@ -305,28 +372,3 @@ def format_table(report: RunReport) -> str:
     lines.append(f"time: median of {len(m.timed_steps)} timed steps (slowest rank), spread {m.time_spread:.0%}; "
                  f"memory: peak per rank ({m.memory_method}); loss {report.losses[0]:.4f} -> {report.losses[-1]:.4f}")
     return "\n".join(lines)
-
-
-def run_plan(plan: Plan | dict, steps: int = 20, *, settings: RunSettings | None = None,
-             progress: Callable[..., None] | None = None, show_progress: bool = False, max_procs: int | None = None,
-             timeout: float | None = None) -> RunReport:
-    """Run one Plan for `steps` steps on this machine and return its RunReport (the entry the
-    service's worker calls). `progress(step, total)` is called after every step."""
-    plan = plan if isinstance(plan, Plan) else Plan.model_validate(plan)
-    st = settings or RunSettings(steps=steps, device=default_device())
-    spec = analyze(plan)
-    check_capacity(spec, st.device, max_procs)
-    job = Job(spec=spec, settings=st)
-    bar = Progress([job], enabled=show_progress)
-
-    def on_line(msg: dict) -> None:
-        bar(msg)
-        if progress is not None and "step" in msg:
-            progress(msg["step"] + 1, msg["steps"])
-
-    started = datetime.now(UTC)
-    try:
-        raw = run_jobs([job], progress=on_line, timeout=timeout)[0]
-    finally:
-        bar.close()
-    return make_report(job, raw, started, datetime.now(UTC))

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+PROGRESS = "@@paretoplan "  # the prefix of rank 0's progress lines on stdout, which the launcher reads
+
 Role = Literal["pp", "data", "tensor", "expert", "context", "replicate"]
 
 
@@ -86,6 +88,22 @@ class ExecSpec(BaseModel):
         return (d := self.dim(role)) and d.size or 1
 
 
+class CheckpointSettings(BaseModel):
+    """Where a launch saves its state with torch.distributed.checkpoint, when, and what it resumes
+    from (worker.checkpoint); the launcher (worker.elastic) fills it for every launch."""
+
+    dir: str = Field(description="the run directory: checkpoints are its sub-directories <tag>step-<k>")
+    tag: str = Field(default="", description="prefix of this launch's checkpoint names: two launches never share one")
+    every: int | None = Field(default=None, ge=1, description="save after every N-th step")
+    resume: str | None = Field(default=None, description="the checkpoint to load before the first step")
+    stop_at: int | None = Field(default=None, ge=1, description="save and stop before this step (a scripted resize)")
+    stop_file: str | None = Field(default=None, description="when this file appears, save and stop at the next "
+                                                             "step boundary")
+    keep: int = Field(default=2, ge=1, description="complete checkpoints kept in the run directory")
+    history: dict[str, Any] = Field(default_factory=dict, description="the launcher's record of the run so far, "
+                                                                      "stored with every checkpoint")
+
+
 class RunSettings(BaseModel):
     steps: int = Field(default=20, ge=1)
     warmup: int = Field(default=2, ge=0, description="steps excluded from the timing (and the memory step)")
@@ -99,6 +117,7 @@ class RunSettings(BaseModel):
         "communication buffers) or MemTracker (a breakdown by kind; not for pipeline stages)")
     fail_rank: int | None = Field(default=None, description="testing: this rank raises at fail_step")
     fail_step: int = 0
+    checkpoint: CheckpointSettings | None = Field(default=None, description="save and resume (worker.checkpoint)")
 
 
 class Job(BaseModel):

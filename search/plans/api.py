@@ -258,3 +258,28 @@ def baselines_json(result, bases: list, profile=None) -> list[BaselineEntry]:
                           memory_bytes=int(round(b.memory_bytes)), mfu=plan.predicted.mfu,
                           against_frontier=against_frontier(result.points, b),
                           plan=plan.model_dump()) for b, plan in zip(bases, plans, strict=True)]
+
+
+def resized(req: SearchRequest, devices: int, memory_per_device: int | None,
+            devices_per_node: int | None) -> SearchRequest:
+    """The same request for new resources (a resize); the global batch stays what the job trains
+    with. Shared by the service (a resize's frontier) and the worker (re-planning a run)."""
+    from search.prices.cluster import parse_size
+
+    batch = req.global_batch
+    if batch is None and req.graph is None:
+        old = int(req.cluster.get("devices", req.devices)) if req.cluster is not None else req.devices
+        batch = max(8, old)  # what resolve defaulted it to
+    update: dict[str, Any] = {"global_batch": batch}
+    if req.cluster is not None:
+        cluster = dict(req.cluster, devices=devices)
+        if devices_per_node is not None:
+            cluster["devices_per_node"] = devices_per_node
+        update["cluster"] = cluster
+    else:
+        update["devices"] = devices
+        if devices_per_node is not None:
+            update["devices_per_node"] = devices_per_node
+    if memory_per_device is not None:
+        update["memory_budget"] = parse_size(memory_per_device)
+    return SearchRequest.model_validate(req.model_copy(update=update).model_dump())

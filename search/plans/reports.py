@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -123,6 +123,46 @@ class Errors(_Report):
     memory: float | None
 
 
+class ResizeTimes(_Report):
+    """What moving a run onto a new layout took, in four parts."""
+
+    save_s: Seconds = Field(description="saving the checkpoint at the step boundary (0 after a failure: the last "
+                                        "periodic checkpoint is used)")
+    replan_s: Seconds = Field(description="picking the new plan: from a stored frontier, or searching one")
+    restart_s: Seconds = Field(description="stopping the old processes, starting the new ones and building the model")
+    load_s: Seconds = Field(description="loading the checkpoint resharded into the new layout")
+
+    @property
+    def total_s(self) -> float:
+        return self.save_s + self.replan_s + self.restart_s + self.load_s
+
+
+class Segment(_Report):
+    """One launch of a run: steps [from_step, to_step) on `devices` processes under `plan`."""
+
+    from_step: int = Field(ge=0)
+    to_step: int = Field(ge=0, description="the steps it contributed end here (a failed launch: at its last checkpoint)")
+    devices: int = Field(gt=0)
+    plan_summary: str
+    plan: PlanJSON
+    cause: Literal["launch", "resize", "restart"] = Field(
+        description="launch: the run's start; resize: a new device count; restart: after a failure or a stop")
+    ended: Literal["finished", "resize", "stopped", "failed", "running"] = "finished"
+    error: str | None = Field(default=None, description="why a failed launch ended")
+    resize_s: ResizeTimes | None = Field(default=None, description="what starting this segment took (not for a launch)")
+    predicted: Predicted
+    time_s: Seconds | None = Field(default=None, description="measured: median timed step of the slowest rank")
+    memory_bytes: Bytes | None = Field(default=None, description="measured: peak memory, max over ranks")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Segment:
+        if self.to_step < self.from_step:
+            raise ValueError(f"segment ends at step {self.to_step} before it starts ({self.from_step})")
+        if self.devices != self.plan["num_devices"]:
+            raise ValueError(f"segment on {self.devices} devices runs a plan for {self.plan['num_devices']}")
+        return self
+
+
 class RunReport(_Report):
     version: int = REPORT_VERSION
     model: str
@@ -142,6 +182,10 @@ class RunReport(_Report):
     plan: PlanJSON
     started: datetime
     finished: datetime
+    segments: list[Segment] = Field(
+        default_factory=list, description="each launch in step order; the report's plan and measured figures are the "
+                                          "last segment's, its losses every step's")
+    restarts: int = Field(default=0, ge=0, description="launches that resumed after a failure or a stop")
 
     @model_validator(mode="after")
     def _consistent(self) -> RunReport:
@@ -171,7 +215,28 @@ class RunReport(_Report):
                 raise ValueError(f"errors.{field} {got!r} is not what measured and predicted give ({want!r})")
         if self.finished < self.started:
             raise ValueError("finished before it started")
+        self._segments_consistent()
         return self
+
+    def _segments_consistent(self) -> None:
+        """Segments tile the steps in order, the last runs the report's plan, and every restart is one."""
+        if not self.segments:
+            if self.restarts:
+                raise ValueError(f"{self.restarts} restarts but no segments")
+            return
+        at = 0
+        for i, seg in enumerate(self.segments):
+            if seg.from_step != at:
+                raise ValueError(f"segment {i} starts at step {seg.from_step}, the one before ended at {at}")
+            at = seg.to_step
+        if at != self.steps:
+            raise ValueError(f"the segments end at step {at}, the run has {self.steps}")
+        last = self.segments[-1]
+        if last.plan != self.plan or last.ended != "finished":
+            raise ValueError("the last segment must be the finished run of the report's plan")
+        restarts = sum(seg.cause == "restart" for seg in self.segments)
+        if restarts != self.restarts:
+            raise ValueError(f"restarts {self.restarts}, but {restarts} segments are restarts")
 
 
 def rel_error(measured: float | None, predicted: float) -> float | None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased, undefer
 
-from search import InputError, SearchRequest, confidence
+from search import InputError, SearchRequest, confidence, resized
 from service import validation
 from service.crud import events, searches
 from service.crud.errors import Conflict, NotFound, get_or_404
@@ -38,7 +38,7 @@ def prepare(body: JobCreate, profile: dict | None) -> Prepared:
     alternates = []
     for n in sorted(set(body.device_counts) - {devices}):
         try:
-            alt, _ = validation.check(validation.resized(req, n, None, None))
+            alt, _ = validation.check(resized(req, n, None, None))
         except InputError as e:
             raise InputError(f"device_counts: {n}: {e}") from None
         alternates.append((n, alt))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from search import InputError, SearchRequest, parse_size
+from search import InputError, SearchRequest, parse_size, resized
 from service import validation
 from service.crud import events, jobs, searches, strategies
 from service.crud.errors import Conflict, FieldError, NotFound, get_or_404
@@ -24,7 +24,7 @@ def prepare(job_request: dict, body: ResizeIn) -> tuple[SearchRequest, int, int 
     # (or the node size that goes with it)
     field = "devices_per_node" if body.devices_per_node is not None else "devices"
     try:
-        req = validation.resized(SearchRequest.model_validate(job_request), body.devices, memory, body.devices_per_node)
+        req = resized(SearchRequest.model_validate(job_request), body.devices, memory, body.devices_per_node)
         req, devices = validation.check(req)
     except FieldError:
         raise
@@ -34,8 +34,15 @@ def prepare(job_request: dict, body: ResizeIn) -> tuple[SearchRequest, int, int 
 
 
 def create(s: Session, job_id: int, req: SearchRequest, devices: int, memory: int | None) -> Resize:
-    jobs.get(s, job_id)
-    search, how = searches.get_or_create(s, req, devices)
+    job = jobs.get(s, job_id, with_request=True)
+    own = searches.get(s, job.search_id)
+    mine = SearchRequest.model_validate(job.request)
+    if own.devices == devices and req == resized(mine, devices, None, None):
+        # back to the job's own resources: its own frontier answers (its request may leave the
+        # global batch to the default, which the resized request spells out: another key)
+        search, how = own, searches.STORED if own.status == DONE else searches.SHARED
+    else:
+        search, how = searches.get_or_create(s, req, devices)
     r = Resize(job_id=job_id, devices=devices, memory_per_device=memory, search_id=search.id)
     s.add(r)
     s.flush()
@@ -70,7 +77,8 @@ def out(s: Session, r: Resize) -> ResizeOut:
     return ResizeOut(id=r.id, job_id=r.job_id, devices=r.devices, memory_per_device=r.memory_per_device,
                      search_id=r.search_id, status=status, error=search.error, current_strategy_id=current,
                      strategy=strategy, least_memory_bytes=search.least_memory_bytes,
-                     frontier_url=f"/api/jobs/{r.job_id}/resizes/{r.id}/frontier", created_at=r.created_at)
+                     frontier_url=f"/api/jobs/{r.job_id}/resizes/{r.id}/frontier", run_id=r.run_id,
+                     outcome=r.outcome, created_at=r.created_at)
 
 
 def frontier(s: Session, job_id: int, resize_id: int) -> FrontierOut:

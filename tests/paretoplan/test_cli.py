@@ -402,3 +402,14 @@ def test_default_search_has_accumulation_and_pipelines_in_its_stats(capsys, tmp_
     stats = json.loads(out.read_text())["stats"]
     assert not stats["pipeline"] and stats["accumulate"]
     capsys.readouterr()
+
+
+def test_resize_against_a_service_that_is_not_there_is_one_line(capsys):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    rc = main(["resize", "3", "--devices", "2", "--api", f"http://127.0.0.1:{port}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "cannot reach the service" in err, err

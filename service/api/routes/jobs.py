@@ -124,7 +124,7 @@ def select(job_id: JobId, body: SelectIn, db: DB) -> JobDetail:
 def launch(job_id: JobId, db: DB, body: LaunchIn | None = None) -> RunOut:
     body = body or LaunchIn()
     with db.write_session() as s:
-        run_id = runs.launch(s, job_id, body.strategy_id, body.steps).id
+        run_id = runs.launch(s, job_id, body.strategy_id, body.steps, body.checkpoint_every).id
     with db.session() as s:
         return runs.out(s, runs.get(s, run_id))
 

@@ -1,8 +1,9 @@
 """/api/tasks: the worker protocol (claim with a lease, heartbeat with progress, result, failure).
 
     POST /api/tasks/claim                 {worker, kinds}      -> 200 task (with token) | 204 nothing to do
-    POST /api/tasks/{kind}/{id}/heartbeat {token, stage?, fraction?, message?, step?}
-                                                               -> 200 {lease_expires_at} | 409 lease lost
+    POST /api/tasks/{kind}/{id}/heartbeat {token, stage?, fraction?, message?, step?,
+                                           checkpoint?, devices?, segments?, resize_id?, resize_outcome?}
+                                                               -> 200 {lease_expires_at, resize?} | 409 lease lost
     POST /api/tasks/search/{id}/result    {token, report: FrontierReport}   -> 200 | 409 | 422
     POST /api/tasks/run/{id}/result       {token, report: RunReport}        -> 200 | 409 | 422
     POST /api/tasks/{kind}/{id}/fail      {token, error, input_error, retry} -> 200 | 409
@@ -11,7 +12,8 @@ A worker needs no database: this is all it talks to. Reports may be sent gzip-co
 (`Content-Encoding: gzip`). A 409 means the claim is over (its lease expired and another worker
 took the task): stop and drop the work. A 422 on a result means the report is not a valid one
 (malformed, inconsistent, or a RunReport of another plan or step count than the run's): nothing
-is stored.
+is stored. A run's heartbeat reports where its checkpoints are and its segments, answers a resize
+order (`resize_id`, `resize_outcome`) and gets the pending one, if any, in `resize`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fastapi import APIRouter, Depends, Response
 from service import queue
 from service.api.deps import DB, AppClock, Config, TaskId, worker_auth
 from service.api.errors import StrictJSONRoute
+from service.crud import runs
 from service.schemas import Ack, ClaimIn, Error, FailIn, HeartbeatIn, HeartbeatOut, RunResultIn, SearchResultIn, TaskOut
 
 router = APIRouter(prefix="/api/tasks", tags=["worker protocol"], route_class=StrictJSONRoute,
@@ -47,9 +50,19 @@ def claim(body: ClaimIn, db: DB, settings: Config, clock: AppClock) -> TaskOut |
              summary="Renew the lease, report progress")
 def heartbeat(kind: queue.Kind, task_id: TaskId, body: HeartbeatIn, db: DB, settings: Config,
               clock: AppClock) -> HeartbeatOut:
+    run = None
+    if kind == "run":
+        run = {"checkpoint": body.checkpoint, "devices": body.devices,
+               "segments": [x.model_dump(mode="json") for x in body.segments] if body.segments is not None else None}
     expires = queue.heartbeat(db, kind, task_id, body.token, settings.lease_seconds, stage=body.stage,
-                              fraction=body.fraction, message=body.message, step=body.step, clock=clock)
-    return HeartbeatOut(lease_expires_at=expires)
+                              fraction=body.fraction, message=body.message, step=body.step, run=run, clock=clock)
+    if kind != "run":
+        return HeartbeatOut(lease_expires_at=expires)
+    if body.resize_id is not None:
+        with db.write_session() as s:
+            runs.answer_resize(s, task_id, body.resize_id, body.resize_outcome or "done")
+    with db.session() as s:
+        return HeartbeatOut(lease_expires_at=expires, resize=runs.resize_order(s, task_id))
 
 
 @router.post("/search/{task_id}/result", response_model=Ack, responses=RESULT, summary="A search's frontier")

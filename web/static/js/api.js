@@ -83,6 +83,8 @@ export const api = {
     return { status: r.status, body: r.body, location: r.headers.get("Location") };
   },
   estimate: async (body) => (await post("/api/estimate", body)).body,
+  // 202: the run moves at its next step (409: not running; 422: no plan fits, or a bad count)
+  resizeRun: async (runId, body) => (await post(`/api/runs/${runId}/resize`, body)).body,
   resizeAnswer: async (location, wait = 20) => {
     const r = await request("GET", `${location}?wait=${wait}`);
     return { status: r.status, body: r.body, location };

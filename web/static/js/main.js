@@ -16,7 +16,7 @@ const perf = (window.__paretoplan = { chartDrawnAt: null, chartPaintedAt: null, 
 const state = {
   token: 0, jobId: null, job: null, frontier: null, series: [], baselines: [], points: new Map(),
   strategies: new Map(), selectedId: null, runs: [], followers: new Map(), stream: null,
-  resizeTarget: null, estimate: null, steps: 20,
+  resizeTarget: null, estimate: null, steps: 20, runUi: {},
 };
 
 // ---- the address ------------------------------------------------------------------------------
@@ -73,7 +73,8 @@ function reset() {
   if (state.stream) state.stream.close();
   for (const f of state.followers.values()) f.close();
   Object.assign(state, { job: null, frontier: null, series: [], baselines: [], points: new Map(), selectedId: null,
-    runs: [], followers: new Map(), stream: null, resizeTarget: null, estimate: null, lastFraction: null, lastStage: null });
+    runs: [], followers: new Map(), stream: null, resizeTarget: null, estimate: null, lastFraction: null, lastStage: null,
+    runUi: {} });
   closePanel(false);
   $("#frontier").hidden = true;
   $("#progress-box").hidden = true;
@@ -345,7 +346,7 @@ async function openStrategy(id, { focusPanel = true } = {}) {
     budget: state.frontier && state.frontier.memory_budget_bytes, memoryPerDevice: state.frontier && state.frontier.memory_per_device,
     selected: state.job && state.job.selected_strategy_id === id, runs: state.runs.filter((r) => r.strategy_id === id),
     compareTo, canLaunch: state.job && state.job.status === "done", steps: state.steps,
-    confidence: runConfidence(),
+    confidence: runConfidence(), runUi: state.runUi,
   });
   const panel = $("#panel");
   const wasHidden = panel.hidden;
@@ -444,11 +445,60 @@ function pointLabel(id) {
 }
 
 function renderRuns() {
+  // the cards are drawn again on every event of a run: a resize field being typed in keeps its focus
+  const active = document.activeElement;
+  const typing = active && active.closest && active.closest("form.run-resize");
+  const where = typing ? (active.closest("#runs") ? "#runs" : "#panel-body") : null;
+  const caret = typing ? active.selectionStart : null;
   $("#runs-box").hidden = state.runs.length === 0;
   $("#runs").innerHTML = state.runs.slice().reverse().map((r) =>
-    `<li data-run="${r.id}"><button type="button" class="link" data-open="${r.strategy_id}">${esc(pointLabel(r.strategy_id))}</button><div>${runCard(r, runConfidence())}</div></li>`).join("");
-  if (state.selectedId != null) updateRuns($("#panel-body"), state.runs.filter((r) => r.strategy_id === state.selectedId), runConfidence());
+    `<li data-run="${r.id}"><button type="button" class="link" data-open="${r.strategy_id}">${esc(pointLabel(r.strategy_id))}</button><div>${runCard(r, runConfidence(), state.runUi)}</div></li>`).join("");
+  if (state.selectedId != null) updateRuns($("#panel-body"), state.runs.filter((r) => r.strategy_id === state.selectedId), runConfidence(), state.runUi);
+  if (typing) {
+    const again = document.querySelector(`${where} form.run-resize[data-run="${typing.dataset.run}"] input[name=devices]`);
+    if (again) { again.focus(); try { again.setSelectionRange(caret, caret); } catch { /* a number field has no caret */ } }
+  }
 }
+
+// ---- resizing a running run (POST /api/runs/{id}/resize) ---------------------------------------
+document.addEventListener("input", (e) => {
+  const form = e.target.closest && e.target.closest("form.run-resize");
+  if (!form) return;
+  const ui = (state.runUi[form.dataset.run] ||= {});
+  ui.value = e.target.value;
+  ui.error = null;
+  const p = form.querySelector(".error");
+  p.hidden = true; p.textContent = "";
+  e.target.removeAttribute("aria-invalid");
+});
+document.addEventListener("submit", async (e) => {
+  const form = e.target.closest && e.target.closest("form.run-resize");
+  if (!form) return;
+  e.preventDefault();
+  const id = Number(form.dataset.run);
+  const button = form.querySelector("button");
+  if (button.disabled) return;
+  const raw = form.querySelector("input[name=devices]").value.trim();
+  const ui = (state.runUi[id] ||= {});
+  ui.value = raw; ui.error = null; ui.message = null;
+  button.disabled = true;
+  const token = state.token;
+  try {
+    const order = await api.resizeRun(id, { devices: /^-?\d+$/.test(raw) ? Number(raw) : raw });
+    ui.message = `resize ${order.id} sent: the run moves to ${order.devices} devices at its next step` +
+      (order.strategy ? ` (${order.strategy.summary})` : " (its plan is searched first)");
+    ui.value = "";
+  } catch (err) {
+    if (!(err instanceof ApiError)) throw err;
+    ui.error = err.detail;
+  } finally {
+    button.disabled = false;
+  }
+  if (token !== state.token) return;
+  const r = await api.run(id).catch(() => null);
+  if (r && token === state.token) replaceRun(r); else renderRuns();
+});
+
 $("#runs").addEventListener("click", (e) => {
   const open = e.target.closest("[data-open]");
   if (open) openStrategy(Number(open.dataset.open));

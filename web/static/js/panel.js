@@ -145,7 +145,43 @@ function errorBand(r, conf) {
   return html;
 }
 
-export function runCard(r, conf = null) {
+// A run's launches: one row per segment (steps, devices, plan, how it started and ended, and what
+// the resize or restart took: save, re-plan, restart, load). The report's when it is done, else what
+// the worker reported so far.
+function segments(r) {
+  const segs = (r.report && r.report.segments && r.report.segments.length ? r.report.segments : r.segments) || [];
+  if (segs.length < 2 && !(segs.length && segs[0].cause !== "launch")) return "";
+  const t = (x) => (x === null || x === undefined ? "–" : seconds(x));
+  const rows = segs.map((g, i) => {
+    const rs = g.resize_s;
+    const took = rs ? `${t(rs.save_s + rs.replan_s + rs.restart_s + rs.load_s)} <span class="hint">(save ${t(rs.save_s)}, re-plan ${t(rs.replan_s)}, restart ${t(rs.restart_s)}, load ${t(rs.load_s)})</span>` : "–";
+    const end = g.ended === "running" ? "…" : g.to_step;
+    return `<tr class="segment" data-devices="${g.devices}"><td class="num">${i}</td><td class="num">${g.from_step}–${end}</td>` +
+      `<td class="num">${g.devices}</td><td><code>${esc(g.plan_summary)}</code></td>` +
+      `<td>${esc(g.cause)}${g.ended !== "running" ? `, ${esc(g.ended)}` : ""}${g.error ? ` <span class="error">${esc(g.error)}</span>` : ""}</td><td>${took}</td></tr>`;
+  }).join("");
+  const restarts = r.report ? r.report.restarts : segs.filter((g) => g.cause === "restart").length;
+  return `<table class="mini segments" aria-label="run ${r.id} segments"><thead><tr><th class="num">#</th><th class="num">steps</th>` +
+    `<th class="num">devices</th><th>plan</th><th>started by, ended by</th><th>resize took</th></tr></thead><tbody>${rows}</tbody></table>` +
+    `<div class="hint">${segs.length} segments, ${restarts} restart${restarts === 1 ? "" : "s"}</div>`;
+}
+
+// The resize control of a running run: the device count to move to (the run saves at its next step,
+// takes the job's plan for that many devices and goes on from the same step). `ui`: what the page
+// keeps across re-renders ({value, message, error} by run id).
+function resizeControl(r, ui = {}) {
+  if (r.status !== "running") return "";
+  const pending = r.resize ? `<span class="resize-pending">resize to ${r.resize.devices} devices pending` +
+    `${r.resize.status === "pending" ? " (searching its plan)" : ""}</span>` : "";
+  return `<form class="run-resize" data-run="${r.id}" novalidate><label>resize to <input type="number" name="devices" min="1" ` +
+    `inputmode="numeric" value="${esc(ui.value ?? "")}" aria-label="run ${r.id}: new device count"` +
+    `${ui.error ? ' aria-invalid="true"' : ""}></label> devices ` +
+    `<button type="submit">resize</button> ${pending}` +
+    `<p class="error" role="alert"${ui.error ? "" : " hidden"}>${esc(ui.error || "")}</p>` +
+    `${ui.message ? `<p class="hint resize-sent">${esc(ui.message)}</p>` : ""}</form>`;
+}
+
+export function runCard(r, conf = null, ui = {}) {
   const pr = Math.round(100 * (r.progress || 0));
   let html = `<div class="run-line"><b>run ${r.id}</b> ${stateBadge(r.status, { run: true, step: r.step, steps: r.steps })}` +
     `${r.stage && r.stage !== r.status ? ` ${esc(r.stage)}` : ""}${r.status === "running" ? "" : ` · step ${r.step ?? 0}/${r.steps}`} ` +
@@ -162,7 +198,7 @@ export function runCard(r, conf = null) {
     }
   }
   if (r.error) html += `<div class="error">${esc(r.error.split("\n").slice(-3).join(" "))}</div>`;
-  return html + errorBand(r, conf);
+  return html + resizeControl(r, ui[r.id]) + segments(r) + errorBand(r, conf);
 }
 
 // ctx: {title, strategy, neighbours: {faster, leaner}, baselines, budget, memoryPerDevice, selected,
@@ -202,7 +238,7 @@ export function renderPanel(root, ctx) {
     </div>
     ${st.launchable_here === false ? `<p class="hint launch-why" id="launch-why">Not launchable here: ${esc(st.not_launchable_reason)}</p>` : ""}
     <p class="error" id="launch-error" role="alert" hidden></p>
-    <div id="panel-runs">${(ctx.runs || []).map((r) => `<div class="run-card" data-run="${r.id}">${runCard(r, ctx.confidence)}</div>`).join("")}</div>
+    <div id="panel-runs">${(ctx.runs || []).map((r) => `<div class="run-card" data-run="${r.id}">${runCard(r, ctx.confidence, ctx.runUi)}</div>`).join("")}</div>
     ${against}
     <h3>Compared with</h3><ul class="deltas" id="panel-deltas">${deltas || "<li>nothing to compare with</li>"}</ul>
     <h3>Mesh</h3>
@@ -217,7 +253,7 @@ export function renderPanel(root, ctx) {
     <h3>Sharding per layer</h3><div id="panel-sharding">${sharding(plan)}</div>`;
 }
 
-export function updateRuns(root, runs, conf = null) {
+export function updateRuns(root, runs, conf = null, ui = {}) {
   const box = root.querySelector("#panel-runs");
-  if (box) box.innerHTML = runs.map((r) => `<div class="run-card" data-run="${r.id}">${runCard(r, conf)}</div>`).join("");
+  if (box) box.innerHTML = runs.map((r) => `<div class="run-card" data-run="${r.id}">${runCard(r, conf, ui)}</div>`).join("");
 }
