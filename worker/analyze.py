@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from search import InputError, Plan
+from search.algorithm.interleave import rank_p2p
 from search.models.graph import Op, OpGraph
 from search.models.zoo import TEST_MODELS, ZOO, ModelSpec
 from search.prices.boundaries import Boundaries, exit_allowed
@@ -489,7 +490,8 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     ties = _ties(model)
     _check_ties(ties, styles, graph, pipe.stages)
     mode, reshard, dp_notes = _data_parallel(plan, mesh, tensor_axis is not None, pipe)
-    notes = _tie_notes(ties, pipe) + dp_notes + _batchnorm_notes(plan, graph, cfgs, roles, modules, mesh)
+    notes = (_tie_notes(ties, pipe) + _schedule_notes(pipe) + dp_notes
+             + _batchnorm_notes(plan, graph, cfgs, roles, modules, mesh))
     for r in plan.recompute:
         if r not in modules.by_name:
             raise Unsupported(f"plan recomputes {r!r}, which is not a module of {plan.model!r}")
@@ -690,6 +692,19 @@ def _tie_notes(ties: list[list[str]], pipe: PipelineExec) -> list[str]:
     return []
 
 
+def _schedule_notes(pipe: PipelineExec) -> list[str]:
+    if pipe.schedule == "2bw":
+        return ["PipeDream-2BW: every stage keeps two versions of its weights; each iteration's forward and backward "
+                "passes read the version of one update ago and its gradients, accumulated over the micro-batches, "
+                "update the newest (worker/stale.py). The passes run in 1F1B's order, whose flush between iterations "
+                f"adds {pipe.stages - 1} micro-batch slot(s) of bubble that the plan's no-flush price (steady state) "
+                "does not count"]
+    if pipe.virtual_stages > 1:
+        return [f"interleaved 1F1B: each pp rank runs {pipe.virtual_stages} chunks of layers (chunk c on rank "
+                f"c % {pipe.stages}), under torch's ScheduleInterleaved1F1B"]
+    return []
+
+
 def _data_parallel(plan: Plan, mesh: list[MeshDim], tensor_parallel: bool, pipe: PipelineExec
                    ) -> tuple[str, bool, list[str]]:
     """How the data axis runs its ZeRO stage ('none', 'ddp', 'zero1' or 'fsdp'), whether FSDP
@@ -768,10 +783,10 @@ def _ties(model: nn.Module) -> list[list[str]]:
 
 def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
     pl = plan.pipeline
-    if pl.virtual_stages > 1:
-        raise Unsupported(f"interleaved 1F1B ({pl.virtual_stages} virtual stages per device) is not executed here; "
-                          f"re-plan with virtual_stages 1")
+    v = pl.virtual_stages
     if plan.mesh.pp == 1 and pl.stages == 1:
+        if v > 1:
+            raise Unsupported(f"{v} virtual stages interleave pipeline stages; the plan has one stage")
         # gradient accumulation: the rank's batch as equal micro-batches in one process (Runner._accumulate)
         per_rank = plan.global_batch // math.prod(a.size for a in plan.mesh.axes if a.role in ("data", "expert"))
         if pl.micro_batches > 1 and per_rank % pl.micro_batches:
@@ -782,11 +797,13 @@ def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
         raise Unsupported(f"plan has {pl.stages} pipeline stages on a mesh with pp={plan.mesh.pp}; the executor "
                           f"runs one stage per pp rank")
     if pl.schedule == "2bw" or pl.async_weights:
-        raise Unsupported("PipeDream-2BW (double-buffered, 1-stale weights) has no torch.distributed.pipelining "
-                          "schedule; the nearest executable schedule is 1F1B (PipeDream-Flush): re-plan with "
-                          "schedule '1f1b'")
-    if pl.schedule not in ("gpipe", "1f1b"):
+        if pl.schedule != "2bw" or not pl.async_weights:
+            raise Unsupported(f"plan's schedule {pl.schedule!r} and async_weights {pl.async_weights} disagree: "
+                              f"PipeDream-2BW is schedule '2bw' with async (1-stale) weights")
+    elif pl.schedule not in ("gpipe", "1f1b"):
         raise Unsupported(f"plan has {pl.stages} pipeline stages but schedule {pl.schedule!r}")
+    if v > 1 and pl.schedule != "1f1b":
+        raise Unsupported(f"{v} virtual stages are interleaved 1F1B; the plan's schedule is {pl.schedule!r}")
     with torch.device("meta"):
         model = spec.build()
     if spec.blocks_attr is None or split_of(model) is None:
@@ -795,13 +812,19 @@ def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
     assert isinstance(stack, nn.ModuleList)  # a zoo model's blocks_attr names its ModuleList of layers
     n_layers = len(stack)
     sl = pl.stage_layers
-    if len(sl) != pl.stages or sl[0][0] != 0 or sl[-1][1] != n_layers or any(
+    chunks = pl.stages * v
+    if len(sl) != chunks or sl[0][0] != 0 or sl[-1][1] != n_layers or any(
             a[1] != b[0] for a, b in zip(sl, sl[1:], strict=False)) or any(s[1] <= s[0] for s in sl):
-        raise Unsupported(f"plan's stage_layers {sl} do not cover the {n_layers} layers in order, one or more each")
+        what = f"{pl.stages} x {v} chunks" if v > 1 else f"{pl.stages} stages"
+        raise Unsupported(f"plan's stage_layers {sl} do not cover the {n_layers} layers in order as {what}, one or "
+                          f"more layers each")
     if plan.precision == "fp16":
         raise Unsupported("fp16 needs loss scaling, which the pipeline schedules do not apply to their per-micro-batch "
                           "losses; run the pipeline in bf16")
-    if pl.schedule == "1f1b" and pl.micro_batches < pl.stages:
+    if pl.schedule in ("1f1b", "2bw") and pl.micro_batches < pl.stages:
         raise Unsupported(f"1F1B needs at least as many micro-batches as stages ({pl.micro_batches} < {pl.stages})")
-    return PipelineExec(stages=pl.stages, schedule=pl.schedule, micro_batches=pl.micro_batches,
-                        stage_layers=[list(s) for s in sl])
+    if v > 1 and pl.micro_batches % pl.stages:
+        raise Unsupported(f"interleaved 1F1B runs the micro-batches in rounds of one per stage: {pl.micro_batches} "
+                          f"micro-batches are not a multiple of the {pl.stages} stages")
+    return PipelineExec(stages=pl.stages, schedule=pl.schedule, micro_batches=pl.micro_batches, virtual_stages=v,
+                        stage_layers=[list(s) for s in sl], p2p=rank_p2p(pl.stages, v, pl.micro_batches))

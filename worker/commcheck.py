@@ -11,6 +11,9 @@ backward (the optimizer step) are reported under the unit 'optimizer'.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from worker.spec import ExpectedComm
 
@@ -63,3 +66,22 @@ def mismatches(expected: list[ExpectedComm], comm: dict) -> list[str]:
             lines.append(f"{unit or '(root)'} {phase} {kind}: plan {exp[key]}, executed {got[key]}"
                          + (f" (plan: {'; '.join(sources[:4])}{' ...' if len(sources) > 4 else ''})" if sources else ""))
     return lines
+
+
+class P2PCount(TorchDispatchMode):
+    """Counts the point-to-point sends and receives one step performs (c10d's send and recv ops,
+    as torch.distributed.pipelining issues them through batch_isend_irecv). CommDebugMode is not
+    usable under a pipeline schedule (its module tracker refuses the schedule's autograd.grad),
+    and these ops reach the dispatcher like any other."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        name = str(func)
+        if name.startswith("c10d.send"):
+            self.counts["send"] += 1
+        elif name.startswith("c10d.recv"):
+            self.counts["recv"] += 1
+        return func(*args, **(kwargs or {}))

@@ -169,9 +169,11 @@ def wrap_ddp(module: nn.Module, spec: ExecSpec, dp_group) -> nn.Module:
     return DistributedDataParallel(module, process_group=dp_group)
 
 
-def make_optimizer(module: nn.Module, spec: ExecSpec, lr: float, dp_group=None) -> torch.optim.Optimizer:
-    """AdamW everywhere; under ZeRO-1, wrapped in ZeroRedundancyOptimizer over the data group."""
-    params = [p for p in module.parameters() if p.requires_grad]
+def make_optimizer(module: nn.Module, spec: ExecSpec, lr: float, dp_group=None,
+                   params: list[nn.Parameter] | None = None) -> torch.optim.Optimizer:
+    """AdamW everywhere; under ZeRO-1, wrapped in ZeroRedundancyOptimizer over the data group.
+    `params`: what it updates, when not the module's own (PipeDream-2BW's newest weights)."""
+    params = [p for p in module.parameters() if p.requires_grad] if params is None else params
     if spec.data_parallel == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

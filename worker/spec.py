@@ -52,9 +52,18 @@ class ExpectedComm(BaseModel):
 
 class PipelineExec(BaseModel):
     stages: int = 1
-    schedule: Literal["none", "gpipe", "1f1b"] = "none"
+    schedule: Literal["none", "gpipe", "1f1b", "2bw"] = "none"
     micro_batches: int = 1
-    stage_layers: list[list[int]] = Field(default_factory=list)
+    virtual_stages: int = Field(default=1, description="> 1: interleaved 1F1B, each pp rank running this many chunks")
+    stage_layers: list[list[int]] = Field(default_factory=list, description="block-stack layers [first, end) of every "
+                                          "chunk in model order (stages x virtual_stages of them), chunk c on pp rank "
+                                          "c % stages")
+    p2p: list[int] = Field(default_factory=list, description="per pp rank, the point-to-point sends (and as many "
+                           "receives) of one step that the plan prices: activations forward, gradients back")
+
+    def chunks_of(self, rank: int) -> list[int]:
+        """The chunks pp rank `rank` runs, in model order."""
+        return list(range(rank, self.stages * self.virtual_stages, self.stages))
 
 
 class ExecSpec(BaseModel):

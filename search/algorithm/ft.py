@@ -84,6 +84,7 @@ class SearchOptions:
     accumulate: bool = False                 # one-stage plans may run the batch as m micro-batches
     #                                          (gradient accumulation, pipeline.py with p = 1)
     allow_async: bool = False                # ... PipeDream-2BW's among them (1-stale weights)
+    interleave: bool = False                 # ... and interleaved 1F1B's (virtual stages, interleave.py)
 
 
 def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOptions = SearchOptions(),
@@ -186,7 +187,8 @@ def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: li
     known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
     return list(search_pipelines(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
                                  options.eps, profile=options.profile, envelope=known if options.prune else None,
-                                 pipelines=options.pipeline, accumulate=options.accumulate, counts=counts))
+                                 pipelines=options.pipeline, accumulate=options.accumulate, counts=counts,
+                                 interleave=options.interleave))
 
 
 # ---- 7. the merged frontier --------------------------------------------------------------------
@@ -239,6 +241,7 @@ def _stats(graph: OpGraph, solutions: list[Solution], points: list[FrontierPoint
         "accumulate": options.accumulate,
         "pipeline_shapes": sum(1 for s in solutions if s.pipeline is not None),
         "allow_async_pipeline": options.allow_async,
+        "interleave": options.interleave,
     }
 
 
