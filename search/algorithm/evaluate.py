@@ -184,6 +184,7 @@ class PipeShape:
     micro_batches: int
     schedule: ScheduleName
     virtual_stages: int = 1  # > 1: interleaved 1F1B, each device holding this many chunks (interleave.py)
+    spread: int = 2  # a stage holds within this many layers of n / p (pipeline.py `stage_band`)
 
     @property
     def stages(self) -> int:

@@ -112,7 +112,7 @@ def exhaustive_pipeline(graph: OpGraph, cluster: Cluster, job: TrainingJob, shap
     for out, boundary in tied.items():
         assign[out] = assign[boundary]
     ts, ms = [], []
-    for split in partitions(len(chain.layers), shape.stages, shape.virtual_stages):
+    for split in partitions(len(chain.layers), shape.stages, shape.virtual_stages, shape.spread):
         res = evaluate_pipeline(tabs, assign, split)
         keep = pareto_mask(np.zeros(total, dtype=np.int64), res["time"], res["memory"])
         ts.append(res["time"][keep])
