@@ -20,8 +20,14 @@ from worker.spec import ExpectedComm
 Key = tuple[str, str, str]  # unit, phase, kind
 
 
-def expected_counts(expected: list[ExpectedComm]) -> Counter[Key]:
-    return Counter((e.unit, e.phase, e.kind) for e in expected)
+def expected_counts(expected: list[ExpectedComm], cpu: bool = False) -> Counter[Key]:
+    """Per (unit, phase, kind); on a CPU mesh (`cpu`) a DTensor all-to-all is counted as the
+    all-gather DTensor runs in its place (torch.distributed.tensor._collective_utils.shard_dim_alltoall)."""
+    return Counter((e.unit, e.phase, _kind(e, cpu)) for e in expected)
+
+
+def _kind(e: ExpectedComm, cpu: bool) -> str:
+    return "all_gather" if cpu and e.dtensor and e.kind == "all_to_all" else e.kind
 
 
 def measured_counts(comm: dict[str, dict[str, dict[str, int]]], units: set[str]) -> Counter[Key]:
@@ -52,9 +58,10 @@ def measured_counts(comm: dict[str, dict[str, dict[str, int]]], units: set[str])
     return out
 
 
-def mismatches(expected: list[ExpectedComm], comm: dict) -> list[str]:
-    """One line per (unit, phase, kind) whose counts differ, naming the plan edges involved."""
-    exp = expected_counts(expected)
+def mismatches(expected: list[ExpectedComm], comm: dict, cpu: bool = True) -> list[str]:
+    """One line per (unit, phase, kind) whose counts differ, naming the plan edges involved (on a
+    CPU mesh unless `cpu` is False: see expected_counts)."""
+    exp = expected_counts(expected, cpu)
     units = {e.unit for e in expected} | {k for k in comm if k not in ("Global",) and "." not in k} | {
         ".".join(k.split(".")[:2]) for k in comm if k.count(".") >= 1 and k.split(".")[1].isdigit()}
     got = measured_counts(comm, units)
@@ -62,7 +69,7 @@ def mismatches(expected: list[ExpectedComm], comm: dict) -> list[str]:
     for key in sorted(set(exp) | set(got)):
         if exp[key] != got[key]:
             unit, phase, kind = key
-            sources = sorted({e.source for e in expected if (e.unit, e.phase, e.kind) == key})
+            sources = sorted({e.source for e in expected if (e.unit, e.phase, _kind(e, cpu)) == key})
             lines.append(f"{unit or '(root)'} {phase} {kind}: plan {exp[key]}, executed {got[key]}"
                          + (f" (plan: {'; '.join(sources[:4])}{' ...' if len(sources) > 4 else ''})" if sources else ""))
     return lines

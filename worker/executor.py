@@ -125,8 +125,9 @@ def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: i
 def _parallelize(module: nn.Module, spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: int,
                  blocks_attr: str | None) -> nn.Module:
     """One part (the model or a pipeline chunk) with the plan applied and its shards materialised."""
-    if spec.dim("tensor"):
-        apply_tensor_parallel(module, spec, _made(mesh)["tp"])
+    if spec.dim("tensor"):  # one tensor dimension, or two (2-D tensor parallelism)
+        tp = spec.names("tensor")
+        apply_tensor_parallel(module, spec, _made(mesh)[tp if len(tp) > 1 else tp[0]])
     experts: list[str] = []
     if spec.dim("expert"):
         ep = _made(mesh)["ep"]
@@ -205,7 +206,7 @@ class Runner:
         self.stage = coord.get("pp", 0)
         self.is_last = self.stage == self.n_stages - 1
         # the rank whose loss stands for its data shard: last stage, first of its tensor/replica group
-        self.reporter = self.is_last and coord.get("tp", 0) == 0 and coord.get("rep", 0) == 0
+        self.reporter = self.is_last and coord.get("tp", 0) == coord.get("tp2", 0) == coord.get("rep", 0) == 0
         self.zs = model_spec(spec.model)
         self.module, self.parts, self.schedule = build(spec, self.mesh, device, self.st.seed)
         dp_group = _made(self.mesh).get_group("dp") if spec.dim("data") else None

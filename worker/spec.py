@@ -30,7 +30,7 @@ class StyleSpec(BaseModel):
     Layouts are DTensor placements written as in the Plan ('Shard(1)', 'Replicate()', 'Partial()')."""
 
     module: str
-    style: Literal["colwise", "rowwise", "sequence", "prepare_input", "prepare_output"]
+    style: Literal["colwise", "rowwise", "sequence", "prepare_input", "prepare_output", "placed"]
     input_layout: str | None = None
     desired_input_layout: str | None = None
     output_layout: str | None = None
@@ -38,6 +38,10 @@ class StyleSpec(BaseModel):
     use_local_output: bool = True
     sequence_dim: int | None = None
     ops: list[str] = Field(default_factory=list, description="the plan ops (or edges) this realises")
+    axis_styles: list[str] = Field(default_factory=list, description="per tensor axis, the style of the module's own "
+                                   "op ('' where it replicates)")
+    param_layouts: dict[str, str] = Field(default_factory=dict, description="placed (two tensor axes): each "
+                                          "parameter's placements, one per tensor axis, comma-separated")
 
 
 class ExpectedComm(BaseModel):
@@ -48,6 +52,8 @@ class ExpectedComm(BaseModel):
     phase: Literal["forward", "backward"]
     kind: Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
     source: str = Field(description="the plan edge 'u -> v' or the op whose parameter gradient it syncs")
+    dtensor: bool = Field(default=False, description="performed by a DTensor redistribution (on a CPU mesh DTensor "
+                          "runs an all-to-all as an all-gather and a local chunk: gloo has no all-to-all there)")
 
 
 class PipelineExec(BaseModel):
@@ -93,6 +99,10 @@ class ExecSpec(BaseModel):
 
     def size(self, role: Role) -> int:
         return (d := self.dim(role)) and d.size or 1
+
+    def names(self, role: Role) -> tuple[str, ...]:
+        """The mesh dimensions of a role: one, or two tensor dimensions ('tp', 'tp2')."""
+        return tuple(d.name for d in self.mesh if d.role == role)
 
 
 class RunSettings(BaseModel):

@@ -85,6 +85,7 @@ class SearchOptions:
     #                                          (gradient accumulation, pipeline.py with p = 1)
     allow_async: bool = False                # ... PipeDream-2BW's among them (1-stale weights)
     interleave: bool = False                 # ... and interleaved 1F1B's (virtual stages, interleave.py)
+    tensor_2d: bool = False                  # also meshes with two tensor axes (mesh.py tensor_2d_meshes)
 
 
 def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOptions = SearchOptions(),
@@ -123,7 +124,8 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOp
 def _mesh_problems(graph: OpGraph, cm: CostModel, options: SearchOptions) -> list[MeshProblem]:
     """One factor graph per (mesh, ZeRO stage) worth solving, its template layer and the rest of
     the graph already eliminated (steps 2 to 4)."""
-    candidates = list(options.meshes) if options.meshes is not None else mesh_candidates(cm.cluster)
+    candidates = (list(options.meshes) if options.meshes is not None
+                  else mesh_candidates(cm.cluster, tensor_2d=options.tensor_2d))
     meshes = placeable_meshes(graph, candidates)
     chain = find_chain(graph, solo=True) if options.reuse_blocks else None
     tables = [(mesh, zero, mesh_costs(graph, cm, mesh, zero, chain)) for mesh in meshes for zero in options.zero_stages]
@@ -242,6 +244,7 @@ def _stats(graph: OpGraph, solutions: list[Solution], points: list[FrontierPoint
         "pipeline_shapes": sum(1 for s in solutions if s.pipeline is not None),
         "allow_async_pipeline": options.allow_async,
         "interleave": options.interleave,
+        "tensor_2d": options.tensor_2d,
     }
 
 

@@ -69,3 +69,14 @@ def test_pipeline_sends_equal_the_plan(name, family_runs):
     assert len(one_pipeline) == pipe.stages
     boundaries = pipe.stages * pipe.virtual_stages - 1
     assert sum(r["p2p"]["send"] for r in one_pipeline) == 2 * pipe.micro_batches * boundaries
+
+
+@pytest.mark.parametrize("name", ["tp 2-d", "tp 2-d fastest"])
+def test_2d_tensor_collectives_equal_the_plan(name, family_runs):
+    """Two tensor axes: each axis's conversions happen where the plan puts them, as DTensor's
+    redistributions of both placements at once; kind and count per block equal the plan's (an
+    all-to-all the plan prices is an all-gather and a chunk in DTensor on a CPU mesh)."""
+    job, raw = family_runs[name]
+    assert [d.name for d in job.spec.mesh] == ["tp", "tp2"]
+    assert any(e.kind == "all_gather" for e in job.spec.expected_comms)
+    assert mismatches(job.spec.expected_comms, raw["ranks"][0]["comm"]) == []

@@ -40,6 +40,7 @@ def test_the_families_cover_the_parallelisms(family_runs):
     assert kinds["pp gpipe"][2] == "gpipe" and kinds["pp 1f1b"][2] == "1f1b"
     assert kinds["pp x tp"][1] == ("pp", "tp")
     assert kinds["recompute"][4] and kinds["tp+recompute"][4]
+    assert kinds["tp 2-d"][1] == ("tp", "tp2") and kinds["tp 2-d"][3] == {"placed", "prepare_input"}
     assert family_runs["pp interleaved"][0].spec.pipeline.virtual_stages == 2
     assert kinds["pp 2bw"][2] == "2bw"
     assert family_runs["pp uneven"][0].spec.pipeline.stage_layers == [[0, 3], [3, 4]]
