@@ -575,9 +575,11 @@ def _check_experts(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None,
             if lab is not None and EXPERT_LABEL in op.labels() and op.kind != "dispatch":
                 what = ("the experts" if lab == EXPERT_LABEL else f"{lab!r} inside the experts "
                         f"(expert-tensor parallelism)")
-                raise Unsupported(f"op {op.name!r} splits {what} on tensor axis {ax.name!r}: priced, but not executed "
-                                  f"(parallelize_module has no style for stacked 3-D expert weights; expert "
-                                  f"parallelism runs on an expert axis)")
+                raise Unsupported(f"op {op.name!r} splits {what} on tensor axis {ax.name!r}: priced, but not executed: "
+                                  f"the experts route tokens by data-dependent indices (a sort, a histogram, "
+                                  f"index_add) that DTensor's placements do not pass through, so it needs a "
+                                  f"hand-written experts module, as worker/experts.py is for an expert axis; expert "
+                                  f"parallelism runs on an expert axis")
     if not expert_axes:
         return
     if len(expert_axes) > 1:
