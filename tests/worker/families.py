@@ -89,7 +89,7 @@ def cnn(name: str) -> Plan:
 
 
 GPT, LLAMA = "gpt2-tiny", "llama-tiny"
-GPT4 = "gpt2-tiny4"  # 4 layers: 2 stages x 2 virtual stages
+GPT4 = "gpt2-mini"  # 4 layers: 2 stages x 2 virtual stages
 
 # name -> how to build its Plan on 4 processes. Builders, not Plans: the tests are parametrised
 # by these names at collection, and building the Plans takes five searches (seconds).

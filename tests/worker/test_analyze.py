@@ -137,7 +137,7 @@ def test_a_tied_parameter_split_over_tp_across_pipeline_stages_is_refused():
 def test_interleaved_1f1b_runs_the_plans_chunks():
     """An interleaved plan runs its chunks where the plan puts them (chunk c on pp rank c % p);
     what torch's ScheduleInterleaved1F1B cannot run is refused before launch."""
-    plan = estimated("gpt2-tiny4", pp=2, micro_batch=1, virtual_stages=2)
+    plan = estimated("gpt2-mini", pp=2, micro_batch=1, virtual_stages=2)
     spec = analyze(plan)
     assert spec.pipeline.virtual_stages == 2 and spec.pipeline.stage_layers == [[0, 1], [1, 2], [2, 3], [3, 4]]
     assert [spec.pipeline.chunks_of(r) for r in (0, 1)] == [[0, 2], [1, 3]]
@@ -155,9 +155,9 @@ def test_interleaved_1f1b_runs_the_plans_chunks():
 
 
 def test_2bw_runs_with_its_two_weight_versions():
-    spec = analyze(estimated("gpt2-tiny4", pp=2, micro_batch=2, schedule="2bw"))
+    spec = analyze(estimated("gpt2-mini", pp=2, micro_batch=2, schedule="2bw"))
     assert spec.pipeline.schedule == "2bw" and any("2BW" in n for n in spec.notes)
-    plan = estimated("gpt2-tiny4", pp=2, micro_batch=2, schedule="2bw")
+    plan = estimated("gpt2-mini", pp=2, micro_batch=2, schedule="2bw")
     bad = plan.model_copy(update={"pipeline": plan.pipeline.model_copy(update={"async_weights": False})})
     with pytest.raises(Unsupported, match="disagree"):
         analyze(bad)
