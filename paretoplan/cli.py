@@ -81,6 +81,12 @@ def _add_search(sub: argparse._SubParsersAction[_Parser]) -> None:
                         "as micro-batches, accumulating gradients)")
     s.add_argument("--allow-async-pipeline", action="store_true",
                    help="also consider PipeDream-2BW (double-buffered weights, 1-stale updates)")
+    s.add_argument("--tensor-2d", action="store_true",
+                   help="also consider 2-D tensor parallelism (two tensor axes inside a node, each op splitting a "
+                        "different dimension on each); the search takes longer")
+    s.add_argument("--interleave", action="store_true",
+                   help="also consider interleaved 1F1B (2-4 virtual stages per device, Megatron-LM's schedule); "
+                        "the search takes longer")
     s.add_argument("--json", dest="json_out", help="write the frontier with every full Plan as JSON")
     s.add_argument("--html", dest="html_out", help="write an interactive offline Plotly chart of the frontier")
     s.add_argument("--dump-graph", help="write the captured OpGraph as JSON")
@@ -732,7 +738,8 @@ def _request(args: argparse.Namespace):
     fields.update(eps=args.eps, zero_stages=list(_zero_stages(args.zero)), recompute=not args.no_recompute,
                   baselines=not args.no_baselines, pipeline=not args.no_pipeline,
                   grad_accumulation=not args.no_accumulation,
-                  allow_async_pipeline=args.allow_async_pipeline, exhaustive=args.exhaustive,
+                  allow_async_pipeline=args.allow_async_pipeline, interleave=args.interleave,
+                  tensor_2d=args.tensor_2d, exhaustive=args.exhaustive,
                   reuse_blocks=not args.no_block_reuse)
     try:
         return SearchRequest(**fields)

@@ -34,8 +34,6 @@ def launch_blocker(plan: dict[str, Any]) -> str | None:
     if params is None:
         return (f"model {model!r} is not in the zoo: the worker rebuilds a model by its zoo name, so plans of "
                 "uploaded graphs and HF configs are priced but not launched")
-    if plan.get("async_weights"):
-        return "PipeDream-2BW (1-stale weights) is priced only: the executor runs 1F1B and GPipe"
     n = int(plan.get("num_devices") or 1)
     need = int((plan.get("predicted") or {}).get("memory_bytes") or 0)
     have_gpus = gpus()

@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from search import InputError, Plan
-from search.models.graph import Op, OpGraph
+from search.algorithm.interleave import rank_p2p
+from search.models.graph import Op, OpGraph, ParamRef
 from search.models.zoo import TEST_MODELS, ZOO, ModelSpec
 from search.prices.boundaries import Boundaries, exit_allowed
 from search.prices.costmodel import COLLECTIVE_NAMES, NONE, forward_collective
@@ -97,9 +98,14 @@ def op_configs(plan: Plan, graph: OpGraph) -> dict[str, tuple[str | None, ...]]:
     return out
 
 
-def dtensor(code: str, dims: tuple[str, ...]) -> str:
+Codes = tuple[str, ...]  # one placement code per tensor axis
+
+
+def dtensor(code: str | Codes, dims: tuple[str, ...]) -> str:
     """A placement code of search.prices.mesh ('R', 'P', 'S:label') in DTensor's vocabulary for a tensor
-    with these dimension labels."""
+    with these dimension labels; several codes (one per tensor axis) as a comma-separated list."""
+    if isinstance(code, tuple):
+        return ",".join(dtensor(c, dims) for c in code)
     if code == "R":
         return "Replicate()"
     if code == "P":
@@ -140,7 +146,9 @@ def runtime_mesh(plan: Plan, roles: list[str]) -> list[MeshDim]:
     for ax, role in ordered:
         if ax.size == 1:
             continue
-        if dims and dims[-1].role == role:
+        if role == "tensor" and any(d.role == "tensor" for d in dims):  # 2-D tensor parallelism: a dimension each
+            dims.append(MeshDim(name="tp2", size=ax.size, role=role, plan_axes=[ax.name]))
+        elif dims and dims[-1].role == role:
             last = dims.pop()
             dims.append(MeshDim(name=last.name, size=last.size * ax.size, role=role,
                                 plan_axes=[*last.plan_axes, ax.name]))
@@ -182,29 +190,41 @@ class _Modules:
 
 
 class _TensorAxis:
-    def __init__(self, graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]], a: int, axis: str,
-                 modules: _Modules, zero: int) -> None:
-        self.g, self.cfgs, self.a, self.axis, self.mods, self.zero = graph, cfgs, a, axis, modules, zero
+    """The tensor axes of a plan (one, or two for 2-D tensor parallelism) as module styles and
+    boundary conversions. Placements are tuples of codes, one per tensor axis: a tensor changes
+    placement at a module boundary when it changes on any axis, and every axis converts there."""
+
+    def __init__(self, graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]], axes: tuple[int, ...],
+                 names: tuple[str, ...], modules: _Modules, zero: int) -> None:
+        self.g, self.cfgs, self.axes, self.mods, self.zero = graph, cfgs, axes, modules, zero
+        self.axis = " x ".join(names)
+        self.nd = len(axes) > 1
         self.ops = {op.name: op for op in graph.ops}
         self.per_module = Counter(op.module for op in graph.ops)
         self.consumers = graph.consumers()
         self.styles: dict[str, StyleSpec] = {}      # by op name: the op's own module style
         self.extra: list[StyleSpec] = []           # PrepareModuleInput/Output, in application order
         self.where: dict[tuple[str, str], str] = {}  # (producer, consumer) -> module that redistributes
-        self.entries: dict[str, tuple[str, str]] = {}  # module -> (producer, target code)
-        self.entry_src: dict[str, str] = {}          # module -> the code its entry converts from
-        self.exits: dict[str, str] = {}              # producer -> target code
+        self.entries: dict[str, tuple[str, Codes]] = {}  # module -> (producer, target codes)
+        self.entry_src: dict[str, Codes] = {}          # module -> the codes its entry converts from
+        self.exits: dict[str, Codes] = {}              # producer -> target codes
         self.bounds = Boundaries(graph)
 
-    # placements on this axis, as codes 'R' | 'P' | 'S:label'
-    def out(self, op: Op) -> str:
-        return output_placement(self.cfgs[op.name], op)[self.a]
+    # placements on the tensor axes, as codes 'R' | 'P' | 'S:label', one per axis
+    def out(self, op: Op) -> Codes:
+        p = output_placement(self.cfgs[op.name], op)
+        return tuple(p[a] for a in self.axes)
 
-    def inp(self, op: Op, i: int) -> str:
-        return input_placement(self.cfgs[op.name], op.inputs[i])[self.a]
+    def inp(self, op: Op, i: int) -> Codes:
+        p = input_placement(self.cfgs[op.name], op.inputs[i])
+        return tuple(p[a] for a in self.axes)
 
-    def label(self, op: Op) -> str | None:
-        return self.cfgs[op.name][self.a]
+    def label(self, op: Op) -> tuple[str | None, ...]:
+        return tuple(self.cfgs[op.name][a] for a in self.axes)
+
+    def params(self, op: Op, p: ParamRef) -> Codes:
+        pl = param_placement(self.cfgs[op.name], p.dims)
+        return tuple(pl[a] for a in self.axes)
 
     def own_leaf(self, op: Op) -> bool:
         """The op is the only op of a leaf module: its module boundary is the op's boundary (a
@@ -212,8 +232,14 @@ class _TensorAxis:
         return self.mods.is_leaf(op.module) and (self.per_module[op.module] == 1
                                                  or self.bounds.calls_of_one_op.get(op.module, False))
 
-    def style_of(self, op: Op) -> str | None:
-        lab = self.label(op)
+    def style_of(self, op: Op) -> tuple[str | None, ...] | None:
+        """Per tensor axis, the style that splits the op there (None where it replicates); None if
+        no axis has one."""
+        styles = tuple(self._axis_style(op, k) for k in range(len(self.axes)))
+        return styles if any(styles) else None
+
+    def _axis_style(self, op: Op, k: int) -> str | None:
+        lab = self.label(op)[k]
         if lab is None:
             return None
         if op.params and not (op.kind in STYLE_KINDS and self.own_leaf(op)
@@ -223,7 +249,7 @@ class _TensorAxis:
         if op.kind not in STYLE_KINDS or not op.params:
             return None
         w = op.params[0]
-        wp = param_placement(self.cfgs[op.name], w.dims)[self.a]
+        wp = self.params(op, w)[k]
         x = op.inputs[0].dims if op.inputs else ()
         if op.kind == "linear":
             if wp == f"S:{w.dims[0]}" and op.output.dims[-1] == lab:
@@ -241,19 +267,29 @@ class _TensorAxis:
                           f"parallelize_module style expresses (Colwise/Rowwise for Linear and Embedding, "
                           f"SequenceParallel for norms)")
 
-    def natural(self, op: Op, style: str) -> tuple[str, str]:
-        """(input, output) placement codes a style computes with."""
-        lab = self.label(op)
+    def natural(self, op: Op, styles: tuple[str | None, ...]) -> tuple[Codes, Codes]:
+        """(input, output) placement codes the styles compute with, per axis (an axis without one
+        replicates the op: its operands are whole there)."""
+        pairs = [self._natural(op, st, k) if st else ("R", "R") for k, st in enumerate(styles)]
+        return tuple(a for a, _ in pairs), tuple(b for _, b in pairs)
+
+    def _natural(self, op: Op, style: str, k: int) -> tuple[str, str]:
+        lab = self.label(op)[k]
         if style == "colwise":
             return "R", f"S:{lab}" if op.kind == "linear" else f"S:{op.params[0].dims[1]}"
         if style == "rowwise":
             return ("R", "P") if op.kind == "embedding" else (f"S:{lab}", "P")
         return f"S:{lab}", f"S:{lab}"  # sequence
 
-    def check_params(self, op: Op, style: str) -> None:
-        """The Plan's parameter placements must be the ones the style produces."""
+    def check_params(self, op: Op, styles: tuple[str | None, ...]) -> None:
+        """The Plan's parameter placements must be the ones the styles produce."""
+        for k, style in enumerate(styles):
+            if style is not None:
+                self._check_params(op, style, k)
+
+    def _check_params(self, op: Op, style: str, k: int) -> None:
         for i, p in enumerate(op.params):
-            want = param_placement(self.cfgs[op.name], p.dims)[self.a]
+            want = self.params(op, p)[k]
             if style == "colwise":
                 got = f"S:{p.dims[0]}" if op.kind == "linear" else f"S:{p.dims[-1]}"
             elif style == "rowwise":
@@ -266,36 +302,31 @@ class _TensorAxis:
 
     def build(self) -> None:
         for op in self.g.ops:
-            style = self.style_of(op)
-            if style is None:
-                if self.label(op) is not None and self.out(op) == "P":
+            styles = self.style_of(op)
+            if styles is None:
+                if any(lab is not None and o == "P" for lab, o in zip(self.label(op), self.out(op), strict=True)):
                     raise Unsupported(f"op {op.name!r} ({op.kind}) would leave a partial sum on tensor axis "
                                       f"{self.axis!r} outside any module boundary where a style could reduce it")
                 continue
-            self.check_params(op, style)
-            nat_in, nat_out = self.natural(op, style)
+            self.check_params(op, styles)
+            nat_in, nat_out = self.natural(op, styles)
+            named = "/".join(st or "replicated" for st in styles)
             if nat_out != self.out(op) or (op.inputs and nat_in != self.inp(op, 0)):
                 raise Unsupported(f"op {op.name!r}: its placements on tensor axis {self.axis!r} are not those of "
-                                  f"{style} parallelism")
+                                  f"{named} parallelism")
             same = next((st for st in self.styles.values() if st.module == op.module), None)
             if same is not None:  # another call of the same module (a recurrent GEMM): one style serves all
-                if same.style != style:
+                if same.axis_styles != [st or "" for st in styles]:
                     raise Unsupported(f"op {op.name!r}: module {op.module!r} runs as {same.style} in one call and "
-                                      f"{style} in another on tensor axis {self.axis!r}")
+                                      f"{named} in another on tensor axis {self.axis!r}")
                 same.ops.append(op.name)
                 self.styles[op.name] = same
                 continue
-            spec = StyleSpec(module=op.module, style=style, ops=[op.name], use_local_output=True)
-            if style == "sequence":
-                spec.sequence_dim = op.inputs[0].dims.index(self.label(op))
-            if style == "rowwise":
-                spec.output_layout = "Partial()"  # kept partial unless an edge below says otherwise
-                if op.kind == "embedding":  # a vocabulary-parallel embedding reads whole ids, not a shard
-                    spec.input_layout = "Replicate()"
-            self.styles[op.name] = spec
+            self.styles[op.name] = self._own_style(op, styles, nat_in, nat_out)
         for v in self.g.ops:
             for i, t in enumerate(v.inputs):
-                src = self.out(self.ops[t.source]) if t.source else "R"  # graph inputs: every rank loads them
+                # graph inputs: every rank loads them whole
+                src = self.out(self.ops[t.source]) if t.source else ("R",) * len(self.axes)
                 dst = self.inp(v, i)
                 if src != dst:
                     self.redistribute(self.ops.get(t.source) if t.source else None, v, i, src, dst)
@@ -305,8 +336,31 @@ class _TensorAxis:
                     self.redistribute(self.ops[t.source], v, i, src, dst)
         for op in self.g.ops:
             st = self.styles.get(op.name)
-            if st and st.style == "rowwise" and st.output_layout == "Partial()":
+            if st and st.style in ("rowwise", "placed") and "Partial()" in (st.output_layout or "").split(","):
                 raise Unsupported(f"op {op.name!r} (row-parallel) leaves a partial sum that no consumer reduces")
+
+    def _own_style(self, op: Op, styles: tuple[str | None, ...], nat_in: Codes, nat_out: Codes) -> StyleSpec:
+        """The op's module style: parallelize_module's own on one tensor axis; on two, a style that
+        places every parameter, input and output on both (worker/parallelize.py Placed)."""
+        if self.nd:
+            x = op.inputs[0].dims if op.inputs else ()
+            return StyleSpec(module=op.module, style="placed", ops=[op.name], use_local_output=True,
+                             axis_styles=[st or "" for st in styles],
+                             # an input the graph does not capture (positions made inside the model) is whole
+                             input_layout=dtensor(nat_in, x), desired_input_layout=dtensor(nat_in, x),
+                             output_layout=dtensor(nat_out, op.output.dims),
+                             param_layouts={p.name.rpartition(".")[2]: dtensor(self.params(op, p), p.dims)
+                                            for p in op.params})
+        style = styles[0]
+        assert style is not None  # one axis: style_of returns a style or None
+        spec = StyleSpec(module=op.module, style=style, ops=[op.name], use_local_output=True, axis_styles=[style])
+        if style == "sequence":
+            spec.sequence_dim = op.inputs[0].dims.index(self.label(op)[0])
+        if style == "rowwise":
+            spec.output_layout = "Partial()"  # kept partial unless an edge below says otherwise
+            if op.kind == "embedding":  # a vocabulary-parallel embedding reads whole ids, not a shard
+                spec.input_layout = "Replicate()"
+        return spec
 
     def _shared_gradient(self, prod: str, v: Op, i: int) -> bool:
         """v is the first of several readers converting prod's output at one module, and the
@@ -314,11 +368,10 @@ class _TensorAxis:
         if v.name not in {self.bounds.first_reader.get((prod, c)) for c, _ in self.consumers[prod]}:
             return False
         u = self.ops[prod]
-        back = forward_collective(input_grad_placement(self.cfgs[v.name], v.inputs[i])[self.a],
-                                  output_grad_placement(self.cfgs[u.name], u)[self.a])
-        return back != NONE
+        got, want = input_grad_placement(self.cfgs[v.name], v.inputs[i]), output_grad_placement(self.cfgs[u.name], u)
+        return any(forward_collective(got[a], want[a]) != NONE for a in self.axes)
 
-    def redistribute(self, u: Op | None, v: Op, i: int, src: str, dst: str) -> None:
+    def redistribute(self, u: Op | None, v: Op, i: int, src: Codes, dst: Codes) -> None:
         """Carry the edge u -> v (input i) from placement src to dst at a module boundary: where
         it enters a module holding v but not u, else where it leaves u's own module."""
         key = (u.name if u else f"<input {i}>", v.name)
@@ -337,7 +390,7 @@ class _TensorAxis:
         else:
             self.convert_on_exit(u, v, i, src, dst, key)
 
-    def convert_on_entry(self, u: Op | None, v: Op, i: int, src: str, dst: str, entry: list[str],
+    def convert_on_entry(self, u: Op | None, v: Op, i: int, src: Codes, dst: Codes, entry: list[str],
                          key: tuple[str, str]) -> None:
         """PrepareModuleInput (or v's own style) on a module of `entry`, those holding v but not u."""
         pname = u.name if u else f"<input {i}>"
@@ -374,7 +427,7 @@ class _TensorAxis:
         inside = [w for w in readers if m_in in self.mods.ancestors(w.module)]
         dims = v.inputs[i].dims  # the tensor as the module receives it, after any view of the producer's
         vst = self.styles.get(v.name)
-        if m_in == v.module and vst and vst.style in ("colwise", "rowwise"):
+        if m_in == v.module and vst and vst.style in ("colwise", "rowwise", "placed"):
             vst.input_layout = dtensor(src, dims)
         else:
             # a DTensor may flow into the module only if every reader is a style that accepts one
@@ -386,12 +439,13 @@ class _TensorAxis:
         self.entry_src[m_in] = src
         self.where[key] = m_in
 
-    def convert_on_exit(self, u: Op, v: Op, i: int, src: str, dst: str, key: tuple[str, str]) -> None:
+    def convert_on_exit(self, u: Op, v: Op, i: int, src: Codes, dst: Codes, key: tuple[str, str]) -> None:
         """u's own style or PrepareModuleOutput on u's module, when v's modules all hold u too."""
         if not self.own_leaf(u):
             raise Unsupported(f"op {u.name!r} -> op {v.name!r}: the plan redistributes on tensor axis {self.axis!r} "
                               f"({src} -> {dst}) where no module boundary lies between them")
-        if not exit_allowed(src, dst, tuple(v.inputs[i].shape) == tuple(u.output.shape)):
+        same_shape = tuple(v.inputs[i].shape) == tuple(u.output.shape)
+        if not all(exit_allowed(a, b, same_shape) for a, b in zip(src, dst, strict=True) if a != b):
             raise Unsupported(f"op {u.name!r} -> op {v.name!r}: the plan changes the placement on tensor axis "
                               f"{self.axis!r} ({src} -> {dst}) as it leaves {u.module!r}, inside {v.module!r}: only a "
                               f"partial sum may be reduced there, or a tensor the reader takes as it is sharded "
@@ -404,8 +458,9 @@ class _TensorAxis:
                                   f"{self.axis!r} ({dst} by {v.name!r}, {self.inp(self.ops[c], j)} by {c!r})")
         ust = self.styles.get(u.name)
         dims = u.output.dims
-        if ust and ust.style in ("colwise", "rowwise"):
-            if len(ust.ops) > 1 and ust.output_layout not in (None, "Partial()", dtensor(dst, dims)):
+        if ust and ust.style in ("colwise", "rowwise", "placed"):
+            first = (None, "Partial()") if not self.nd else (dtensor(self.out(u), dims),)  # as the style leaves it
+            if len(ust.ops) > 1 and ust.output_layout not in (*first, dtensor(dst, dims)):
                 raise Unsupported(f"module {u.module!r} leaves its calls in different placements on tensor axis "
                                   f"{self.axis!r} ({ust.output_layout} and {dtensor(dst, dims)} after {u.name!r}); "
                                   f"its one style has one output layout")
@@ -434,21 +489,22 @@ class _TensorAxis:
                 if t.source is None or not self.bounds.pays(t.source, v.name):
                     continue  # a tensor's other readers share its first reader's conversion
                 u = self.ops[t.source]
-                fk = forward_collective(self.out(u), self.inp(v, i))
-                bk = forward_collective(input_grad_placement(self.cfgs[v.name], t)[self.a],
-                                        output_grad_placement(self.cfgs[u.name], u)[self.a])
+                got, want = input_grad_placement(self.cfgs[v.name], t), output_grad_placement(self.cfgs[u.name], u)
                 mod = self.where.get((u.name, v.name), v.module)
-                for phase, k in (("forward", fk), ("backward", bk)):
-                    if k != NONE:
-                        out.append(ExpectedComm(unit=unit(mod), module=mod, phase=phase, kind=COLLECTIVE_NAMES[k],
-                                                source=f"{u.name} -> {v.name}"))
-            lab = self.label(v)
-            for p in v.params:
-                if lab is None or not p.owner or lab in p.dims or lab not in v.output.dims:
-                    continue  # a label reduced away (row-parallel bias): the gradient is whole already
-                # an all-reduce: this is a tensor axis, and ZeRO shards over the data axes only
-                out.append(ExpectedComm(unit=unit(v.module), module=v.module, phase="backward", kind="all_reduce",
-                                        source=f"{v.name} grad {p.name}"))
+                for k, a in enumerate(self.axes):
+                    fk = forward_collective(self.out(u)[k], self.inp(v, i)[k])
+                    bk = forward_collective(got[a], want[a])
+                    for phase, c in (("forward", fk), ("backward", bk)):
+                        if c != NONE:
+                            out.append(ExpectedComm(unit=unit(mod), module=mod, phase=phase, kind=COLLECTIVE_NAMES[c],
+                                                    source=f"{u.name} -> {v.name}", dtensor=True))
+            for lab in self.label(v):
+                for p in v.params:
+                    if lab is None or not p.owner or lab in p.dims or lab not in v.output.dims:
+                        continue  # a label reduced away (row-parallel bias): the gradient is whole already
+                    # an all-reduce: this is a tensor axis, and ZeRO shards over the data axes only
+                    out.append(ExpectedComm(unit=unit(v.module), module=v.module, phase="backward", kind="all_reduce",
+                                            source=f"{v.name} grad {p.name}"))
         return out
 
 
@@ -472,7 +528,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     roles = [ax.role if ax.role in ("expert", "context") and ax.size > 1
              else axis_role(graph, cfgs, a, ax.name) if ax.size > 1 else "replicate"
              for a, ax in enumerate(plan.mesh.axes)]
-    tensor_axis = _tensor_axis(plan, roles)
+    tensor_axes = _tensor_axes(plan, roles)
     mesh = runtime_mesh(plan, roles)
     _check_batch_split(plan, mesh, pipe)
     with torch.device("meta"):
@@ -480,16 +536,18 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     modules = _Modules(model)
     styles: list[StyleSpec] = []
     expected: list[ExpectedComm] = []
-    if tensor_axis is not None:
-        ta = _TensorAxis(graph, cfgs, tensor_axis, plan.mesh.axes[tensor_axis].name, modules, plan.zero_stage)
+    if tensor_axes:
+        ta = _TensorAxis(graph, cfgs, tensor_axes, tuple(plan.mesh.axes[a].name for a in tensor_axes), modules,
+                         plan.zero_stage)
         ta.build()
         styles, expected = ta.style_list(), ta.expected(_unit_namer(graph))
     expected += _expert_comms(plan, graph, cfgs, _unit_namer(graph))
     expected += _context_comms(plan, graph, cfgs, _unit_namer(graph))
     ties = _ties(model)
     _check_ties(ties, styles, graph, pipe.stages)
-    mode, reshard, dp_notes = _data_parallel(plan, mesh, tensor_axis is not None, pipe)
-    notes = _tie_notes(ties, pipe) + dp_notes + _batchnorm_notes(plan, graph, cfgs, roles, modules, mesh)
+    mode, reshard, dp_notes = _data_parallel(plan, mesh, bool(tensor_axes), pipe)
+    notes = (_tie_notes(ties, pipe) + _schedule_notes(pipe) + dp_notes
+             + _batchnorm_notes(plan, graph, cfgs, roles, modules, mesh))
     for r in plan.recompute:
         if r not in modules.by_name:
             raise Unsupported(f"plan recomputes {r!r}, which is not a module of {plan.model!r}")
@@ -517,9 +575,11 @@ def _check_experts(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None,
             if lab is not None and EXPERT_LABEL in op.labels() and op.kind != "dispatch":
                 what = ("the experts" if lab == EXPERT_LABEL else f"{lab!r} inside the experts "
                         f"(expert-tensor parallelism)")
-                raise Unsupported(f"op {op.name!r} splits {what} on tensor axis {ax.name!r}: priced, but not executed "
-                                  f"(parallelize_module has no style for stacked 3-D expert weights; expert "
-                                  f"parallelism runs on an expert axis)")
+                raise Unsupported(f"op {op.name!r} splits {what} on tensor axis {ax.name!r}: priced, but not executed: "
+                                  f"the experts route tokens by data-dependent indices (a sort, a histogram, "
+                                  f"index_add) that DTensor's placements do not pass through, so it needs a "
+                                  f"hand-written experts module, as worker/experts.py is for an expert axis; expert "
+                                  f"parallelism runs on an expert axis")
     if not expert_axes:
         return
     if len(expert_axes) > 1:
@@ -634,13 +694,15 @@ def _check_device_count(plan: Plan) -> None:
         raise Unsupported(f"plan mesh {plan.mesh.shape} has {n} devices but the plan says {plan.num_devices}")
 
 
-def _tensor_axis(plan: Plan, roles: list[str]) -> int | None:
-    """The index of the plan's one tensor axis (of size > 1), if it has one."""
-    tensor = [a for a, (ax, r) in enumerate(zip(plan.mesh.axes, roles, strict=True)) if r == "tensor" and ax.size > 1]
-    if len(tensor) > 1:
-        raise Unsupported(f"the plan splits tensors over two mesh axes ({', '.join(plan.mesh.axes[a].name for a in tensor)}): "
-                          f"2-D tensor parallelism is not mapped onto parallelize_module here")
-    return tensor[0] if tensor else None
+def _tensor_axes(plan: Plan, roles: list[str]) -> tuple[int, ...]:
+    """The indices of the plan's tensor axes (of size > 1): none, one, or two (2-D tensor
+    parallelism, run with DTensor placements on both: worker/parallelize.py Placed)."""
+    tensor = tuple(a for a, (ax, r) in enumerate(zip(plan.mesh.axes, roles, strict=True))
+                   if r == "tensor" and ax.size > 1)
+    if len(tensor) > 2:
+        raise Unsupported(f"the plan splits tensors over {len(tensor)} mesh axes "
+                          f"({', '.join(plan.mesh.axes[a].name for a in tensor)}): at most two tensor axes are executed")
+    return tensor
 
 
 def _check_batch_split(plan: Plan, mesh: list[MeshDim], pipe: PipelineExec) -> None:
@@ -666,7 +728,11 @@ def _unit_namer(graph: OpGraph) -> Callable[[str], str]:
 
 def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph, stages: int = 1) -> None:
     """A tied parameter must be placed alike by every module that holds it."""
+    placed = [st for st in styles if st.style == "placed"]
     for group in ties:
+        if placed:
+            _check_placed_tie(group, placed, stages)
+            continue
         owners = [st for st in styles if st.style in ("colwise", "rowwise")
                   and any(g.rsplit(".", 1)[0] == st.module for g in group)]
         if owners and stages > 1:
@@ -682,11 +748,41 @@ def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph, 
                               f"{' and '.join(st.module for st in owners)}")
 
 
+def _check_placed_tie(group: list[str], placed: list[StyleSpec], stages: int) -> None:
+    """On two tensor axes: the placements every holder of the tied parameter gives it must agree
+    (a module without a style holds it whole)."""
+    whole = ",".join(["Replicate()"] * len(placed[0].axis_styles))
+    layouts = []
+    for name in group:
+        module, _, attr = name.rpartition(".")
+        st = next((st for st in placed if st.module == module), None)
+        layouts.append(st.param_layouts.get(attr, whole) if st else whole)
+    if len(set(layouts)) > 1:
+        raise Unsupported(f"tied parameter {' = '.join(group)} is placed differently by its modules on the tensor "
+                          f"axes ({' and '.join(layouts)})")
+    if stages > 1 and layouts[0] != whole:
+        raise Unsupported(f"tied parameter {' = '.join(group)} is split over the tensor axes and held by the first "
+                          f"and last of {stages} pipeline stages: the executor does not run that yet")
+
+
 def _tie_notes(ties: list[list[str]], pipe: PipelineExec) -> list[str]:
     if pipe.stages > 1 and ties:
         return [f"tied parameters across pipeline stages ({'; '.join(' = '.join(g) for g in ties)}) are kept as a "
                 f"copy on the first and last stage whose gradients are all-reduced between the two (as "
                 f"Megatron-LM does, and as the plan prices it: search/algorithm/pipeline.py _tied_copies)"]
+    return []
+
+
+def _schedule_notes(pipe: PipelineExec) -> list[str]:
+    if pipe.schedule == "2bw":
+        return ["PipeDream-2BW: every stage keeps two versions of its weights; each iteration's forward and backward "
+                "passes read the version of one update ago and its gradients, accumulated over the micro-batches, "
+                "update the newest (worker/stale.py). The passes run in 1F1B's order, whose flush between iterations "
+                f"adds {pipe.stages - 1} micro-batch slot(s) of bubble that the plan's no-flush price (steady state) "
+                "does not count"]
+    if pipe.virtual_stages > 1:
+        return [f"interleaved 1F1B: each pp rank runs {pipe.virtual_stages} chunks of layers (chunk c on rank "
+                f"c % {pipe.stages}), under torch's ScheduleInterleaved1F1B"]
     return []
 
 
@@ -768,10 +864,10 @@ def _ties(model: nn.Module) -> list[list[str]]:
 
 def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
     pl = plan.pipeline
-    if pl.virtual_stages > 1:
-        raise Unsupported(f"interleaved 1F1B ({pl.virtual_stages} virtual stages per device) is not executed here; "
-                          f"re-plan with virtual_stages 1")
+    v = pl.virtual_stages
     if plan.mesh.pp == 1 and pl.stages == 1:
+        if v > 1:
+            raise Unsupported(f"{v} virtual stages interleave pipeline stages; the plan has one stage")
         # gradient accumulation: the rank's batch as equal micro-batches in one process (Runner._accumulate)
         per_rank = plan.global_batch // math.prod(a.size for a in plan.mesh.axes if a.role in ("data", "expert"))
         if pl.micro_batches > 1 and per_rank % pl.micro_batches:
@@ -782,11 +878,13 @@ def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
         raise Unsupported(f"plan has {pl.stages} pipeline stages on a mesh with pp={plan.mesh.pp}; the executor "
                           f"runs one stage per pp rank")
     if pl.schedule == "2bw" or pl.async_weights:
-        raise Unsupported("PipeDream-2BW (double-buffered, 1-stale weights) has no torch.distributed.pipelining "
-                          "schedule; the nearest executable schedule is 1F1B (PipeDream-Flush): re-plan with "
-                          "schedule '1f1b'")
-    if pl.schedule not in ("gpipe", "1f1b"):
+        if pl.schedule != "2bw" or not pl.async_weights:
+            raise Unsupported(f"plan's schedule {pl.schedule!r} and async_weights {pl.async_weights} disagree: "
+                              f"PipeDream-2BW is schedule '2bw' with async (1-stale) weights")
+    elif pl.schedule not in ("gpipe", "1f1b"):
         raise Unsupported(f"plan has {pl.stages} pipeline stages but schedule {pl.schedule!r}")
+    if v > 1 and pl.schedule != "1f1b":
+        raise Unsupported(f"{v} virtual stages are interleaved 1F1B; the plan's schedule is {pl.schedule!r}")
     with torch.device("meta"):
         model = spec.build()
     if spec.blocks_attr is None or split_of(model) is None:
@@ -795,13 +893,19 @@ def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
     assert isinstance(stack, nn.ModuleList)  # a zoo model's blocks_attr names its ModuleList of layers
     n_layers = len(stack)
     sl = pl.stage_layers
-    if len(sl) != pl.stages or sl[0][0] != 0 or sl[-1][1] != n_layers or any(
+    chunks = pl.stages * v
+    if len(sl) != chunks or sl[0][0] != 0 or sl[-1][1] != n_layers or any(
             a[1] != b[0] for a, b in zip(sl, sl[1:], strict=False)) or any(s[1] <= s[0] for s in sl):
-        raise Unsupported(f"plan's stage_layers {sl} do not cover the {n_layers} layers in order, one or more each")
+        what = f"{pl.stages} x {v} chunks" if v > 1 else f"{pl.stages} stages"
+        raise Unsupported(f"plan's stage_layers {sl} do not cover the {n_layers} layers in order as {what}, one or "
+                          f"more layers each")
     if plan.precision == "fp16":
         raise Unsupported("fp16 needs loss scaling, which the pipeline schedules do not apply to their per-micro-batch "
                           "losses; run the pipeline in bf16")
-    if pl.schedule == "1f1b" and pl.micro_batches < pl.stages:
+    if pl.schedule in ("1f1b", "2bw") and pl.micro_batches < pl.stages:
         raise Unsupported(f"1F1B needs at least as many micro-batches as stages ({pl.micro_batches} < {pl.stages})")
-    return PipelineExec(stages=pl.stages, schedule=pl.schedule, micro_batches=pl.micro_batches,
-                        stage_layers=[list(s) for s in sl])
+    if v > 1 and pl.micro_batches % pl.stages:
+        raise Unsupported(f"interleaved 1F1B runs the micro-batches in rounds of one per stage: {pl.micro_batches} "
+                          f"micro-batches are not a multiple of the {pl.stages} stages")
+    return PipelineExec(stages=pl.stages, schedule=pl.schedule, micro_batches=pl.micro_batches, virtual_stages=v,
+                        stage_layers=[list(s) for s in sl], p2p=rank_p2p(pl.stages, v, pl.micro_batches))

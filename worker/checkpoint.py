@@ -39,7 +39,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, Field
 from torch import nn
 
-from worker.spec import PROGRESS, CheckpointSettings
+from worker.spec import PROGRESS, CheckpointSettings, ExecSpec
 
 FORMAT = "paretoplan.checkpoint/1"
 META = "meta.json"
@@ -305,6 +305,20 @@ class Checkpointer:
         self.record["saves"].append({"step": next_step, "s": float(took.item()), "done_at": time.time(),
                                      "checkpoint": str(path), "state_dict_s": got_state - started, "write_s": wrote})
         return path
+
+
+def checkpoint_blocker(spec: ExecSpec) -> str | None:
+    """What of this plan a checkpoint cannot hold yet (None: it can): expert-parallel shards are
+    plain tensors under one name on every rank; an interleaved rank's chunks are separate
+    modules under one optimizer, whose FQNs are not the model's; PipeDream-2BW's stale weight
+    version lives beside the model, not in its state dict."""
+    if spec.dim("expert"):
+        return "expert-parallel plans"
+    if spec.pipeline.virtual_stages > 1:
+        return "interleaved pipelines"
+    if spec.pipeline.schedule == "2bw":
+        return "PipeDream-2BW plans"
+    return None
 
 
 def kill_point() -> tuple[int, int] | None:

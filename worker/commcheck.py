@@ -11,14 +11,23 @@ backward (the optimizer step) are reported under the unit 'optimizer'.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from worker.spec import ExpectedComm
 
 Key = tuple[str, str, str]  # unit, phase, kind
 
 
-def expected_counts(expected: list[ExpectedComm]) -> Counter[Key]:
-    return Counter((e.unit, e.phase, e.kind) for e in expected)
+def expected_counts(expected: list[ExpectedComm], cpu: bool = False) -> Counter[Key]:
+    """Per (unit, phase, kind); on a CPU mesh (`cpu`) a DTensor all-to-all is counted as the
+    all-gather DTensor runs in its place (torch.distributed.tensor._collective_utils.shard_dim_alltoall)."""
+    return Counter((e.unit, e.phase, _kind(e, cpu)) for e in expected)
+
+
+def _kind(e: ExpectedComm, cpu: bool) -> str:
+    return "all_gather" if cpu and e.dtensor and e.kind == "all_to_all" else e.kind
 
 
 def measured_counts(comm: dict[str, dict[str, dict[str, int]]], units: set[str]) -> Counter[Key]:
@@ -49,9 +58,10 @@ def measured_counts(comm: dict[str, dict[str, dict[str, int]]], units: set[str])
     return out
 
 
-def mismatches(expected: list[ExpectedComm], comm: dict) -> list[str]:
-    """One line per (unit, phase, kind) whose counts differ, naming the plan edges involved."""
-    exp = expected_counts(expected)
+def mismatches(expected: list[ExpectedComm], comm: dict, cpu: bool = True) -> list[str]:
+    """One line per (unit, phase, kind) whose counts differ, naming the plan edges involved (on a
+    CPU mesh unless `cpu` is False: see expected_counts)."""
+    exp = expected_counts(expected, cpu)
     units = {e.unit for e in expected} | {k for k in comm if k not in ("Global",) and "." not in k} | {
         ".".join(k.split(".")[:2]) for k in comm if k.count(".") >= 1 and k.split(".")[1].isdigit()}
     got = measured_counts(comm, units)
@@ -59,7 +69,26 @@ def mismatches(expected: list[ExpectedComm], comm: dict) -> list[str]:
     for key in sorted(set(exp) | set(got)):
         if exp[key] != got[key]:
             unit, phase, kind = key
-            sources = sorted({e.source for e in expected if (e.unit, e.phase, e.kind) == key})
+            sources = sorted({e.source for e in expected if (e.unit, e.phase, _kind(e, cpu)) == key})
             lines.append(f"{unit or '(root)'} {phase} {kind}: plan {exp[key]}, executed {got[key]}"
                          + (f" (plan: {'; '.join(sources[:4])}{' ...' if len(sources) > 4 else ''})" if sources else ""))
     return lines
+
+
+class P2PCount(TorchDispatchMode):
+    """Counts the point-to-point sends and receives one step performs (c10d's send and recv ops,
+    as torch.distributed.pipelining issues them through batch_isend_irecv). CommDebugMode is not
+    usable under a pipeline schedule (its module tracker refuses the schedule's autograd.grad),
+    and these ops reach the dispatcher like any other."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        name = str(func)
+        if name.startswith("c10d.send"):
+            self.counts["send"] += 1
+        elif name.startswith("c10d.recv"):
+            self.counts["recv"] += 1
+        return func(*args, **(kwargs or {}))

@@ -244,13 +244,14 @@ class _Supervisor:
                 break
         stop_at = next((s for s, _ in self.scripted if s > self.step), None)
         ck = None
-        if not spec.dim("expert"):  # expert-parallel shards are plain tensors under one name on every rank
+        blocker = checkpoint.checkpoint_blocker(spec)
+        if blocker is None:
             ck = CheckpointSettings(dir=str(self.run_dir), tag=f"{self.opts.tag}{k}-", every=self.opts.every,
                                     resume=str(self.resume) if self.resume else None, stop_at=stop_at,
                                     stop_file=str(workdir / "stop"), history=self._history(current))
         elif self.resume is not None or stop_at is not None or self.opts.every:
-            raise Unsupported("checkpoints of expert-parallel plans are not supported yet: resize and --checkpoint-every "
-                              "need a plan without an expert axis")
+            raise Unsupported(f"checkpoints of {blocker} are not supported yet: resize and --checkpoint-every need "
+                              "another plan")
         job = Job(spec=spec, settings=self.settings.model_copy(update={"checkpoint": ck}))
         self._announce([*self.segments, current])
 

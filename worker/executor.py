@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 from worker import measure
 from worker.analyze import model_spec
 from worker.checkpoint import Checkpointer
+from worker.commcheck import P2PCount
 from worker.context import Ring, context_parallel
 from worker.data import global_batch, local_batch
 from worker.experts import expert_rows, shard_experts
@@ -48,6 +49,7 @@ from worker.parallelize import (
 )
 from worker.spec import PROGRESS, ExecSpec, Job
 from worker.stages import StageModule, split_of
+from worker.stale import TwoVersions
 
 
 class InjectedFailure(RuntimeError):
@@ -93,31 +95,47 @@ def _made(mesh: DeviceMesh | None) -> DeviceMesh:
     return mesh
 
 
-def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: int,
-          initialise: bool = True) -> tuple[nn.Module, Any]:
-    """The module this rank trains (the whole model or its pipeline stage), parallelised and
-    materialised; and the pipeline schedule or None. `initialise` False: the shards are allocated
-    but not filled (a checkpoint is loaded into them next: building the reference model would
-    only be thrown away)."""
+def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: int, initialise: bool = True
+          ) -> tuple[nn.Module, list[nn.Module], Any]:
+    """The module this rank trains (the whole model, its pipeline stage, or a container of its
+    interleaved chunks), the parts it runs (the model or its pipeline chunks, each parallelised
+    and materialised on its own), and the pipeline schedule or None. `initialise` False: the
+    shards are allocated but not filled (a checkpoint is loaded into them next: building the
+    reference model would only be thrown away)."""
     zs = model_spec(spec.model)
     with torch.device("meta"):
         model = zs.build()
-    module: nn.Module = model
-    stage_index = 0
-    if spec.pipeline.stages > 1:
-        stage_index = _made(mesh).get_local_rank("pp")
-        first, end = spec.pipeline.stage_layers[stage_index]
+    parts: list[nn.Module] = [model]
+    pipe = spec.pipeline
+    chunks: list[int] = []
+    if pipe.stages > 1:
+        chunks = pipe.chunks_of(_made(mesh).get_local_rank("pp"))
         assert zs.blocks_attr is not None  # analyze refuses a pipeline for a model without a block stack
-        module = StageModule(model, zs.blocks_attr, first, end, stage_index == 0, stage_index == spec.pipeline.stages - 1)
-    if spec.dim("tensor"):
-        apply_tensor_parallel(module, spec, _made(mesh)["tp"])
+        last = pipe.stages * pipe.virtual_stages - 1
+        parts = [StageModule(model, zs.blocks_attr, pipe.stage_layers[c][0], pipe.stage_layers[c][1], c == 0, c == last)
+                 for c in chunks]
+    for i, part in enumerate(parts):
+        parts[i] = _parallelize(part, spec, mesh, device, seed, zs.blocks_attr, initialise)
+    module: nn.Module = parts[0] if len(parts) == 1 else nn.ModuleList(parts)
+    schedule = None
+    if pipe.stages > 1:
+        schedule = _schedule(parts, chunks, model, spec, _made(mesh), device)
+    return module, parts, schedule
+
+
+def _parallelize(module: nn.Module, spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: int,
+                 blocks_attr: str | None, initialise: bool) -> nn.Module:
+    """One part (the model or a pipeline chunk) with the plan applied and its shards materialised."""
+    if spec.dim("tensor"):  # one tensor dimension, or two (2-D tensor parallelism)
+        tp = spec.names("tensor")
+        apply_tensor_parallel(module, spec, _made(mesh)[tp if len(tp) > 1 else tp[0]])
     experts: list[str] = []
     if spec.dim("expert"):
         ep = _made(mesh)["ep"]
         experts = shard_experts(module, ep.get_group(), ep.get_local_rank(), ep.size())
     rows = expert_rows(module)
     apply_recompute(module, spec.recompute)
-    prefixes = [zs.blocks_attr] if zs.blocks_attr else []
+    prefixes = [blocks_attr] if blocks_attr else []
     if spec.dim("context"):  # parameters replicated over the context ranks too: one data group
         group = _made(mesh)["dp", "cp"]._flatten("dp_cp") if spec.dim("data") else _made(mesh)["cp"]
         apply_data_parallel(module, spec, group, prefixes)
@@ -135,10 +153,7 @@ def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: i
     reduce_partial_grads(module)
     if spec.dim("data"):
         module = wrap_ddp(module, spec, _made(mesh).get_group("dp"))
-    schedule = None
-    if spec.pipeline.stages > 1:
-        schedule = _schedule(module, model, spec, _made(mesh), stage_index, device)
-    return module, schedule
+    return module
 
 
 def reduce_partial_grads(module: nn.Module) -> None:
@@ -155,16 +170,25 @@ def reduce_partial_grads(module: nn.Module) -> None:
             p.register_post_accumulate_grad_hook(hook)
 
 
-def _schedule(module: nn.Module, model: nn.Module, spec: ExecSpec, mesh: DeviceMesh, stage_index: int,
+def _schedule(parts: list[nn.Module], chunks: list[int], model: nn.Module, spec: ExecSpec, mesh: DeviceMesh,
               device: torch.device):
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    """torch.distributed.pipelining's schedule over this rank's stages: one per chunk it runs
+    (several under interleaved 1F1B). 2BW runs in 1F1B's order; its 1-stale weights are the
+    Runner's (TwoVersions)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining.stage import _PipelineStageBase
 
-    stage = PipelineStage(module, stage_index, spec.pipeline.stages, device, group=mesh.get_group("pp"))
-    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[spec.pipeline.schedule]
-    # scale_grads: the gradient of the mean over micro-batches, as the single-process loss
+    pipe = spec.pipeline
+    n = pipe.stages * pipe.virtual_stages
+    stages: list[_PipelineStageBase] = [PipelineStage(part, c, n, device, group=mesh.get_group("pp"))
+                                        for part, c in zip(parts, chunks, strict=True)]
     split = split_of(model)
     assert split is not None  # analyze refuses a pipeline for a model without a split
-    return cls(stage, n_microbatches=spec.pipeline.micro_batches, loss_fn=split.loss, scale_grads=True)
+    # scale_grads: the gradient of the mean over micro-batches, as the single-process loss
+    if pipe.virtual_stages > 1:
+        return ScheduleInterleaved1F1B(stages, n_microbatches=pipe.micro_batches, loss_fn=split.loss, scale_grads=True)
+    cls: type[ScheduleGPipe | Schedule1F1B] = ScheduleGPipe if pipe.schedule == "gpipe" else Schedule1F1B
+    return cls(stages[0], n_microbatches=pipe.micro_batches, loss_fn=split.loss, scale_grads=True)
 
 
 # ---- one job ----------------------------------------------------------------------------------
@@ -187,12 +211,15 @@ class Runner:
         self.stage = coord.get("pp", 0)
         self.is_last = self.stage == self.n_stages - 1
         # the rank whose loss stands for its data shard: last stage, first of its tensor/replica group
-        self.reporter = self.is_last and coord.get("tp", 0) == 0 and coord.get("rep", 0) == 0
+        self.reporter = self.is_last and coord.get("tp", 0) == coord.get("tp2", 0) == coord.get("rep", 0) == 0
         self.zs = model_spec(spec.model)
         resuming = self.st.checkpoint is not None and self.st.checkpoint.resume is not None
-        self.module, self.schedule = build(spec, self.mesh, device, self.st.seed, initialise=not resuming)
+        self.module, self.parts, self.schedule = build(spec, self.mesh, device, self.st.seed, initialise=not resuming)
         dp_group = _made(self.mesh).get_group("dp") if spec.dim("data") else None
-        self.opt = make_optimizer(self.module, spec, self.st.lr, dp_group)
+        # PipeDream-2BW: the passes read the weights of one update ago, the optimizer updates the newest
+        self.versions = TwoVersions(list(self.module.parameters())) if spec.pipeline.schedule == "2bw" else None
+        self.opt = make_optimizer(self.module, spec, self.st.lr, dp_group,
+                                  self.versions.parameters() if self.versions else None)
         self.tie_groups = self._tie_groups()
         # FSDP2's fully_shard/replicate cast parameters themselves (MixedPrecisionPolicy); elsewhere autocast
         self.autocast = spec.precision != "fp32" and spec.data_parallel in ("none", "zero1")
@@ -219,9 +246,8 @@ class Runner:
                 ranks = sorted({int(mesh[(0, *idx)]), int(mesh[(self.n_stages - 1, *idx)])})
                 pg = dist.new_group(ranks) if len(ranks) > 1 else None
                 if self.rank in ranks and pg is not None:
-                    names = [n for n, _ in self.module.named_parameters() if canonical(n) in group]
-                    for n in names:
-                        out.append((pg, self.module.get_parameter(n)))
+                    for part in self.parts:
+                        out += [(pg, p) for n, p in part.named_parameters() if canonical(n) in group]
         return out
 
     def batch(self, step: int) -> tuple[torch.Tensor, ...]:
@@ -245,7 +271,7 @@ class Runner:
             elif self.schedule is None:
                 loss = self.module(inputs, targets)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
-            elif self.stage == 0:
+            elif self.stage == 0:  # the first chunk's rank feeds the inputs, the last chunk's the targets
                 self.schedule.step(inputs)
             elif self.is_last:
                 losses: list[torch.Tensor] = []
@@ -260,6 +286,8 @@ class Runner:
         if self.scaler:
             self.scaler.step(self.opt)
             self.scaler.update()
+        elif self.versions is not None:
+            self.versions.step(self.opt)
         else:
             self.opt.step()
         # gradients are freed at the end of a step rather than the start, so that a step begins
@@ -322,6 +350,9 @@ class Runner:
         losses: list[float] = []
         mem: dict = {}
         comm: dict = {}
+        # a pipeline's sends and receives, counted on its second step (the first also infers shapes)
+        p2p = P2PCount()
+        p2p_step = first + 1 if st.comm_debug and self.schedule is not None and end - first >= 2 else None
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if saver:
@@ -336,7 +367,9 @@ class Runner:
                 torch.cuda.synchronize(self.device)
                 torch.cuda.reset_peak_memory_stats(self.device)
             ctx: Any = contextlib.nullcontext()
-            if s == first and st.comm_debug and self.schedule is None:
+            if s == p2p_step:
+                ctx = p2p
+            elif s == first and st.comm_debug and self.schedule is None:
                 # (not under a pipeline schedule: its backward runs autograd.grad, which the
                 # tracker's module hooks do not support)
                 ctx = comm_debug_mode()
@@ -367,7 +400,8 @@ class Runner:
         mine = {"rank": self.rank, "coord": self.coord, "times": times, "timed": timed,
                 "time_s": measure.median([times[i] for i in timed]), "memory_bytes": peak,
                 "memory_by_category": mem.get("by_category", {}), "comm": comm,
-                "checkpoints": saver.record if saver else None}
+                "checkpoints": saver.record if saver else None,
+                "p2p": dict(p2p.counts) if p2p_step is not None else {}}
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, mine)
         if self.rank == 0:

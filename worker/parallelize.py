@@ -51,6 +51,69 @@ def placement(text: str | None) -> Placement | None:
     raise ValueError(f"not a DTensor placement: {text!r}")
 
 
+def placements(text: str | None) -> tuple[Placement, ...] | None:
+    """A comma-separated list of placements, one per mesh dimension (two tensor axes)."""
+    if text is None:
+        return None
+    out = []
+    for part in text.split(","):
+        pl = placement(part)
+        assert pl is not None
+        out.append(pl)
+    return tuple(out)
+
+
+class Placed(ParallelStyle):
+    """A module's placements on several tensor mesh dimensions at once (2-D tensor parallelism):
+    parallelize_module's styles place one dimension (a 2-D mesh is refused: "placements must have
+    the same length as device_mesh.ndim"), DTensor itself computes on any. The module's own
+    parameters are distributed as the plan places them; its first input arrives as a local shard
+    in `input_layout` (or as a DTensor), is redistributed to `desired_input_layout`, and enters as
+    a DTensor when the module computes on them (its own op) or as the local shard otherwise; its
+    output (a DTensor, or a local shard in `output_layout` for a module that computes locally) is
+    redistributed to `desired_output_layout` and leaves as a local shard unless `use_local_output`
+    is False. Every redistribution is DTensor's own, collective for collective."""
+
+    def __init__(self, st: StyleSpec) -> None:
+        super().__init__()
+        self.st = st
+        self.own = st.style == "placed"
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        st = self.st
+        for name, layout in st.param_layouts.items():
+            param = module.get_parameter(name)
+            dist = distribute_tensor(param, device_mesh, placements(layout))
+            module.register_parameter(name, nn.Parameter(dist, requires_grad=param.requires_grad))
+        received, wanted = placements(st.input_layout), placements(st.desired_input_layout)
+        local_in = not self.own and st.use_local_output
+        if received is not None and wanted is not None:
+            def enter(mod: nn.Module, inputs: tuple) -> tuple:
+                x = inputs[0]
+                if not isinstance(x, DTensor):
+                    x = DTensor.from_local(x, device_mesh, received, run_check=False)
+                if x.placements != wanted:
+                    x = x.redistribute(device_mesh, wanted)
+                return (x.to_local() if local_in else x, *inputs[1:])
+
+            module.register_forward_pre_hook(enter)
+        produced = placements(st.output_layout)
+        leaving = placements(st.desired_output_layout) if not self.own else produced
+        if self.own or st.style == "prepare_output":
+            def leave(mod: nn.Module, inputs: tuple, out: torch.Tensor) -> torch.Tensor:
+                if not isinstance(out, DTensor):
+                    assert produced is not None
+                    out = DTensor.from_local(out, device_mesh, produced, run_check=False)
+                if leaving is not None and out.placements != leaving:
+                    out = out.redistribute(device_mesh, leaving)
+                return out.to_local() if st.use_local_output else out
+
+            module.register_forward_hook(leave)
+        return module
+
+
 def parallel_style(st: StyleSpec) -> ParallelStyle:
     i, di, o, do = (placement(x) for x in (st.input_layout, st.desired_input_layout,
                                            st.output_layout, st.desired_output_layout))
@@ -77,10 +140,15 @@ def has_module(root: nn.Module, fqn: str) -> bool:
 
 def apply_tensor_parallel(module: nn.Module, spec: ExecSpec, tp_mesh: DeviceMesh) -> None:
     """One ``parallelize_module`` call per style, in the spec's order (a module's input preparation
-    registers its hook before the module's own style); modules absent from this pipeline stage
-    are skipped. Tied parameters that TP replaced separately are tied again."""
+    registers its hook before the module's own style), or on two tensor dimensions one `Placed`
+    each; modules absent from this pipeline stage are skipped. Tied parameters that TP replaced
+    separately are tied again."""
     for st in spec.styles:
-        if has_module(module, st.module):
+        if not has_module(module, st.module):
+            continue
+        if tp_mesh.ndim > 1:  # parallelize_module takes a 1-D mesh only
+            Placed(st)._apply(module.get_submodule(st.module), tp_mesh)
+        else:
             parallelize_module(module, tp_mesh, {st.module: parallel_style(st)})
     retie(module, spec.ties)
 
@@ -169,9 +237,11 @@ def wrap_ddp(module: nn.Module, spec: ExecSpec, dp_group) -> nn.Module:
     return DistributedDataParallel(module, process_group=dp_group)
 
 
-def make_optimizer(module: nn.Module, spec: ExecSpec, lr: float, dp_group=None) -> torch.optim.Optimizer:
-    """AdamW everywhere; under ZeRO-1, wrapped in ZeroRedundancyOptimizer over the data group."""
-    params = [p for p in module.parameters() if p.requires_grad]
+def make_optimizer(module: nn.Module, spec: ExecSpec, lr: float, dp_group=None,
+                   params: list[nn.Parameter] | None = None) -> torch.optim.Optimizer:
+    """AdamW everywhere; under ZeRO-1, wrapped in ZeroRedundancyOptimizer over the data group.
+    `params`: what it updates, when not the module's own (PipeDream-2BW's newest weights)."""
+    params = [p for p in module.parameters() if p.requires_grad] if params is None else params
     if spec.data_parallel == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

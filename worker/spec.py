@@ -32,7 +32,7 @@ class StyleSpec(BaseModel):
     Layouts are DTensor placements written as in the Plan ('Shard(1)', 'Replicate()', 'Partial()')."""
 
     module: str
-    style: Literal["colwise", "rowwise", "sequence", "prepare_input", "prepare_output"]
+    style: Literal["colwise", "rowwise", "sequence", "prepare_input", "prepare_output", "placed"]
     input_layout: str | None = None
     desired_input_layout: str | None = None
     output_layout: str | None = None
@@ -40,6 +40,10 @@ class StyleSpec(BaseModel):
     use_local_output: bool = True
     sequence_dim: int | None = None
     ops: list[str] = Field(default_factory=list, description="the plan ops (or edges) this realises")
+    axis_styles: list[str] = Field(default_factory=list, description="per tensor axis, the style of the module's own "
+                                   "op ('' where it replicates)")
+    param_layouts: dict[str, str] = Field(default_factory=dict, description="placed (two tensor axes): each "
+                                          "parameter's placements, one per tensor axis, comma-separated")
 
 
 class ExpectedComm(BaseModel):
@@ -50,13 +54,24 @@ class ExpectedComm(BaseModel):
     phase: Literal["forward", "backward"]
     kind: Literal["all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
     source: str = Field(description="the plan edge 'u -> v' or the op whose parameter gradient it syncs")
+    dtensor: bool = Field(default=False, description="performed by a DTensor redistribution (on a CPU mesh DTensor "
+                          "runs an all-to-all as an all-gather and a local chunk: gloo has no all-to-all there)")
 
 
 class PipelineExec(BaseModel):
     stages: int = 1
-    schedule: Literal["none", "gpipe", "1f1b"] = "none"
+    schedule: Literal["none", "gpipe", "1f1b", "2bw"] = "none"
     micro_batches: int = 1
-    stage_layers: list[list[int]] = Field(default_factory=list)
+    virtual_stages: int = Field(default=1, description="> 1: interleaved 1F1B, each pp rank running this many chunks")
+    stage_layers: list[list[int]] = Field(default_factory=list, description="block-stack layers [first, end) of every "
+                                          "chunk in model order (stages x virtual_stages of them), chunk c on pp rank "
+                                          "c % stages")
+    p2p: list[int] = Field(default_factory=list, description="per pp rank, the point-to-point sends (and as many "
+                           "receives) of one step that the plan prices: activations forward, gradients back")
+
+    def chunks_of(self, rank: int) -> list[int]:
+        """The chunks pp rank `rank` runs, in model order."""
+        return list(range(rank, self.stages * self.virtual_stages, self.stages))
 
 
 class ExecSpec(BaseModel):
@@ -86,6 +101,10 @@ class ExecSpec(BaseModel):
 
     def size(self, role: Role) -> int:
         return (d := self.dim(role)) and d.size or 1
+
+    def names(self, role: Role) -> tuple[str, ...]:
+        """The mesh dimensions of a role: one, or two tensor dimensions ('tp', 'tp2')."""
+        return tuple(d.name for d in self.mesh if d.role == role)
 
 
 class CheckpointSettings(BaseModel):

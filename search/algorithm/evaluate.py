@@ -23,6 +23,7 @@ from functools import cached_property
 import numpy as np
 
 from search.algorithm.chain import Chain, after_stack, carry_chains, find_chain, layer_index, layer_outputs, recompute_var
+from search.algorithm.interleave import device_layers, sends
 from search.models.graph import OpGraph, TensorRef
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, recomputed_mem
 from search.prices.mesh import (
@@ -182,7 +183,8 @@ class PipeShape:
     zero: int
     micro_batches: int
     schedule: ScheduleName
-    virtual_stages: int = 1  # > 1: interleaved 1F1B (priced by `paretoplan estimate`; the search does not search it)
+    virtual_stages: int = 1  # > 1: interleaved 1F1B, each device holding this many chunks (interleave.py)
+    spread: int = 2  # a stage holds within this many layers of n / p (pipeline.py `stage_band`)
 
     @property
     def stages(self) -> int:
@@ -334,20 +336,20 @@ def _all_edges(graph: OpGraph, cm: CostModel, mesh: Mesh, ops: dict[str, OpCosts
     return out
 
 
-def stage_ops(graph: OpGraph, chain: Chain, layers_per_stage: tuple[int, ...]) -> list[set[str]]:
-    """The op names of every stage."""
+def stage_ops(graph: OpGraph, chain: Chain, layers_per_stage: tuple[int, ...], virtual_stages: int = 1) -> list[set[str]]:
+    """The op names of every stage (device): its layers (interleave.py: consecutive ones, or v
+    chunks of them interleaved), the ops before the stack on the first, those after on the last."""
     tail = after_stack(graph, chain)
     in_stack = {n for layer in chain.layers for n in layer}
     head = {op.name for op in graph.ops if op.name not in tail and op.name not in in_stack}
-    out, first = [], 0
-    for s, k in enumerate(layers_per_stage):
-        names = {n for layer in chain.layers[first:first + k] for n in layer}
+    out = []
+    for s, held in enumerate(device_layers(layers_per_stage, virtual_stages)):
+        names = {n for i in held for n in chain.layers[i]}
         if s == 0:
             names |= head
         if s == len(layers_per_stage) - 1:
             names |= tail
         out.append(names)
-        first += k
     return out
 
 
@@ -361,15 +363,15 @@ def evaluate_pipeline(tabs: PipeTables, assignment: Assignment, layers_per_stage
     n = np.size(next(iter(assignment.values())))
     b = np.asarray(assignment[chain.boundary]).reshape(-1)
     per_t, per_m, per_parts, per_comm = [], [], [], []
-    for s, names in enumerate(stage_ops(graph, chain, layers_per_stage)):
+    for s, names in enumerate(stage_ops(graph, chain, layers_per_stage, v)):
         w = weights[s]
         ops = {k: weigh_op(oc, w) for k, oc in tabs.op_costs.items() if k in names}
         edges = {k: weigh_edge(ec, w) for k, ec in tabs.edge_costs.items() if k[1] in names}
         res = evaluate(ops, edges, tabs.buffers, assignment, layer_of)
         # per micro-batch a stage sends its boundary on once, or once per chunk when interleaved
         # (the last stage's last chunk ends the model)
-        sends = v if s < p - 1 else v - 1
-        t = res["time"] + (w.slots * sends * tabs.p2p[b] if sends else 0.0)
+        k = sends(s, p, v)
+        t = res["time"] + (w.slots * k * tabs.p2p[b] if k else 0.0)
         per_t.append(t)
         per_m.append(res["memory"])
         per_parts.append(res["parts"])

@@ -91,7 +91,8 @@ def exhaustive_pipeline(graph: OpGraph, cluster: Cluster, job: TrainingJob, shap
                         limit: int = MAX_ASSIGNMENTS) -> tuple[np.ndarray, np.ndarray]:
     """The reference frontier (time, memory) of one pipeline shape: every assignment of every
     op's configuration (the stack's boundary layout tied, as in FT), every layer's recomputation
-    and every split of the layers into stages inside the band, re-costed stage by stage."""
+    and every split of the layers into stages inside the band (each device's layers as its chunks
+    when interleaved), re-costed stage by stage."""
     m = shape.micro_batches
     g = micro_batch_graph(graph, m)
     cm = CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}))
@@ -111,7 +112,7 @@ def exhaustive_pipeline(graph: OpGraph, cluster: Cluster, job: TrainingJob, shap
     for out, boundary in tied.items():
         assign[out] = assign[boundary]
     ts, ms = [], []
-    for split in partitions(len(chain.layers), shape.stages):
+    for split in partitions(len(chain.layers), shape.stages, shape.virtual_stages, shape.spread):
         res = evaluate_pipeline(tabs, assign, split)
         keep = pareto_mask(np.zeros(total, dtype=np.int64), res["time"], res["memory"])
         ts.append(res["time"][keep])

@@ -84,6 +84,8 @@ class SearchOptions:
     accumulate: bool = False                 # one-stage plans may run the batch as m micro-batches
     #                                          (gradient accumulation, pipeline.py with p = 1)
     allow_async: bool = False                # ... PipeDream-2BW's among them (1-stale weights)
+    interleave: bool = False                 # ... and interleaved 1F1B's (virtual stages, interleave.py)
+    tensor_2d: bool = False                  # also meshes with two tensor axes (mesh.py tensor_2d_meshes)
 
 
 def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOptions = SearchOptions(),
@@ -122,7 +124,8 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOp
 def _mesh_problems(graph: OpGraph, cm: CostModel, options: SearchOptions) -> list[MeshProblem]:
     """One factor graph per (mesh, ZeRO stage) worth solving, its template layer and the rest of
     the graph already eliminated (steps 2 to 4)."""
-    candidates = list(options.meshes) if options.meshes is not None else mesh_candidates(cm.cluster)
+    candidates = (list(options.meshes) if options.meshes is not None
+                  else mesh_candidates(cm.cluster, tensor_2d=options.tensor_2d))
     meshes = placeable_meshes(graph, candidates)
     chain = find_chain(graph, solo=True) if options.reuse_blocks else None
     tables = [(mesh, zero, mesh_costs(graph, cm, mesh, zero, chain)) for mesh in meshes for zero in options.zero_stages]
@@ -186,7 +189,8 @@ def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: li
     known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
     return list(search_pipelines(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
                                  options.eps, profile=options.profile, envelope=known if options.prune else None,
-                                 pipelines=options.pipeline, accumulate=options.accumulate, counts=counts))
+                                 pipelines=options.pipeline, accumulate=options.accumulate, counts=counts,
+                                 interleave=options.interleave))
 
 
 # ---- 7. the merged frontier --------------------------------------------------------------------
@@ -239,6 +243,8 @@ def _stats(graph: OpGraph, solutions: list[Solution], points: list[FrontierPoint
         "accumulate": options.accumulate,
         "pipeline_shapes": sum(1 for s in solutions if s.pipeline is not None),
         "allow_async_pipeline": options.allow_async,
+        "interleave": options.interleave,
+        "tensor_2d": options.tensor_2d,
     }
 
 

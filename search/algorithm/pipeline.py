@@ -35,8 +35,10 @@ The space searched, and what is left out on purpose:
   per-rank batch (global batch / dp) with m >= p: micro-batches down to one sample (m < p is
   mostly bubble, and torch's 1F1B refuses it); p = 1 (accumulation) with m >= 2 and every ZeRO
   stage;
-- every stage holds within STAGE_BAND layers of n / p (identical layers make far-off splits
-  slower at no memory gain except to offset the embedding and head, which the band covers);
+- every stage holds within STAGE_BAND layers of n / p, widened by the layers the ops before
+  or after the stack are worth (`band_spread`: identical layers make far-off splits slower at no
+  memory gain except to offset the embedding and the head; GPT-2 medium's head is worth 4
+  layers, and its best 4-stage splits hold 3 on the last stage);
 - ZeRO 0 and 1 only with p >= 2: ZeRO-2/3 shard gradients/parameters that micro-batches
   re-gather every step (DeepSpeed refuses ZeRO-2/3 with pipelines for this reason);
 - GPipe is costed (planners, exhaustive reference) but never reaches the frontier: it has
@@ -78,8 +80,9 @@ from search.algorithm.evaluate import (
 )
 from search.algorithm.factor_graph import MeshProblem, prepare_mesh
 from search.algorithm.frontier import RTOL, Factor, Stats, assignments, join, least_memory, pareto_mask, select, staircase
+from search.algorithm.interleave import MAX_VIRTUAL_STAGES, sends, to_model_order
 from search.algorithm.results import PipeSolution, Split
-from search.models.graph import OpGraph
+from search.models.graph import Op, OpGraph
 from search.prices.cluster import Cluster
 from search.prices.costmodel import CostModel, OpCosts, TrainingJob
 from search.prices.mesh import Mesh, MeshAxis, data_ways, mesh_candidates, unplaceable_op
@@ -101,12 +104,15 @@ def _divisors(n: int) -> list[int]:
 # ---- shapes ------------------------------------------------------------------------------------
 def pipeline_shapes(cluster: Cluster, job: TrainingJob, n_layers: int, zero_stages: tuple[int, ...],
                     allow_async: bool = False, schedules: tuple[ScheduleName, ...] | None = None,
-                    pipelines: bool = True, accumulate: bool = False) -> list[PipeShape]:
+                    pipelines: bool = True, accumulate: bool = False, interleave: bool = False,
+                    spread: int = STAGE_BAND) -> list[PipeShape]:
     """Every (p, sub-mesh, ZeRO stage, m, schedule) the search tries: with `pipelines`, every p
     from 2 to the layer count that divides the devices, every dp x tp sub-mesh of the rest, and
     every micro-batch count m >= p whose micro-batch (the per-rank batch / m, down to 1 sample)
-    is whole; with `accumulate`, p = 1 with every m >= 2 that divides the per-rank batch
-    (gradient accumulation: one stage, no bubble, one micro-batch's activations held)."""
+    is whole; with `interleave`, also 1F1B interleaved over v virtual stages (`virtual_stages`);
+    with `accumulate`, p = 1 with every m >= 2 that divides the per-rank batch (gradient
+    accumulation: one stage, no bubble, one micro-batch's activations held). Each stage holds
+    within `spread` layers of n / p."""
     schedules = schedules or (("1f1b", "2bw") if allow_async else ("1f1b",))
     shapes = []
     n = cluster.num_devices
@@ -131,19 +137,56 @@ def pipeline_shapes(cluster: Cluster, job: TrainingJob, n_layers: int, zero_stag
                     continue
                 for m in counts:
                     for sched in (schedules if p > 1 else ("1f1b",)):  # one stage has no schedule to choose
-                        shapes.append(PipeShape(mesh, zero, m, sched))
+                        shapes.append(PipeShape(mesh, zero, m, sched, spread=spread))
+                        if interleave and sched == "1f1b" and p > 1:  # where the layers cut into chunks
+                            shapes += [PipeShape(mesh, zero, m, sched, v, spread)
+                                       for v in virtual_stages(n_layers, p, m, spread)]
     return shapes
 
 
-def stage_band(n_layers: int, p: int) -> range:
-    lo = max(1, n_layers // p - STAGE_BAND)
-    hi = min(n_layers - (p - 1), -(-n_layers // p) + STAGE_BAND)
-    return range(lo, hi + 1)
+def virtual_stages(n_layers: int, p: int, m: int, spread: int = STAGE_BAND) -> list[int]:
+    """The v > 1 of interleaved 1F1B for p stages and m micro-batches (interleave.py): m a
+    multiple of p (Megatron-LM's rounds of one micro-batch per stage), and a split of the layers
+    inside the band whose stages each hold a multiple of v."""
+    if m % p:
+        return []
+    out = []
+    for v in range(2, MAX_VIRTUAL_STAGES + 1):
+        band = stage_band(n_layers, p, v, spread)
+        if n_layers % v == 0 and len(band) and p * band.start <= n_layers <= p * (band.stop - 1):
+            out.append(v)
+    return out
 
 
-def partitions(n_layers: int, p: int) -> list[tuple[int, ...]]:
+def stage_band(n_layers: int, p: int, v: int = 1, spread: int = STAGE_BAND) -> range:
+    """The layer counts a stage may hold: within `spread` of n / p, multiples of v when
+    interleaved (its v chunks equal); `start` and `stop - 1` are the fewest and the most."""
+    lo = max(1, n_layers // p - spread)
+    hi = min(n_layers - (p - 1), -(-n_layers // p) + spread)
+    lo, hi = -(-lo // v) * v, hi // v * v
+    return range(lo, hi + 1, v)
+
+
+def band_spread(graph: OpGraph, chain: Chain) -> int:
+    """How far a stage may stray from n / p: STAGE_BAND layers, plus as many as the heavier end of
+    the stack is worth - the ops before it (on the first stage) or after it (on the last), by
+    FLOPs or by parameters, each against one layer - so that the stage search can balance them."""
+    tail = after_stack(graph, chain)
+    in_stack = {n for layer in chain.layers for n in layer}
+    layer = [graph.op(n) for n in chain.template]
+
+    def worth(ops: list[Op]) -> float:
+        flops = sum(op.flops for op in ops) / max(sum(op.flops for op in layer), 1.0)
+        params = sum(p.numel for op in ops for p in op.params) / max(sum(p.numel for op in layer for p in op.params), 1)
+        return max(flops, params)
+
+    head = [op for op in graph.ops if op.name not in in_stack and op.name not in tail]
+    return STAGE_BAND + math.ceil(max(worth(head), worth([graph.op(n) for n in tail])))
+
+
+def partitions(n_layers: int, p: int, v: int = 1, spread: int = STAGE_BAND) -> list[tuple[int, ...]]:
     """Every split of n layers into p stages inside the band (for the exhaustive reference)."""
-    band = list(stage_band(n_layers, p))
+    band = list(stage_band(n_layers, p, v, spread))
     out: list[tuple[int, ...]] = []
 
     def rec(prefix: tuple[int, ...], left: int) -> None:
@@ -215,7 +258,7 @@ def _floor(tables: PipeTables) -> tuple[float, float]:
     stage takes at least the average of all stages, every op costs at least its cheapest
     configuration (the leanest stage weights for memory) and every edge at least nothing."""
     shape = tables.shape
-    weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule)
+    weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages)
     lean = min(weights, key=lambda w: (w.inflight, w.copies))
     # layers 2.. share the template's table objects: weigh each distinct table once
     uses: dict[int, tuple[OpCosts, int]] = {}
@@ -238,12 +281,16 @@ class _Stages:
 
     def __init__(self, weights: list[Weights], solve: Callable[[Weights], MeshProblem | None],
                  ends: dict[Weights, MeshProblem], head: Factor, tail: Factor, domain: dict[str, int], eps: float,
-                 stats: Stats, env: _Envelope, middle: Callable[[Weights], Factor] | None = None) -> None:
+                 stats: Stats, env: _Envelope, middle: Callable[[Weights], Factor] | None = None, virtual: int = 1,
+                 spread: int = STAGE_BAND) -> None:
         self.weights, self.solve, self.ends, self.head, self.tail = weights, solve, ends, head, tail
         self.middle = middle
         self.domain, self.eps, self.stats, self.env = domain, eps, stats, env
         self.powers: dict[Weights, _Powers] = {}
         self.cache: dict[tuple[int, int], Factor] = {}
+        self.spread = spread  # a stage holds within this many layers of n / p
+        self.virtual = virtual  # virtual stages (interleaved 1F1B), and the boundaries each stage sends across
+        self.sends = [sends(s, len(weights), virtual) for s in range(len(weights))]
 
     @classmethod
     def build(cls, graph: OpGraph, cm: CostModel, tables: PipeTables, eps: float, recompute: bool,
@@ -255,7 +302,7 @@ class _Stages:
         (`_ends_beaten`): judged first with the last stage's weights standing in for the first's
         (no more memory, the same time, for every assignment), so a losing shape costs one solve."""
         shape, chain = tables.shape, tables.chain
-        weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule)
+        weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages)
         sub = Mesh(pp=1, axes=shape.mesh.axes)
         covered = {name for layer in chain.layers[2:] for name in layer}  # priced through the template
         first, last = weights[0], weights[-1]
@@ -315,7 +362,8 @@ class _Stages:
         head, tail = ends[first].head, ends[last].tail
         assert head is not None and tail is not None
         return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env,
-                   middle if all((w.slots, w.copies) == (bare.slots, bare.copies) for w in weights) else None)
+                   middle if all((w.slots, w.copies) == (bare.slots, bare.copies) for w in weights) else None,
+                   shape.virtual_stages, shape.spread)
 
     def power(self, w: Weights) -> _Powers:
         """The k-layer powers of the layer frontier under weights w (its problem solved once)."""
@@ -409,7 +457,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     returned then point into the bounds, not into the stages)."""
     weights = S.weights
     p = len(weights)
-    band = stage_band(n, p)
+    band = stage_band(n, p, S.virtual, S.spread)
     order = [0, p - 1, *range(1, p - 1)] if p > 1 else [0]
     # The DP runs on staircase functions of a memory budget M: F(j, M) = least max stage time of
     # the stages taken so far, covering j layers, with every stage's memory <= M. Then the max
@@ -423,11 +471,12 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     # a layer's least time and least memory (under any stage's weights: the last stage's holds
     # the fewest micro-batches), and what a middle stage sends: bounds on the stages not yet taken
     layer_t, layer_m = S.layer_floor(b)
-    send_mid = weights[0].slots * p2p[b] if p > 2 else 0.0
     rows = np.arange(n + 1)
     for i, s in enumerate(order):
         left_after = p - 1 - i
-        send = weights[s].slots * p2p[b] if s < p - 1 else 0.0
+        send = weights[s].slots * S.sends[s] * p2p[b]
+        # what the stage not yet taken that holds the most layers sends, at least
+        send_ahead = weights[0].slots * min(S.sends[r] for r in order[i + 1:]) * p2p[b] if left_after else 0.0
         live = np.flatnonzero(np.isfinite(F).any(axis=1))
         stairs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for k in band:
@@ -465,7 +514,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         # the iteration is at least that stage's time and memory; a state a known plan beats at
         # budget M ends in plans it beats (exact)
         ahead = -(-(n - rows) // left_after) if left_after else np.zeros(n + 1, dtype=np.int64)
-        fut_t = ahead * layer_t + np.where(ahead > 0, send_mid, 0.0)
+        fut_t = ahead * layer_t + np.where(ahead > 0, send_ahead, 0.0)
         fin = np.isfinite(N)
         if fin.any():
             jr, gc = np.nonzero(fin)
@@ -513,7 +562,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
 def _stairs_of(S: _Stages, s: int, k: int, b: int, weights: list[Weights], p2p: np.ndarray, lower: bool
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Stage s's points as the DP saw them (its transfer added)."""
-    send = weights[s].slots * p2p[b] if s < len(weights) - 1 else 0.0
+    send = weights[s].slots * S.sends[s] * p2p[b]
     return _stage_points(S, s, k, b, send, lower)
 
 
@@ -577,6 +626,7 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
     mem = np.concatenate(out_m) + tables.buffers
     keep = pareto_mask(np.zeros(len(t), dtype=np.int64), t, mem, eps)
     splits, assigns = _read_back(S, chain.layer_maps(), [out_back[g] for g in keep])
+    assigns = to_model_order(assigns, chain, splits, shape.virtual_stages)  # each device's layers, interleaved
     for layer in chain.layers:  # every layer's output takes the tied boundary layout
         assigns.setdefault(layer[-1], np.zeros(len(keep), dtype=np.int64))[:] = np.array(out_b)[keep]
     root = Factor(scope=(), keys=np.zeros((len(keep), 0), dtype=np.int32), t=t[keep], m=mem[keep])
@@ -587,7 +637,8 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
                      recompute: bool = True, allow_async: bool = False, eps: float = 0.0,
                      shapes: list[PipeShape] | None = None, profile: DeviceProfile | ProfileLookup | None = None,
                      envelope: tuple[np.ndarray, np.ndarray] | None = None, pipelines: bool = True,
-                     accumulate: bool = False, counts: dict[str, int] | None = None) -> list[PipeSolution]:
+                     accumulate: bool = False, counts: dict[str, int] | None = None,
+                     interleave: bool = False) -> list[PipeSolution]:
     """Every pipeline shape's frontier (empty when the graph has no stack to cut); the shapes as
     `pipeline_shapes` gives them (`pipelines`: p >= 2, `accumulate`: gradient accumulation on one
     stage) unless `shapes` names them. With an `envelope` of plans known to exist (e.g. the
@@ -599,7 +650,7 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         return []
     if shapes is None:
         shapes = pipeline_shapes(cluster, job, len(chain.layers), zero_stages, allow_async, pipelines=pipelines,
-                                 accumulate=accumulate)
+                                 accumulate=accumulate, interleave=interleave, spread=band_spread(graph, chain))
         if accumulate:  # and on the context-parallel meshes of a long-sequence graph
             shapes += context_accumulation_shapes(graph, cluster, job, zero_stages)
     graphs: dict[int, tuple[OpGraph, CostModel, Chain | None]] = {}
@@ -679,7 +730,7 @@ def ends_bounds(tables: PipeTables, weights: list[Weights], u0: Factor, head: Fa
     p, n = len(weights), len(tables.chain.layers)
     w0 = weights[0]
     out: dict[int, ShapeBound] = {}
-    band = stage_band(n, p) if p > 1 else range(n, n + 1)
+    band = stage_band(n, p, tables.shape.virtual_stages, tables.shape.spread) if p > 1 else range(n, n + 1)
     k = max(band.start, n - (p - 1) * (band.stop - 1))  # the fewest layers an end stage holds
 
     def least(f: Factor, b: int, scale: float = 1.0) -> np.ndarray:
@@ -691,7 +742,7 @@ def ends_bounds(tables: PipeTables, weights: list[Weights], u0: Factor, head: Fa
         return np.concatenate([[t.min(), m.min()], (scale * t[:, None] + lams[None, :] * m[:, None]).min(axis=0)])
 
     for b in [int(x) for x in np.unique(head.keys[:, 0])]:
-        send = w0.slots * float(tables.p2p[b]) if p > 1 else 0.0
+        send = w0.slots * sends(0, p, tables.shape.virtual_stages) * float(tables.p2p[b]) if p > 1 else 0.0
         if p == 1:
             whole = least(head, b) + (n - 1) * least(u0, b) + least(tail, b)
             bound = ShapeBound(float(whole[0]), float(whole[1]) + tables.buffers, lams,
@@ -764,7 +815,7 @@ def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, b
     micro-batches in flight), its last stage's and a middle stage's, each stage at its fewest
     layers; so t + lam m is at least the best of those pairs."""
     p, n = shape.stages, len(chain.layers)
-    weights = stage_weights(p, shape.micro_batches, shape.schedule)
+    weights = stage_weights(p, shape.micro_batches, shape.schedule, shape.virtual_stages)
     sub = Mesh(pp=1, axes=shape.mesh.axes)
     covered = {name for layer in chain.layers[2:] for name in layer}
     buffers = cm.buffers(sub, [graph.op(name) for name in base if name not in covered], shape.zero)
@@ -791,7 +842,7 @@ def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, b
     if p == 1:
         whole = least(first, head) + (n - 1) * least(first, template) + least(first, tail_ops)
         return ShapeBound(float(whole[0]), buffers + float(whole[1]), lams, whole[2:] + lams * buffers)
-    band = stage_band(n, p)
+    band = stage_band(n, p, shape.virtual_stages, shape.spread)
     k = max(band.start, n - (p - 1) * (band.stop - 1))  # the fewest layers an end stage holds
     s0 = least(first, head) + (k - 1) * least(first, template)      # first stage: ops before the stack, layer 0
     sl = least(last, tail_ops) + k * least(last, template)          # last stage

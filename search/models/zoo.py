@@ -939,6 +939,8 @@ ZOO: dict[str, ModelSpec] = _register(
     _gpt("gpt2-large", "gpt2", "GPT-2 large", 36, 1280, 20, 1024),
     _gpt("gpt2-xl", "gpt2", "GPT-2 XL", 48, 1600, 25, 1024),
     _gpt("gpt2-tiny", "gpt2", "GPT-2 tiny (test model)", 2, 64, 4, 64, vocab=512),
+    # four layers: the fewest that interleave 2 pipeline stages x 2 virtual stages
+    _gpt("gpt2-mini", "gpt2", "GPT-2 mini (test model)", 4, 64, 4, 64, vocab=512),
     # GPT-3 (Brown et al. 2020, Table 2.1): n_ctx 2048. Two table entries are inconsistent
     # and are read so that n_heads * d_head = d_model (which the stated parameter counts need):
     # XL lists 24 heads of d_head 128 with d_model 2048 -> 16 heads of 128; 13B lists

@@ -61,6 +61,10 @@ class SearchRequest(JobRequest):
     grad_accumulation: bool = Field(default=True, description="plans without pipelines may run the batch as "
                                     "micro-batches, accumulating gradients (false: one pass per iteration)")
     allow_async_pipeline: bool = Field(default=False, description="admit PipeDream-2BW (1-stale weights)")
+    interleave: bool = Field(default=False, description="also interleave pipeline stages (1F1B over 2-4 virtual "
+                             "stages per device; the search takes longer)")
+    tensor_2d: bool = Field(default=False, description="also meshes with two tensor axes (2-D tensor parallelism; "
+                            "the search takes longer)")
     baselines: bool = True
     exhaustive: bool = False
     reuse_blocks: bool = True
@@ -153,8 +157,10 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
         progress("search", 0.1)
     if req.exhaustive:
         from search.algorithm.exhaustive import exhaustive_search
+        from search.prices.mesh import mesh_candidates
 
-        result = exhaustive_search(graph, cluster, job, tie_blocks=req.reuse_blocks, zero_stages=tuple(req.zero_stages),
+        result = exhaustive_search(graph, cluster, job, mesh_candidates(cluster, tensor_2d=req.tensor_2d),
+                                   tie_blocks=req.reuse_blocks, zero_stages=tuple(req.zero_stages),
                                    recompute=req.recompute, profile=profile)
     else:
         from search.algorithm.ft import SearchOptions, search
@@ -165,8 +171,9 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
 
         options = SearchOptions(eps=req.eps, reuse_blocks=req.reuse_blocks, zero_stages=tuple(req.zero_stages),
                                 recompute=req.recompute, profile=profile,
-                                pipeline=req.pipeline or req.allow_async_pipeline, allow_async=req.allow_async_pipeline,
-                                accumulate=req.grad_accumulation)
+                                pipeline=req.pipeline or req.allow_async_pipeline or req.interleave,
+                                allow_async=req.allow_async_pipeline, accumulate=req.grad_accumulation,
+                                interleave=req.interleave, tensor_2d=req.tensor_2d)
         result = search(graph, cluster, job, options, progress=searched)
     if progress:
         progress("plans", 0.8)

@@ -64,7 +64,7 @@ class EstimateRequest(JobRequest):
                              description="samples per micro-batch per data-parallel rank (--micro-batch-size)")
     virtual_stages: int = Field(default=1, gt=0, le=1024,
                                 description="> 1: interleaved 1F1B, this many chunks of layers per device "
-                                            "(--num-layers-per-virtual-pipeline-stage); priced, not executed")
+                                            "(--num-layers-per-virtual-pipeline-stage)")
     zero: ZeroStage = Field(default=0, description="ZeRO stage over the data-parallel ranks (1: Megatron-LM's "
                                                    "--use-distributed-optimizer)")
     recompute: Recompute = Field(default="none", description="activation recomputation (--recompute-granularity)")
@@ -325,12 +325,7 @@ def _launch_blockers(req: EstimateRequest, shape: Shape, schedule: str) -> list[
     if req.model is None:
         out.append("the executor rebuilds models from the zoo by name, and this model is given as "
                    + ("an HF config" if req.hf_config is not None else "a graph"))
-    if shape.virtual_stages > 1:
-        out.append(f"interleaved 1F1B ({shape.virtual_stages} virtual stages per device) is not executed: "
-                   "torch.distributed.pipelining runs GPipe and 1F1B here")
-    if shape.pp > 1 and schedule == "2bw":
-        out.append("PipeDream-2BW (double-buffered, 1-stale weights) has no torch.distributed.pipelining schedule here")
-    if shape.pp > 1 and schedule == "1f1b" and shape.micro_batches < shape.pp:
+    if shape.pp > 1 and schedule in ("1f1b", "2bw") and shape.micro_batches < shape.pp:
         out.append(f"1F1B needs at least as many micro-batches as stages ({shape.micro_batches} < {shape.pp})")
     if shape.pp > 1 and req.precision == "fp16":
         out.append("fp16 needs loss scaling, which the pipeline schedules do not apply to their per-micro-batch losses")

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from search.algorithm.chain import recompute_var
 from search.algorithm.evaluate import PipeShape
+from search.algorithm.interleave import chunk_layers
 from search.algorithm.results import FrontierPoint, SearchResult, Solution, Split
 from search.models.graph import Op, OpGraph
 from search.plans.flops import mfu, model_flops
@@ -123,7 +124,9 @@ class PipelineSpec(BaseModel):
     """How the layers are split into pipeline stages over the mesh's pp axis (stages == 1: none).
 
     Stage s holds block-stack layers [stage_layers[s][0], stage_layers[s][1]); stage 0 also holds
-    every op before the stack, the last stage every op after it."""
+    every op before the stack, the last stage every op after it. Interleaved (virtual_stages v >
+    1): stage_layers lists the stages x v chunks in model order, chunk c on pp rank c % stages
+    (search/algorithm/interleave.py); stage_time_s and stage_memory_bytes stay per pp rank."""
 
     stages: int = Field(default=1, ge=1)
     schedule: Literal["none", "gpipe", "1f1b", "2bw"] = "none"
@@ -135,7 +138,7 @@ class PipelineSpec(BaseModel):
     stage_memory_bytes: list[int] = Field(default_factory=list, description="predicted peak memory per stage")
     async_weights: bool = Field(default=False, description="PipeDream-2BW: weight updates are 1-stale")
     virtual_stages: int = Field(default=1, ge=1, description="> 1: Megatron-LM's interleaved 1F1B, each device "
-                                "holding this many chunks of layers (priced by `paretoplan estimate`; not executed)")
+                                "holding this many chunks of layers (stage_layers lists the chunks)")
 
 
 class Plan(BaseModel):
@@ -350,10 +353,7 @@ def _prediction(sol: Solution, costs: dict[str, np.ndarray], j: int, split: Spli
 def _pipeline_spec(shape: PipeShape, split: Split | None, costs: dict[str, np.ndarray], j: int,
                    global_batch: int) -> PipelineSpec:
     assert split is not None, "a pipeline point always has its split"
-    bounds, first = [], 0
-    for k in split:
-        bounds.append([first, first + k])
-        first += k
+    bounds = [list(c) for c in chunk_layers(split, shape.virtual_stages)]
     dp = math.prod(ax.size for ax in shape.mesh.axes if ax.name == "dp")
     return PipelineSpec(stages=shape.stages, schedule=shape.schedule, micro_batches=shape.micro_batches,
                         micro_batch_size=max(1, global_batch // shape.micro_batches // dp), stage_layers=bounds,

@@ -102,10 +102,11 @@ class Mesh:
         return tuple(i for i, a in enumerate(self.axes) if a.size > 1)
 
 
-def mesh_candidates(cluster: Cluster, tp_sizes: list[int] | None = None) -> list[Mesh]:
+def mesh_candidates(cluster: Cluster, tp_sizes: list[int] | None = None, tensor_2d: bool = False) -> list[Mesh]:
     """The meshes the outer loop of the search tries: every tp that divides both the node size
     and the device count (tensor parallelism beyond a node is never cheaper than using the
-    fast links; inter-node sharding is still reachable through the dp axis), dp the rest."""
+    fast links; inter-node sharding is still reachable through the dp axis), dp the rest; with
+    `tensor_2d`, also the 2-D tensor meshes (`tensor_2d_meshes`)."""
     n, per_node = cluster.num_devices, cluster.devices_per_node
     if tp_sizes is None:
         tp_sizes = [t for t in range(1, per_node + 1) if per_node % t == 0 and n % t == 0]
@@ -115,7 +116,21 @@ def mesh_candidates(cluster: Cluster, tp_sizes: list[int] | None = None) -> list
             continue
         dp = n // tp
         meshes.append(Mesh(pp=1, axes=(MeshAxis("dp", dp, tp, DATA), MeshAxis("tp", tp, 1, TENSOR))))
-    return meshes
+    return meshes + (tensor_2d_meshes(cluster) if tensor_2d else [])
+
+
+def tensor_2d_meshes(cluster: Cluster) -> list[Mesh]:
+    """dp x tpa x tpb: two tensor axes, each of 2 or more, inside a node together (2-D tensor
+    parallelism: an op splits a different dimension on each, `_nested`), tpb innermost."""
+    n, per_node = cluster.num_devices, cluster.devices_per_node
+    out = []
+    for a in range(2, per_node + 1):
+        for b in range(2, per_node // a + 1):
+            if per_node % (a * b) or n % (a * b):
+                continue
+            out.append(Mesh(pp=1, axes=(MeshAxis("dp", n // (a * b), a * b, DATA), MeshAxis("tpa", a, b, TENSOR),
+                                        MeshAxis("tpb", b, 1, TENSOR))))
+    return out
 
 
 Config = tuple[str | None, ...]  # one entry per mesh axis: a label, or None to replicate
@@ -213,8 +228,11 @@ def op_configs(op: Op, mesh: Mesh, batch: str = "batch") -> list[Config]:
 def _op_configs(op: Op, mesh: Mesh, batch: str) -> list[Config]:
     sizes = _all_sizes(op)
     choices = [axis_choices(op, a, batch) for a in mesh.axes]
+    tensor = [i for i, a in enumerate(mesh.axes) if a.role == TENSOR and a.size > 1]
     out: list[Config] = []
     for combo in itertools.product(*choices):
+        if len(tensor) > 1 and _nested(combo, tensor):
+            continue
         shards: dict[str, int] = {}
         for ax, lab in zip(mesh.axes, combo, strict=True):
             if lab is not None:
@@ -222,6 +240,15 @@ def _op_configs(op: Op, mesh: Mesh, batch: str) -> list[Config]:
         if all(all(s % k == 0 for s in sizes.get(lab, [1])) for lab, k in shards.items()):
             out.append(tuple(combo))
     return out
+
+
+def _nested(combo: tuple[str | None, ...], tensor: list[int]) -> bool:
+    """Two tensor axes splitting one dimension of the op. 2-D tensor parallelism splits two
+    different dimensions (Optimus, Megatron-LM's 2-D): DTensor nests the shards of one dimension
+    in mesh order, so moving such a tensor into or out of that nesting costs gathers the per-axis
+    prices do not count (worker/analyze.py executes both axes as priced only without it)."""
+    labels = [combo[i] for i in tensor if combo[i] is not None]
+    return len(labels) != len(set(labels))
 
 
 def data_ways(mesh: Mesh) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.worker.families import COMM_FAMILIES, STEPS, families
+from tests.worker.families import COMM_FAMILIES, P2P_FAMILIES, STEPS, families
 from tests.worker.parity import launch
 
 
@@ -21,4 +21,4 @@ def family_runs(family_plans):
     from worker.analyze import analyze
 
     return launch({name: analyze(plan) for name, plan in family_plans.items()}, STEPS,
-                  lambda name: name in COMM_FAMILIES)
+                  lambda name: name in COMM_FAMILIES + P2P_FAMILIES)

@@ -2,7 +2,7 @@
 
 Data-parallel, FSDP and Megatron plans are the search's own baselines (search/plans/baselines.py) for
 the 'cpu' catalog device; pipeline plans are those Plans with the mesh's pp axis and a
-PipelineSpec set by hand (the search does not emit pipeline plans yet).
+PipelineSpec set by hand, or `paretoplan estimate`'s plans (interleaved 1F1B, PipeDream-2BW).
 """
 
 from __future__ import annotations
@@ -44,6 +44,42 @@ def pipelined(plan: Plan, pp: int, schedule: str, micro_batches: int, layers: in
     })
 
 
+def estimated(model: str, **shape: object) -> Plan:
+    """The plan `paretoplan estimate` prices for 4 devices of this machine (Megatron-LM's terms)."""
+    from search.plans.estimate import EstimateRequest, estimate
+
+    est = estimate(EstimateRequest.model_validate({"model": model, "device": "cpu", "devices": 4, "devices_per_node": 4,
+                                                   "global_batch": 8, "precision": "fp32", **shape}))
+    assert est.launchable, est.not_launchable_reason
+    return est.plan
+
+
+@cache
+def tensor_2d(model: str) -> list[Plan]:
+    """The frontier's plans on a tpa2 x tpb2 mesh of 4 processes that split tensors on both axes,
+    leanest first (2-D tensor parallelism: each op a different dimension on each axis)."""
+    from search.algorithm.ft import SearchOptions, search
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.plans.plan import build_plans
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import TrainingJob
+    from search.prices.mesh import tensor_2d_meshes
+
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    mesh = next(m for m in tensor_2d_meshes(cluster) if m.axes[1].size == m.axes[2].size == 2)
+    res = search(capture_model(get_model(model), 8, None), cluster, TrainingJob(global_batch=8, seq_len=None,
+                 precision="fp32"), SearchOptions(meshes=(mesh,), zero_stages=(0,), recompute=False))
+    both = [p for p in build_plans(res) if "tpa: rep 100%" not in p.summary and "tpb: rep 100%" not in p.summary]
+    return sorted(both, key=lambda p: p.predicted.memory_bytes)
+
+
+def uneven(plan: Plan, stage_layers: list[list[int]]) -> Plan:
+    """`plan` with its stages holding these layers (a cut the search may pick: uneven stages)."""
+    return plan.model_copy(update={"pipeline": plan.pipeline.model_copy(update={"stage_layers": stage_layers}),
+                                   "summary": f"{plan.summary} | layers {stage_layers}"})
+
+
 def with_zero(plan: Plan, zero: int) -> Plan:
     return plan.model_copy(update={"zero_stage": zero, "summary": f"{plan.summary} | zero{zero}"})
 
@@ -53,6 +89,7 @@ def cnn(name: str) -> Plan:
 
 
 GPT, LLAMA = "gpt2-tiny", "llama-tiny"
+GPT4 = "gpt2-mini"  # 4 layers: 2 stages x 2 virtual stages
 
 # name -> how to build its Plan on 4 processes. Builders, not Plans: the tests are parametrised
 # by these names at collection, and building the Plans takes five searches (seconds).
@@ -69,12 +106,19 @@ FAMILIES: dict[str, Callable[[], Plan]] = {
     "pp 1f1b": lambda: pipelined(baseline(GPT, "data-parallel", 2), 2, "1f1b", 2),
     "pp x tp": lambda: pipelined(baseline(LLAMA, "megatron-tp2-dp", 2), 2, "1f1b", 2),
     "pp x fsdp": lambda: pipelined(baseline(LLAMA, "fsdp", 2), 2, "1f1b", 2),
+    "tp 2-d": lambda: tensor_2d(GPT)[0],  # the leanest: every Linear split on both axes
+    "tp 2-d fastest": lambda: min(tensor_2d(GPT), key=lambda p: p.predicted.time_s),
+    "pp interleaved": lambda: estimated(GPT4, pp=2, micro_batch=1, virtual_stages=2),  # m4, chunks 1/1/1/1
+    "pp 2bw": lambda: estimated(GPT4, pp=2, micro_batch=2, schedule="2bw"),
+    "pp uneven": lambda: uneven(estimated(GPT4, pp=2, micro_batch=2), [[0, 3], [3, 4]]),
     "recompute": lambda: baseline(GPT, "fsdp+recompute"),
     "tp+recompute": lambda: baseline(GPT, "megatron-tp4-dp+recompute"),
     "cnn dp": lambda: cnn("data-parallel"),
 }
 STEPS = 3  # training steps of every family in the shared launch
-COMM_FAMILIES = ("tp", "tp+sp")  # the families whose collectives are counted (CommDebugMode)
+COMM_FAMILIES = ("tp", "tp+sp", "tp 2-d", "tp 2-d fastest")  # whose collectives are counted (CommDebugMode)
+# the pipelines whose point-to-point sends and receives are counted (worker/commcheck.py P2PCount)
+P2P_FAMILIES = ("pp gpipe", "pp 1f1b", "pp x tp", "pp interleaved", "pp 2bw", "pp uneven")
 
 
 def families() -> dict[str, Plan]:

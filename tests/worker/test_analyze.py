@@ -9,7 +9,7 @@ import pytest
 
 from search.plans.api import SearchRequest, run_search
 from search.plans.plan import Plan
-from tests.worker.families import baseline, pipelined
+from tests.worker.families import baseline, estimated, pipelined
 from worker.analyze import Unsupported, analyze
 from worker.launch import check_capacity
 
@@ -54,13 +54,6 @@ def test_mixed_axis_is_refused_naming_the_op():
            for o in plan.ops]
     with pytest.raises(Unsupported, match=r"op 'tok_emb:embedding' splits 'hidden' on mesh axis"):
         analyze(plan.model_copy(update={"ops": ops}))
-
-
-def test_2bw_is_refused_naming_1f1b():
-    plan = pipelined(baseline("gpt2-tiny", "data-parallel", 2), 2, "1f1b", 2)
-    plan = plan.model_copy(update={"pipeline": plan.pipeline.model_copy(update={"schedule": "2bw", "async_weights": True})})
-    with pytest.raises(Unsupported, match="nearest executable schedule is 1F1B"):
-        analyze(plan)
 
 
 def test_1f1b_with_too_few_micro_batches_is_refused():
@@ -141,11 +134,33 @@ def test_a_tied_parameter_split_over_tp_across_pipeline_stages_is_refused():
     assert not e.launchable and "tied parameter lm_head.weight" in (e.not_launchable_reason or "")
 
 
-def test_interleaved_1f1b_is_refused():
-    plan = pipelined(baseline("gpt2-tiny", "data-parallel", 2), 2, "1f1b", 2)
-    plan = plan.model_copy(update={"pipeline": plan.pipeline.model_copy(update={"virtual_stages": 2})})
-    with pytest.raises(Unsupported, match="interleaved 1F1B"):
-        analyze(plan)
+def test_interleaved_1f1b_runs_the_plans_chunks():
+    """An interleaved plan runs its chunks where the plan puts them (chunk c on pp rank c % p);
+    what torch's ScheduleInterleaved1F1B cannot run is refused before launch."""
+    plan = estimated("gpt2-mini", pp=2, micro_batch=1, virtual_stages=2)
+    spec = analyze(plan)
+    assert spec.pipeline.virtual_stages == 2 and spec.pipeline.stage_layers == [[0, 1], [1, 2], [2, 3], [3, 4]]
+    assert [spec.pipeline.chunks_of(r) for r in (0, 1)] == [[0, 2], [1, 3]]
+    assert spec.pipeline.p2p == [12, 12]  # m 4 x (2 boundaries forward + 1 back, or 1 forward + 2 back)
+
+    def with_pipe(**update):
+        return plan.model_copy(update={"pipeline": plan.pipeline.model_copy(update=update)})
+
+    with pytest.raises(Unsupported, match="not a multiple of the 2 stages"):
+        analyze(with_pipe(micro_batches=3))
+    with pytest.raises(Unsupported, match="interleaved 1F1B; the plan's schedule is 'gpipe'"):
+        analyze(with_pipe(schedule="gpipe"))
+    with pytest.raises(Unsupported, match=r"as 2 x 2 chunks"):
+        analyze(with_pipe(stage_layers=[[0, 2], [2, 4]]))
+
+
+def test_2bw_runs_with_its_two_weight_versions():
+    spec = analyze(estimated("gpt2-mini", pp=2, micro_batch=2, schedule="2bw"))
+    assert spec.pipeline.schedule == "2bw" and any("2BW" in n for n in spec.notes)
+    plan = estimated("gpt2-mini", pp=2, micro_batch=2, schedule="2bw")
+    bad = plan.model_copy(update={"pipeline": plan.pipeline.model_copy(update={"async_weights": False})})
+    with pytest.raises(Unsupported, match="disagree"):
+        analyze(bad)
 
 
 def test_gradient_accumulation_without_a_pipeline_runs_as_micro_batches():

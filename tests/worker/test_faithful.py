@@ -19,8 +19,10 @@ def test_loss_matches_single_process(name, family_runs):
     # data parallelism over a BatchNorm model is per-shard BatchNorm: the reference accumulates
     # gradients over the same shards (see the note the analysis attaches)
     shards = spec.size("data") if any("BatchNorm" in n for n in spec.notes) else 1
+    # PipeDream-2BW's reference is one process applying its rule: each step's passes on the weights
+    # of the step before (1-stale), its gradients applied to the newest weights
     ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
-                           lr=job.settings.lr, shards=shards)
+                           lr=job.settings.lr, shards=shards, stale=spec.pipeline.schedule == "2bw")
     got = raw["losses"]
     assert_losses_match(f"{name} ({spec.summary})", got, ref, STEPS, TOL)
 
@@ -38,6 +40,20 @@ def test_the_families_cover_the_parallelisms(family_runs):
     assert kinds["pp gpipe"][2] == "gpipe" and kinds["pp 1f1b"][2] == "1f1b"
     assert kinds["pp x tp"][1] == ("pp", "tp")
     assert kinds["recompute"][4] and kinds["tp+recompute"][4]
+    assert kinds["tp 2-d"][1] == ("tp", "tp2") and kinds["tp 2-d"][3] == {"placed", "prepare_input"}
+    assert family_runs["pp interleaved"][0].spec.pipeline.virtual_stages == 2
+    assert kinds["pp 2bw"][2] == "2bw"
+    assert family_runs["pp uneven"][0].spec.pipeline.stage_layers == [[0, 3], [3, 4]]
+
+
+def test_2bw_trains_on_weights_one_update_old(family_runs):
+    """The 2BW run is not the synchronous one: from the second step on, its passes read the weights
+    of the update before (the stale reference above is what it matches)."""
+    job, raw = family_runs["pp 2bw"]
+    spec = job.spec
+    sync = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed, lr=job.settings.lr)
+    assert raw["losses"][0] == pytest.approx(sync[0], abs=TOL)
+    assert abs(raw["losses"][1] - sync[1]) > 100 * TOL
 
 
 def test_ranks_report_time_and_memory(family_runs):

@@ -79,16 +79,17 @@ def test_unknown_pick(frontier, capsys):
     assert "expected one of fastest, leanest, budget, N" in line
 
 
-def test_single_plan_file_with_2bw_is_refused(frontier, tmp_path, capsys):
+def test_single_plan_file_the_executor_cannot_run_is_refused(frontier, tmp_path, capsys):
+    """A hand-edited 2BW pipeline whose weights are not marked 1-stale: refused in one line, naming why."""
     plan = json.loads(frontier.read_text())["baselines"][0]["plan"]
     plan["mesh"]["pp"] = 2
     plan["num_devices"] = 8
     plan["pipeline"] = {"stages": 2, "schedule": "2bw", "micro_batches": 2, "stage_layers": [[0, 1], [1, 2]],
-                        "async_weights": True}
+                        "async_weights": False}
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     line = _one_line_error(capsys, main(["run", "--plan", str(path)]))
-    assert "1F1B" in line
+    assert "PipeDream-2BW is schedule '2bw' with async (1-stale) weights" in line
 
 
 def test_missing_plan_file(tmp_path, capsys):

@@ -166,7 +166,7 @@ def test_pipeline_plans_in_the_frontier():
     plans = build_plans(piped, pipe_points)
     for p, plan in zip(pipe_points, plans, strict=True):
         spec = plan.pipeline
-        assert spec.stages == plan.mesh.pp == len(spec.stage_layers) > 1
+        assert spec.stages == plan.mesh.pp == len(spec.stage_layers) // spec.virtual_stages > 1  # chunks, interleaved
         assert spec.stage_layers[0][0] == 0 and spec.stage_layers[-1][1] == 8
         assert all(a[1] == b[0] for a, b in zip(spec.stage_layers, spec.stage_layers[1:], strict=False))
         assert plan.predicted.time_s == pytest.approx(p.time_s, rel=1e-9)
@@ -318,7 +318,7 @@ def test_every_shape_lies_inside_its_end_stage_bounds():
             continue
         S = _Stages.build(mg, cm, tabs, 0.0, True, _Envelope(np.zeros(0), np.zeros(0), tabs.buffers))
         assert S is not None
-        w = stage_weights(sh.stages, sh.micro_batches, sh.schedule)
+        w = stage_weights(sh.stages, sh.micro_batches, sh.schedule, sh.virtual_stages)
         first, last = S.ends[w[0]], S.ends[w[-1]]
         lean_head = S.solve(w[-1], head=True) if sh.stages > 1 else last
         assert lean_head is not None

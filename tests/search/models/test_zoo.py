@@ -117,7 +117,7 @@ def _meta_build(spec: ModelSpec) -> nn.Module:
 
 
 def test_zoo_names() -> None:
-    expected = set(PUBLISHED) | {"gpt2-tiny", "llama-tiny", "cnn-tiny", "moe-tiny", "lstm-lm", "lstm-lm-6x4k",
+    expected = set(PUBLISHED) | {"gpt2-tiny", "gpt2-mini", "llama-tiny", "cnn-tiny", "moe-tiny", "lstm-lm", "lstm-lm-6x4k",
                                  "lstm-tiny", "wrn152-4", "wrn152-6", "wrn152-8", "wrn152-10", "wrn-tiny"}
     assert set(ZOO) == expected
     for name, spec in ZOO.items():

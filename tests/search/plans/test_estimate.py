@@ -126,13 +126,14 @@ def test_interleaved_weights_follow_megatron():
     assert [x.slots for x in plain] == [11] * 4 and [x.inflight for x in plain] == [4, 3, 2, 1]
 
 
-def test_interleaving_shrinks_the_bubble_and_is_not_launchable():
+def test_interleaving_shrinks_the_bubble_and_launches():
     v1, v2 = est(tp=2, pp=2, virtual_stages=1), est(tp=2, pp=2, virtual_stages=2)  # m = 8
     assert v2.time_s < v1.time_s  # NVLink transfers are cheap next to the bubble they remove
     assert v2.memory_bytes > v1.memory_bytes  # more micro-batches in flight on the first stage
     assert v2.plan.predicted.comm_bytes["pp"] == pytest.approx(2 * v1.plan.predicted.comm_bytes["pp"])
     assert v2.plan.pipeline.virtual_stages == 2 and "interleaved v2" in v2.plan.summary
-    assert v1.launchable and not v2.launchable and "interleaved" in (v2.not_launchable_reason or "")
+    # launchable as far as the plan's shape tells (tp 2 splits GPT's tied head across stages: refused for that)
+    assert "interleaved" not in (v2.not_launchable_reason or "") and est(pp=2, virtual_stages=2).launchable
     assert any("(pp - 1) / (v m)" in n for n in v2.notes)
 
 
@@ -248,7 +249,6 @@ def test_bad_sizes_are_refused_at_the_edge():
 # ---- launchable, as far as the search knows ------------------------------------------------------------------
 def test_what_the_executor_would_refuse_is_still_priced_and_flagged():
     cases = {
-        "2bw": (dict(tp=2, pp=2, schedule="2bw"), "PipeDream-2BW"),
         "1f1b with fewer micro-batches than stages": (dict(pp=4, micro_batch=4), "1F1B needs at least"),
         "fp16 pipeline": (dict(tp=2, pp=2, precision="fp16"), "fp16"),
     }
@@ -256,6 +256,7 @@ def test_what_the_executor_would_refuse_is_still_priced_and_flagged():
         e = est(**kw)
         assert e.time_s > 0 and not e.launchable, name
         assert needle in (e.not_launchable_reason or ""), (name, e.not_launchable_reason)
+    assert est(pp=2, schedule="2bw").launchable  # PipeDream-2BW runs (worker/stale.py)
 
 
 # ---- against a frontier -------------------------------------------------------------------------------------

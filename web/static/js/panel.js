@@ -70,9 +70,12 @@ function pipeline(plan) {
     return `<dl class="kv"><dt>stages</dt><dd>1 (no pipeline): every device holds all ${layers} layers</dd>` +
       `<dt>micro-batching</dt><dd>none: the global batch of ${plan.global_batch} in one step</dd></dl>`;
   }
-  const rows = p.stage_layers.map((lr, s) => `<tr><td>${s}</td><td>${lr[0]}–${lr[1] - 1}${s === 0 ? " + embeddings" : ""}${s === p.stages - 1 ? " + head" : ""}</td>` +
-    `<td class="num">${lr[1] - lr[0]}</td><td class="num">${seconds(p.stage_time_s[s])}</td><td class="num">${bytes(p.stage_memory_bytes[s])}</td></tr>`).join("");
-  return `<dl class="kv"><dt>stages</dt><dd>${p.stages}</dd><dt>schedule</dt><dd>${esc(SCHEDULES[p.schedule] || p.schedule)}</dd>` +
+  // interleaved 1F1B: stage_layers lists every chunk, chunk s on device s % stages (times and memory per device)
+  const last = p.stage_layers.length - 1;
+  const rows = p.stage_layers.map((lr, s) => `<tr><td>${p.virtual_stages > 1 ? `${s} (device ${s % p.stages})` : s}</td><td>${lr[0]}–${lr[1] - 1}${s === 0 ? " + embeddings" : ""}${s === last ? " + head" : ""}</td>` +
+    `<td class="num">${lr[1] - lr[0]}</td><td class="num">${seconds(p.stage_time_s[s % p.stages])}</td><td class="num">${bytes(p.stage_memory_bytes[s % p.stages])}</td></tr>`).join("");
+  const interleaved = p.virtual_stages > 1 ? `, interleaved: ${p.virtual_stages} chunks per device` : "";
+  return `<dl class="kv"><dt>stages</dt><dd>${p.stages}</dd><dt>schedule</dt><dd>${esc(SCHEDULES[p.schedule] || p.schedule)}${interleaved}</dd>` +
     `<dt>micro-batches</dt><dd>${p.micro_batches}${p.micro_batch_size ? ` × ${p.micro_batch_size} samples per dp rank` : ""}</dd></dl>` +
     `<table class="mini stages"><thead><tr><th>stage</th><th>layers</th><th class="num">#</th><th class="num">time</th><th class="num">memory</th></tr></thead><tbody>${rows}</tbody></table>`;
 }
