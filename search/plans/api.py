@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from search.errors import InputError
 from search.plans.reports import BaselineEntry, FrontierEntry, FrontierReport
@@ -68,6 +68,9 @@ class SearchRequest(JobRequest):
     baselines: bool = True
     exhaustive: bool = False
     reuse_blocks: bool = True
+    time_target: float | str | None = Field(default=None, description="seconds per iteration or a time such as "
+                                            "'250ms': pick the leanest plan that fits the memory budget and runs "
+                                            "within it, instead of the fastest that fits (a resize keeps the rule)")
 
     @model_validator(mode="after")
     def _check(self) -> SearchRequest:
@@ -75,6 +78,13 @@ class SearchRequest(JobRequest):
             raise ValueError(f"zero_stages must be among 0-3, got {self.zero_stages}")
         self.zero_stages = sorted(set(self.zero_stages))
         return self
+
+    @field_validator("time_target")
+    @classmethod
+    def _seconds(cls, v: float | str | None) -> float | None:
+        from search.prices.cluster import parse_duration
+
+        return parse_duration(v) if v is not None else None
 
 
 def request_cluster(req: JobRequest, check_batch: bool = True):
@@ -177,7 +187,8 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
         result = search(graph, cluster, job, options, progress=searched)
     if progress:
         progress("plans", 0.8)
-    best = pick(result.points, budget)
+    target = float(req.time_target) if req.time_target is not None else None
+    best = pick(result.points, budget, target)
     bases = baseline_points(result, budget, profile) if req.baselines else []
     plans = mark_estimated(result, build_plans(result), profile)
     if profile is not None:
@@ -188,7 +199,7 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
         model=graph.meta.get("model", graph.name) if graph.meta else graph.name,
         params=graph.param_count(), cluster=cluster.describe(), device=cluster.device.name,
         num_devices=cluster.num_devices, memory_per_device=int(cluster.memory_per_device),
-        job=job.model_dump(), memory_budget_bytes=int(budget), search_seconds=result.search_seconds,
+        job=job.model_dump(), memory_budget_bytes=int(budget), time_target_s=target, search_seconds=result.search_seconds,
         capture_seconds=capture_s, eps=result.eps, stats=result.stats,
         picked=result.points.index(best) if best is not None else None,
         frontier=[FrontierEntry(time_s=p.time_s, memory_bytes=int(round(p.memory_bytes)), mfu=plan.predicted.mfu,

@@ -442,3 +442,19 @@ def test_a_strategy_says_whether_this_machine_can_run_it(client, tiny_report):
     # PipeDream-2BW runs (worker/stale.py): its 1-stale weights are no reason to refuse a launch
     stale = {**plan, "pipeline": {**plan["pipeline"], "schedule": "2bw", "async_weights": True}}
     assert launch_blocker(stale) is None
+
+
+def test_a_time_target_is_the_jobs_pick_rule_and_a_resize_keeps_it(client, tiny_report):
+    """`time_target` travels in the job's request: the search it queues and a resize's search for
+    other resources pick by it (the worker reads `picked` off what it searched)."""
+    job = submit(client, global_batch=8, time_target="250ms")
+    task = claim(client, "w1")
+    assert task["request"]["time_target"] == 0.25
+    post_result(client, task, tiny_report)
+    r = client.post(f"/api/jobs/{job['id']}/resize", json={"devices": 4})
+    assert r.status_code in (200, 202), r.text
+    ahead = claim(client, "w1")
+    assert ahead["request"]["devices"] == 4 and ahead["request"]["time_target"] == 0.25
+    bad = client.post("/api/jobs", json={**TINY, "time_target": "soon"})
+    assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == ["body", "time_target"], bad.text
+    assert "cannot parse time 'soon'" in bad.json()["detail"]
