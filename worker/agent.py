@@ -319,7 +319,11 @@ def main(api: str, *, name: str | None = None, kinds: str = "search,run", poll_s
     if not wanted or any(k not in by_name for k in wanted):
         raise InputError(f"--kinds takes search, run or both separated by commas, got {kinds!r}")
     chosen = tuple(by_name[k] for k in wanted)
+    token = os.environ.get("PARETOPLAN_WORKER_TOKEN", "").strip()
+    if not token:
+        raise InputError("a worker needs its token: set PARETOPLAN_WORKER_TOKEN to a token with the worker scope "
+                         "(paretoplan token create --scopes worker, or the service's PARETOPLAN_WORKER_TOKEN)")
     agent = Agent(api, name=name, kinds=chosen, poll_seconds=poll_seconds, max_tasks=max_tasks,
-                  worker_token=os.environ.get("PARETOPLAN_WORKER_TOKEN"), exit_with_parent=exit_with_parent,
+                  worker_token=token, exit_with_parent=exit_with_parent,
                   checkpoint_dir=checkpoint_dir)
     return agent.serve()

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 import web.app
 from service.app import create_app
 from service.settings import Settings
+from tests.service.svchelp import AUTH_SETTINGS, TokenAuth
 
 STATIC = Path(web.app.__file__).resolve().parent / "static"
 
@@ -19,7 +20,9 @@ STATIC = Path(web.app.__file__).resolve().parent / "static"
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     db = tmp_path_factory.mktemp("web-assets") / "assets.sqlite"
-    with TestClient(create_app(Settings(database_url=f"sqlite:///{db}"))) as c:
+    settings = Settings(database_url=f"sqlite:///{db}", allowed_hosts=["testserver"], **AUTH_SETTINGS)
+    with TestClient(create_app(settings)) as c:
+        c.auth = TokenAuth()
         yield c
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.service.svchelp import Proc, start_server, start_worker
+from tests.service.svchelp import Proc, api_client, start_server, start_worker
 
 HERE = Path(__file__).resolve().parent
 ARTIFACTS = Path(os.environ.get("PARETOPLAN_WEB_ARTIFACTS") or HERE / "artifacts")
@@ -43,7 +43,7 @@ class Service:
     workers: list[Proc] = field(default_factory=list)
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=60)
+        return api_client(self.url, timeout=60)
 
 
 def start_service(tmp: Path, *, workers: tuple[str, ...] = ("search", "run")) -> Service:

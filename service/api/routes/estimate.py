@@ -8,6 +8,7 @@ from fastapi import APIRouter
 
 from search import Estimate, InputError, estimate
 from search.plans.estimate import same_job
+from service.api.auth import SUBMIT
 from service.api.deps import DB
 from service.api.errors import StrictJSONRoute
 from service.crud import jobs, profiles
@@ -17,7 +18,7 @@ router = APIRouter(prefix="/api/estimate", tags=["estimate"], route_class=Strict
 ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": Error}, 409: {"model": Error}, 422: {"model": Error}}
 
 
-@router.post("", response_model=Estimate, responses=ERRORS,
+@router.post("", dependencies=[SUBMIT], response_model=Estimate, responses=ERRORS,
              summary="Price a plan given as tp, pp, micro-batch, ZeRO, recomputation (Megatron-LM style)")
 def post_estimate(body: EstimateIn, db: DB) -> Estimate:
     """The model, cluster and job as for `POST /api/jobs`, plus the plan: `{"model": "gpt2", "devices": 8,

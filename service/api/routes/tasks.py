@@ -20,16 +20,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Response
 
 from service import queue
-from service.api.deps import DB, AppClock, Config, TaskId, worker_auth
+from service.api.auth import WORKER
+from service.api.deps import DB, AppClock, Config, TaskId
 from service.api.errors import StrictJSONRoute
 from service.crud import runs
 from service.schemas import Ack, ClaimIn, Error, FailIn, HeartbeatIn, HeartbeatOut, RunResultIn, SearchResultIn, TaskOut
 
 router = APIRouter(prefix="/api/tasks", tags=["worker protocol"], route_class=StrictJSONRoute,
-                   dependencies=[Depends(worker_auth)])
+                   dependencies=[WORKER])
 LOST: dict[int | str, dict[str, Any]] = {409: {"model": Error, "description": "the claim is over: drop the task"}}
 RESULT: dict[int | str, dict[str, Any]] = {**LOST, 422: {"model": Error, "description": "not a valid report of this "
                                                                                        "task: nothing was stored"}}
