@@ -8,9 +8,9 @@ counts to search ahead so that a resize has its answer ready.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
 from search import Confidence, EstimateRequest, FrontierReport, ResizeTimes, RunReport, SearchRequest, SearchSummary
 
@@ -26,11 +26,42 @@ Count = Annotated[int, Field(gt=0, le=1_000_000)]
 TaskKind = Literal["search", "run"]
 
 
+def _takes(annotation: Any, kind: type) -> bool:
+    """Whether a field's annotation admits `kind` (through Optional, unions, lists, Annotated)."""
+    if annotation is kind:
+        return True
+    return any(_takes(a, kind) for a in get_args(annotation))
+
+
+class StrictNumbers(BaseModel):
+    """JSON `true` is no count: pydantic's lax mode reads it as 1 (`"devices": true` was one device).
+    A model with this base refuses a boolean in any field (or list of them) that takes integers
+    and not booleans."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                v = data.get(name)
+                if v is None or not _takes(field.annotation, int) or _takes(field.annotation, bool):
+                    continue
+                if isinstance(v, bool) or (isinstance(v, list) and any(isinstance(x, bool) for x in v)):
+                    raise ValueError(f"{name}: {json_dumps(v)} is a boolean, not a number")
+        return data
+
+
+def json_dumps(v: Any) -> str:
+    import json
+
+    return json.dumps(v)[:80]
+
+
 class Error(BaseModel):
     detail: str = Field(description="what went wrong, in one sentence")
 
 
-class JobCreate(SearchRequest):
+class JobCreate(StrictNumbers, SearchRequest):
     """A search request, plus a stored profile and further device counts to search ahead."""
 
     profile_id: int | None = Field(default=None, gt=0, le=2**31 - 1,
@@ -44,7 +75,7 @@ class JobCreate(SearchRequest):
         return SearchRequest.model_validate(self.model_dump(exclude={"profile_id", "device_counts"}, exclude_unset=True))
 
 
-class EstimateIn(EstimateRequest):
+class EstimateIn(StrictNumbers, EstimateRequest):
     """One plan in Megatron-LM's terms on a model, cluster and job (as a job's), to price; with
     `job_id`, placed against that job's stored frontier (the same model, devices and job)."""
 
@@ -157,12 +188,12 @@ class StrategyOut(BaseModel):
     not_launchable_reason: str | None = Field(default=None, description="why not, when it cannot")
 
 
-class SelectIn(BaseModel):
+class SelectIn(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
     strategy_id: int = Field(gt=0, le=2**31 - 1)
 
 
-class LaunchIn(BaseModel):
+class LaunchIn(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
     strategy_id: int | None = Field(default=None, gt=0, le=2**31 - 1,
                                     description="default: the selected strategy, else the fastest that fits")
@@ -220,7 +251,7 @@ class RunOut(BaseModel):
     finished_at: Timestamp | None = None
 
 
-class ResizeIn(BaseModel):
+class ResizeIn(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
     devices: int = Field(gt=0, le=1_000_000, description="the new number of devices")
     memory_per_device: int | str | None = Field(
@@ -247,7 +278,7 @@ class ResizeOut(BaseModel):
     created_at: Timestamp
 
 
-class ProfileIn(BaseModel):
+class ProfileIn(StrictNumbers):
     """A DeviceProfile as `paretoplan profile` writes it, under a name."""
 
     model_config = ConfigDict(extra="forbid")
@@ -292,7 +323,7 @@ class EventOut(BaseModel):
 
 # ---- the worker protocol ---------------------------------------------------------------------
 
-class ClaimIn(BaseModel):
+class ClaimIn(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
     worker: str = Field(min_length=1, max_length=200, description="the worker's name (host:pid)")
     kinds: list[TaskKind] = Field(default=["search", "run"], min_length=1, max_length=2)
@@ -329,7 +360,7 @@ class TaskOut(BaseModel):
     checkpoint_every: int | None = None
 
 
-class HeartbeatIn(BaseModel):
+class HeartbeatIn(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
     token: str = Field(min_length=1, max_length=64)
     stage: str | None = Field(default=None, max_length=64)
@@ -365,7 +396,7 @@ class RunResultIn(BaseModel):
     report: RunReport
 
 
-class FailIn(BaseModel):
+class FailIn(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
     token: str = Field(min_length=1, max_length=64)
     error: str = Field(min_length=1, max_length=20000)

@@ -35,7 +35,7 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1, le=100,
                               description="claims of one task (each lease that expires costs one) before it fails")
     max_body_bytes: int = Field(default=32 * MiB, ge=1024, description="largest request body accepted (413 above)")
-    max_inflated_bytes: int = Field(default=512 * MiB, ge=1024,
+    max_inflated_bytes: int = Field(default=64 * MiB, ge=1024,
                                     description="largest gzip request body once decompressed (workers gzip reports)")
     sse_poll_seconds: float = Field(default=0.25, gt=0, le=10, description="how often an event stream looks for news")
     sse_max_seconds: float = Field(default=300.0, gt=0,

@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as SQLTimeoutError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -95,7 +96,7 @@ class GuardMiddleware:
             except HTTPException as e:
                 await _refuse(scope, send, e.status_code, str(e.detail), dict(e.headers or {}))
                 return
-            except OperationalError:
+            except (OperationalError, InterfaceError, SQLTimeoutError):
                 await _refuse(scope, send, 503, "the database is unavailable or busy; try again", {"Retry-After": "1"})
                 return
             if who is None:

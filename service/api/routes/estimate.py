@@ -12,6 +12,7 @@ from service.api.auth import SUBMIT
 from service.api.deps import DB
 from service.api.errors import StrictJSONRoute
 from service.crud import jobs, profiles
+from service.limits import check_request
 from service.schemas import Error, EstimateIn
 
 router = APIRouter(prefix="/api/estimate", tags=["estimate"], route_class=StrictJSONRoute)
@@ -26,6 +27,7 @@ def post_estimate(body: EstimateIn, db: DB) -> Estimate:
     MFU, the Plan (the format frontiers store), whether the executor runs it and, with `job_id`,
     which point of that job's frontier dominates it. Synchronous: capturing a large model takes
     seconds (a plain `def` route: FastAPI runs it in its thread pool)."""
+    check_request(body)  # the estimate captures the model here, in the service: bounded first
     profile = None
     with db.session() as s:
         if body.profile_id is not None:

@@ -102,7 +102,7 @@ def _job_exists(job_id: JobId, db: DB) -> int:
 @router.get("/{job_id}/events", dependencies=[READ], response_class=EventSourceResponse, responses=ERRORS,
             summary="Server-sent events: the search's progress, then `end`")
 async def job_events(job_id: JobId, request: Request, db: DB, settings: Config,
-                     search_id: Annotated[int, Depends(_job_exists)],
+                     search_id: Annotated[int, Depends(_job_exists)], _slot: Annotated[None, Depends(sse.stream_slot)],
                      last_event_id: Annotated[int | None, Header(ge=0, le=2**62)] = None):
     from service.crud import searches
 

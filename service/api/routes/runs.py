@@ -34,7 +34,7 @@ def _run_exists(run_id: RunId, db: DB) -> int:
 @router.get("/{run_id}/events", dependencies=[READ], response_class=EventSourceResponse, responses={404: {"model": Error}},
             summary="Server-sent events of a run, then `end`")
 async def run_events(run_id: RunId, request: Request, db: DB, settings: Config,
-                     _exists: Annotated[int, Depends(_run_exists)],
+                     _exists: Annotated[int, Depends(_run_exists)], _slot: Annotated[None, Depends(sse.stream_slot)],
                      last_event_id: Annotated[int | None, Header(ge=0, le=2**62)] = None):
     async for ev in sse.stream(request, db, settings, after=last_event_id or 0, run_id=run_id,
                                status=lambda s: runs.get(s, run_id).status):
