@@ -402,6 +402,8 @@ class FailIn(StrictNumbers):
     error: str = Field(min_length=1, max_length=20000)
     input_error: bool = Field(default=False, description="the request itself is at fault: retrying cannot help")
     retry: bool = Field(default=False, description="put the task back in the queue (while attempts remain)")
+    handback: bool = Field(default=False, description="the worker is stopping and hands the task back unharmed: "
+                                                      "queued again, and the claim is not counted as an attempt")
 
 
 class Ack(BaseModel):

@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     allowed_hosts: list[str] | None = Field(default=None, description="Host names the service answers to ('*': any); "
                                             "default: the loopback names on a loopback host, else any")
 
+    max_claim_seconds: float = Field(default=7 * 86400.0, gt=0, description="a claim older than this is not renewed "
+                                     "(a worker stuck in a task lets go of it)")
     header_timeout_seconds: float = Field(default=10.0, gt=0, le=300,
                                           description="a request's headers must arrive within this long (slow clients)")
     max_connections: int = Field(default=1000, ge=10, description="connections and requests at once (503 beyond)")

@@ -99,9 +99,12 @@ class ServiceClient:
         self._post_report(f"/api/tasks/run/{task_id}/result", token, report)
 
     def fail(self, kind: Kind, task_id: int, token: str, error: str, *, input_error: bool = False,
-             retry: bool = False) -> None:
-        self._post(f"/api/tasks/{kind}/{task_id}/fail",
-                   {"token": token, "error": error[:20000] or "failed", "input_error": input_error, "retry": retry})
+             retry: bool = False, handback: bool = False) -> None:
+        """`handback`: the worker is stopping and returns the task unharmed (not a failed attempt)."""
+        body = {"token": token, "error": error[:20000] or "failed", "input_error": input_error, "retry": retry}
+        if handback:
+            body["handback"] = True
+        self._post(f"/api/tasks/{kind}/{task_id}/fail", body)
 
     def _post_report(self, path: str, token: str, report: FrontierReport | RunReport,
                      give_up_after: float = RESULT_RETRY_SECONDS) -> None:
