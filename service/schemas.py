@@ -380,12 +380,37 @@ class HeartbeatOut(BaseModel):
     resize: ResizeOrder | None = Field(default=None, description="run: a resize to carry out at the next step boundary")
 
 
+class Against(BaseModel):
+    """A baseline's place against the frontier, as `search` writes it: indices into the frontier
+    and ratios. Typed here because the report carries it as a free dict, and a worker's report is
+    what the dashboard shows (a string where a point index belongs was markup on the page)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    faster_point: int | None = Field(default=None, ge=0, le=1_000_000)
+    leaner_point: int | None = Field(default=None, ge=0, le=1_000_000)
+    speedup: float | int | None = None
+    memory_ratio: float | int | None = None
+
+
 class SearchResultIn(BaseModel):
-    """A search's result: a FrontierReport (its own validators check it can be stored)."""
+    """A search's result: a FrontierReport (its own validators check it can be stored), its
+    baselines' places against the frontier typed."""
 
     model_config = ConfigDict(extra="forbid")
     token: str = Field(min_length=1, max_length=64)
     report: FrontierReport
+
+    @model_validator(mode="after")
+    def _typed_baselines(self) -> SearchResultIn:
+        n = len(self.report.frontier)
+        for i, b in enumerate(self.report.baselines):
+            a = Against.model_validate(b.against_frontier)
+            for name in ("faster_point", "leaner_point"):
+                point = getattr(a, name)
+                if point is not None and point >= n:
+                    raise ValueError(f"report.baselines.{i}.against_frontier.{name}: {point} is not a point of the "
+                                     f"{n}-point frontier")
+        return self
 
 
 class RunResultIn(BaseModel):

@@ -166,3 +166,21 @@ def test_nothing_of_a_refused_result_is_stored(client, tiny_report):
     assert r.status_code == 422, r.text
     assert count_rows(client.db_url)["strategies"] == 0
     assert client.get("/api/jobs").json()["items"][0]["status"] == "running"
+
+
+def test_a_worker_report_is_typed_where_the_dashboard_shows_it(client, tiny_report):
+    """Failure 2: a worker result carried HTML where a point index belongs (`faster_point`), which
+    the dashboard inserted; the report is typed now (and the page escapes whatever it shows)."""
+    from tests.service.test_api import claim, post_result
+
+    submit(client)
+    task = claim(client, "w")
+    report = json.loads(tiny_report)
+    assert report["baselines"], "gpt2-tiny's search has baselines"
+    report["baselines"][0]["against_frontier"]["faster_point"] = '<img src=x onerror="alert(1)">'
+    r = post_result(client, task, json.dumps(report))
+    assert r.status_code == 422 and "faster_point" in r.text
+    report["baselines"][0]["against_frontier"]["faster_point"] = len(report["frontier"])  # no such point
+    r = post_result(client, task, json.dumps(report))
+    assert r.status_code == 422 and "not a point" in r.json()["detail"]
+    assert count_rows(client.db_url)["strategies"] == 0

@@ -1,6 +1,7 @@
 """Stored XSS (issue 20, failure 2): markup in every field the dashboard shows, posted as a
-compromised worker or a user would post it, is shown as text; nothing of it runs. And the login
-link is how a browser gets in."""
+compromised worker or a user would post it, is shown as text; nothing of it runs. (A baseline's
+`faster_point`, once a vector, is typed now: markup there is a 422, tests/service/test_hostile.py.)
+And the login link is how a browser gets in."""
 
 from __future__ import annotations
 
@@ -41,8 +42,6 @@ def _forged_report() -> str:
     for b in d["baselines"]:
         b["name"] = X
         b["description"] = X
-        b["against_frontier"]["faster_point"] = X
-        b["against_frontier"]["leaner_point"] = X
     d["model"] = X
     d["cluster"] = X
     return json.dumps(d)
@@ -100,7 +99,6 @@ def test_markup_in_every_shown_field_is_text(browser, bare, shot):
         assert shown.count(X) >= 10
         p.locator("#panel-sharding details").first.evaluate("(d) => { d.open = true; }")
         assert X in p.inner_text("#panel-sharding")
-        assert "#" + X in shown  # a baseline's faster_point
         assert p.locator("img[src=x]").count() == 0
         assert p.evaluate("window.__xss") is None
         assert not page.errors, page.errors
