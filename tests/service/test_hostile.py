@@ -184,3 +184,29 @@ def test_a_worker_report_is_typed_where_the_dashboard_shows_it(client, tiny_repo
     r = post_result(client, task, json.dumps(report))
     assert r.status_code == 422 and "not a point" in r.json()["detail"]
     assert count_rows(client.db_url)["strategies"] == 0
+
+
+@pytest.mark.processes
+def test_a_slow_request_head_is_cut_off(databases, tmp_path):
+    """Failure 7: there was no header timeout (800 slow connections held the server); a head that
+    has not arrived within PARETOPLAN_HEADER_TIMEOUT_SECONDS is disconnected, and others are served."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    from tests.service.svchelp import api_client, start_server
+
+    server = start_server(databases.fresh("sqlite"), tmp_path, PARETOPLAN_HEADER_TIMEOUT_SECONDS="1")
+    try:
+        where = urlsplit(server.url)
+        with socket.create_connection((where.hostname, where.port)) as slow:
+            slow.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a")
+            slow.settimeout(30)
+            started = time.monotonic()
+            assert slow.recv(1024) == b""  # closed by the server, with no answer
+            waited = time.monotonic() - started
+        assert waited < 25
+        with api_client(server.url) as c:
+            assert c.get("/api/jobs").status_code == 200
+    finally:
+        server.stop()
