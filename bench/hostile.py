@@ -64,7 +64,7 @@ def attacks(url: str, reader: str) -> list[tuple[str, Callable[[httpx.Client], i
     def post(c: httpx.Client, body: bytes, **headers: str) -> int:
         return c.post("/api/jobs", content=body, headers={**JSON, **USER, **headers}).status_code
 
-    bomb = gzip.compress(b"{" + b" " * (1024 * 1024 * 1024) + b"}", 9)  # 1 GiB of spaces, ~1 MB of gzip
+    bomb = gzip.compress(b"{" + b" " * (256 * 1024 * 1024) + b"}", 9)  # 256 MiB of spaces, ~250 kB of gzip
     graph = {"format": "paretoplan.opgraph/1",
              "ops": [{"name": f"op{i}", "kind": "matmul", "inputs": []} for i in range(100_000)]}
     return [
@@ -87,7 +87,7 @@ def attacks(url: str, reader: str) -> list[tuple[str, Callable[[httpx.Client], i
             "model": "gpt2-tiny", "cluster": {"device": "h100-80gb", "devices": 10**12, "devices_per_node": 10**12}}
         ).encode())),
         ("devices: true", lambda c: post(c, json.dumps({**JOB, "devices": True}).encode())),
-        (f"a gzip bomb ({len(bomb) / 1e6:.1f} MB inflating to 1 GiB)",
+        (f"a gzip bomb ({len(bomb) / 1e6:.1f} MB inflating to 256 MiB)",
          lambda c: post(c, bomb, **{"Content-Encoding": "gzip"})),
         ("a body of 33 MiB (the limit is 32)", lambda c: post(c, b"x" * (33 * 1024 * 1024))),
         ("a graph of 10^5 ops", lambda c: post(c, json.dumps({"graph": graph, "devices": 2, "device": "cpu"}).encode())),
