@@ -178,3 +178,35 @@ def test_token_cli_creates_lists_and_revokes(tmp_path):
     app = create_app(Settings(database_url=db, allowed_hosts=["testserver"]))
     with TestClient(app) as c:
         assert c.get("/api/jobs", headers=bearer(secret)).status_code == 200
+
+
+def test_the_resize_cli_sends_its_token(databases, capsys, monkeypatch):
+    """`paretoplan resize` sends --token (or PARETOPLAN_TOKEN) as a Bearer token; without one the
+    service's 401 is its one line."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from paretoplan.cli import main
+
+    app = create_app(Settings(database_url=databases.fresh("sqlite"), **AUTH_SETTINGS))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    api = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    try:
+        monkeypatch.delenv("PARETOPLAN_TOKEN", raising=False)
+        assert main(["resize", "7", "--devices", "2", "--api", api]) == 2
+        err = capsys.readouterr().err
+        assert "authentication required" in err and "(401)" in err and len(err.strip().splitlines()) == 1
+        assert main(["resize", "7", "--devices", "2", "--api", api, "--token", ADMIN_TOKEN]) == 2
+        assert "no run 7 (404)" in capsys.readouterr().err  # past the token: the run is unknown
+        monkeypatch.setenv("PARETOPLAN_TOKEN", ADMIN_TOKEN)
+        assert main(["resize", "7", "--devices", "2", "--api", api]) == 2
+        assert "no run 7 (404)" in capsys.readouterr().err
+    finally:
+        server.should_exit = True
+        thread.join(10)
