@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from search import RunReport
-from tests.service.svchelp import api_client, query, run_report, start_server, start_worker, wait_job
+from tests.service.svchelp import ADMIN_TOKEN, api_client, query, run_report, start_server, start_worker, wait_job
 from tests.service.test_api import app_client, claim, post_result, submit
 from tests.worker.parity import assert_losses_match
 from worker.reference import reference_losses
@@ -124,7 +124,7 @@ def test_a_worker_killed_mid_run_is_resumed_from_its_checkpoint_by_another(datab
             # `paretoplan resize` against the service: a finished run cannot move (409, one line, exit 2)
             from paretoplan.cli import main
 
-            assert main(["resize", str(run["id"]), "--devices", "1", "--api", server.url]) == 2
+            assert main(["resize", str(run["id"]), "--devices", "1", "--api", server.url, "--token", ADMIN_TOKEN]) == 2
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and "is done, not running" in err and "(409)" in err, err
     finally:
