@@ -19,5 +19,7 @@ RUN pip install . && useradd --create-home paretoplan
 
 USER paretoplan
 EXPOSE 8000
-# migrations run on start; DATABASE_URL (or PARETOPLAN_DATABASE_URL) names the database
+# migrations run on start; DATABASE_URL (or PARETOPLAN_DATABASE_URL) names the database. Auth is on:
+# give PARETOPLAN_ADMIN_TOKEN and PARETOPLAN_WORKER_TOKEN (docker-compose.yml says how), or the
+# server makes its own at each start and prints the login link in its log.
 CMD ["paretoplan", "serve", "--host", "0.0.0.0", "--port", "8000", "--no-worker"]

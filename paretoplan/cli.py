@@ -40,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_worker(sub)
     _add_resize(sub)
+    _add_token(sub)
     return p
 
 
@@ -205,6 +206,8 @@ def _add_serve(sub: argparse._SubParsersAction[_Parser]) -> None:
     sv.add_argument("--workers", type=int, default=1, help="local worker processes to start (default 1)")
     sv.add_argument("--lease", type=float, default=None, help="seconds a task stays claimed without a heartbeat (default 30)")
     sv.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    sv.add_argument("--no-auth", action="store_true",
+                    help="no token needed for the API and dashboard (refused unless --host is a loopback address)")
 
 
 def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -231,6 +234,36 @@ def _add_resize(sub: argparse._SubParsersAction[_Parser]) -> None:
     rz.add_argument("--memory-per-device", default=None, help="a new per-device memory budget, e.g. 40GiB")
     rz.add_argument("--api", default="http://127.0.0.1:8000", help="the service's URL (default http://127.0.0.1:8000)")
     rz.add_argument("--wait", action="store_true", help="wait until the run has moved (or refused), and say how")
+    _add_token_flag(rz)
+
+
+def _add_token_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--token", default=None, help="the API token to send (default: PARETOPLAN_TOKEN); "
+                                                 "`paretoplan token create --scopes read,submit` makes one")
+
+
+def _api_token(args: argparse.Namespace) -> str | None:
+    import os
+
+    return args.token or os.environ.get("PARETOPLAN_TOKEN") or None
+
+
+def _add_token(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`token`: API tokens of a service, made and revoked in its database."""
+    tk = sub.add_parser("token", help="create, list or revoke API tokens (in the service's database)")
+    tsub = tk.add_subparsers(dest="token_command", required=True)
+    c = tsub.add_parser("create", help="make a token and print it (it is shown once: only its hash is stored)")
+    c.add_argument("--scopes", required=True,
+                   help="comma-separated: read, submit, admin (users) or worker (alone, for workers)")
+    c.add_argument("--name", default=None, help="what the token is for (default: its scopes)")
+    c.add_argument("--from-env", default=None, metavar="VAR",
+                   help="store the secret held in environment variable VAR instead of a new random one "
+                        "(docker-compose: tokens from .env)")
+    ls = tsub.add_parser("list", help="list tokens (names, scopes, not the secrets)")
+    rv = tsub.add_parser("revoke", help="revoke a token by id (refused within seconds everywhere)")
+    rv.add_argument("token_id", type=int)
+    for x in (c, ls, rv):
+        x.add_argument("--db", default=None, help="database URL (default sqlite:///./paretoplan.db, or DATABASE_URL)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "resize":
             return _resize(args)
+        if args.command == "token":
+            return _token(args)
     except InputError as e:
         print(f"paretoplan: error: {e}", file=sys.stderr)
         return EXIT_INPUT
@@ -277,7 +312,8 @@ def _serve(args: argparse.Namespace) -> int:
     from service.server import serve
     from service.settings import Settings
 
-    given = {"host": args.host, "port": args.port, "database_url": args.db, "lease_seconds": args.lease}
+    given = {"host": args.host, "port": args.port, "database_url": args.db, "lease_seconds": args.lease,
+             "auth": False if args.no_auth else None}
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as e:
@@ -303,7 +339,9 @@ def _resize(args: argparse.Namespace) -> int:
     body: dict = {"devices": args.devices}
     if args.memory_per_device:
         body["memory_per_device"] = args.memory_per_device
-    with httpx.Client(base_url=args.api.rstrip("/"), timeout=60) as http:
+    token = _api_token(args)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(base_url=args.api.rstrip("/"), timeout=60, headers=headers) as http:
         try:
             r = http.post(f"/api/runs/{args.run_id}/resize", json=body)
         except httpx.TransportError as e:
@@ -327,6 +365,74 @@ def _resize(args: argparse.Namespace) -> int:
                 break
             time.sleep(1.0)
     return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    """`token create|list|revoke` on the service's database (migrated first, as `serve` does)."""
+    import os
+
+    from pydantic import ValidationError
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from service.api.auth import create_token, parse_scopes, revoke_token
+    from service.db import Database
+    from service.models import ApiToken
+    from service.settings import Settings
+
+    try:
+        settings = Settings(**({"database_url": args.db} if args.db else {}))
+    except ValidationError as e:
+        raise invalid(e, "settings", lambda path: f" {path}" if path else "") from None
+    db = Database(settings.database_url)
+    try:
+        db.migrate()
+        if args.token_command == "create":
+            try:
+                scopes = parse_scopes(args.scopes)
+            except ValueError as e:
+                raise InputError(str(e)) from None
+            secret = None
+            if args.from_env:
+                secret = os.environ.get(args.from_env, "").strip()
+                if not secret:
+                    raise InputError(f"--from-env {args.from_env}: that environment variable is empty or unset")
+            with db.write_session() as s:
+                existing = (s.scalars(select(ApiToken).where(ApiToken.secret_sha256 == _digest(secret))).first()
+                            if secret else None)
+                if existing is not None:  # docker-compose starts again: the token from .env is there already
+                    print(f"token {existing.id} ({existing.name}) exists already", file=sys.stderr)
+                    return 0
+                try:
+                    row, secret = create_token(s, args.name or ",".join(scopes), scopes, secret)
+                except ValueError as e:
+                    raise InputError(str(e)) from None
+                print(f"token {row.id} ({row.name}; scopes {row.scopes}); it is shown once:", file=sys.stderr)
+            if not args.from_env:
+                print(secret)
+        elif args.token_command == "list":
+            with db.session() as s:
+                print(f"{'id':>4}  {'scopes':<24} {'created':<20} {'revoked':<20} name")
+                for t in s.scalars(select(ApiToken).order_by(ApiToken.id)):
+                    revoked = t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else "-"
+                    print(f"{t.id:>4}  {t.scopes:<24} {t.created_at.isoformat(timespec='seconds'):<20} "
+                          f"{revoked:<20} {t.name}")
+        else:
+            with db.write_session() as s:
+                if not revoke_token(s, args.token_id):
+                    raise InputError(f"no token {args.token_id} to revoke (unknown, or revoked already)")
+            print(f"token {args.token_id} revoked")
+    except SQLAlchemyError as e:
+        raise InputError(f"the database at {settings.database_url}: {str(e).splitlines()[0]}") from None
+    finally:
+        db.dispose()
+    return 0
+
+
+def _digest(secret: str | None) -> str:
+    from service.api.auth import digest
+
+    return digest(secret or "")
 
 
 def json_line(data: object) -> str:

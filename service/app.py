@@ -17,8 +17,10 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagge
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from service.api import errors
-from service.api.routes import catalog, estimate, jobs, profiles, runs, strategies, tasks
+from service.api import errors, login
+from service.api.auth import Authenticator
+from service.api.guard import GuardMiddleware
+from service.api.routes import admin, catalog, estimate, jobs, profiles, runs, strategies, tasks
 from service.db import Database
 from service.models import Clock, utcnow
 from service.settings import Settings
@@ -101,11 +103,16 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True, clock:
     app.state.settings = settings
     app.state.db = db
     app.state.clock = clock
+    app.state.auth = auth = Authenticator(db, enabled=settings.auth, admin_token=settings.admin_token,
+                                          worker_token=settings.worker_token)
     errors.install(app)
     app.add_middleware(errors.BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        max_inflated_bytes=settings.max_inflated_bytes)
-    for r in (jobs, strategies, runs, profiles, catalog, tasks, estimate):
+    # outermost: Host, Origin, content type and the token are checked before any body is read
+    app.add_middleware(GuardMiddleware, allowed_hosts=settings.hosts, auth=auth)
+    for r in (jobs, strategies, runs, profiles, catalog, tasks, estimate, admin):
         app.include_router(r.router)
+    login.mount(app)
 
     @app.get("/api/health", tags=["service"], summary="Liveness and the database in use")
     def health() -> dict:

@@ -9,6 +9,7 @@ nothing special. `write_session()` is what every mutating operation uses.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,18 +17,25 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-SQLITE_BUSY_MS = 30_000
+SQLITE_BUSY_MS = 10_000
+STATEMENT_TIMEOUT_S = 30.0  # a statement running longer is cancelled (503): a hung database hangs no endpoint
+CONNECT_TIMEOUT_S = 5
+POOL_TIMEOUT_S = 10.0  # waiting for a pooled connection longer is a 503, not a hang
 _MIGRATIONS = Path(__file__).parent / "migrations"
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, statement_timeout: float = STATEMENT_TIMEOUT_S) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_MS / 1000},
-                               json_serializer=_json)
+                               json_serializer=_json, pool_timeout=POOL_TIMEOUT_S)
 
         @event.listens_for(engine, "connect")
-        def _sqlite_connect(dbapi_conn, _record) -> None:
+        def _sqlite_connect(dbapi_conn, record) -> None:
             dbapi_conn.isolation_level = None  # we emit BEGIN ourselves, below
+            # SQLite has no statement timeout: its progress handler, called every 10k VM steps,
+            # interrupts a statement past its deadline (sqlite3.OperationalError: interrupted)
+            deadline = record.info["deadline"] = [0.0]
+            dbapi_conn.set_progress_handler(lambda: int(0.0 < deadline[0] < time.monotonic()), 10_000)
             cur = dbapi_conn.cursor()
             if ":memory:" not in url and url not in ("sqlite://", "sqlite:///"):
                 cur.execute("PRAGMA journal_mode=WAL")
@@ -40,8 +48,23 @@ def make_engine(url: str) -> Engine:
         def _sqlite_begin(conn) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("write") else "BEGIN")
 
+        @event.listens_for(engine, "before_cursor_execute")
+        def _arm(conn, _cursor, _statement, _params, _context, _many) -> None:
+            box = conn.info.get("deadline")
+            if box is not None:
+                box[0] = time.monotonic() + statement_timeout
+
+        @event.listens_for(engine, "after_cursor_execute")
+        def _disarm(conn, _cursor, _statement, _params, _context, _many) -> None:
+            box = conn.info.get("deadline")
+            if box is not None:
+                box[0] = 0.0
+
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True, json_serializer=_json)
+    options = f"-c statement_timeout={int(statement_timeout * 1000)} -c lock_timeout={int(statement_timeout * 1000)}"
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True, json_serializer=_json,
+                         pool_timeout=POOL_TIMEOUT_S,
+                         connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "options": options})
 
 
 def _json(obj) -> str:

@@ -127,12 +127,18 @@ def _owned(T: Table, task_id: int, token: str) -> ColumnElement[bool]:
 
 def heartbeat(db: Database, kind: Kind, task_id: int, token: str, lease_seconds: float, *, stage: str | None = None,
               fraction: float | None = None, message: str | None = None, step: int | None = None,
-              run: dict[str, Any] | None = None, clock: Clock = utcnow) -> datetime:
+              run: dict[str, Any] | None = None, clock: Clock = utcnow, max_hold_seconds: float | None = None) -> datetime:
     """Renew the lease (and record progress); LeaseLost when the claim is not the task's any more.
-    `run`: columns of a run its worker reports (checkpoint, devices, segments)."""
+    `run`: columns of a run its worker reports (checkpoint, devices, segments). `max_hold_seconds`:
+    a claim older than this is not renewed (a worker stuck in a loop that still heartbeats lets go)."""
     T = TABLES[kind]
     with db.write_session() as s:
         now = clock()
+        if max_hold_seconds is not None:
+            since = s.scalar(select(T.started_at).where(_owned(T, task_id, token)))
+            if since is not None and (now - since).total_seconds() > max_hold_seconds:
+                raise LeaseLost(f"{kind} {task_id} has been claimed for longer than the maximum hold of "
+                                f"{max_hold_seconds:.0f} s: let go")
         expires = now + timedelta(seconds=lease_seconds)
         values: dict[str, Any] = {"lease_expires_at": expires, "heartbeat_at": now}
         if stage is not None:
@@ -225,18 +231,20 @@ def complete_run(db: Database, task_id: int, token: str, report: RunReport, *, c
 
 
 def fail(db: Database, kind: Kind, task_id: int, token: str, error: str, *, input_error: bool, retry: bool,
-         max_attempts: int, clock: Clock = utcnow) -> str:
-    """Fail the task, or put it back in the queue when asked and attempts remain; the new status."""
+         max_attempts: int, clock: Clock = utcnow, handback: bool = False) -> str:
+    """Fail the task, or put it back in the queue when asked and attempts remain; the new status.
+    `handback`: a stopping worker returns it unharmed: queued again, its claim not counted."""
     T = TABLES[kind]
     with db.write_session() as s:
         now = clock()
         attempts = s.scalar(select(T.attempts).where(_owned(T, task_id, token)))
         if attempts is None:
             raise LeaseLost(_lost(s, T, kind, task_id))
-        again = retry and not input_error and attempts < max_attempts
+        again = handback or (retry and not input_error and attempts < max_attempts)
         status = QUEUED if again else FAILED
         values: dict[str, Any] = (
-            dict(status=QUEUED, stage=QUEUED, lease_owner=None, lease_token=None, lease_expires_at=None, error=error)
+            dict(status=QUEUED, stage=QUEUED, lease_owner=None, lease_token=None, lease_expires_at=None, error=error,
+                 attempts=T.attempts - 1 if handback else T.attempts)
             if again else
             dict(status=FAILED, stage=FAILED, finished_at=now, error=error, error_kind="input" if input_error else "internal"))
         stmt = (update(T).where(_owned(T, task_id, token)).values(**values)
@@ -246,6 +254,7 @@ def fail(db: Database, kind: Kind, task_id: int, token: str, error: str, *, inpu
             raise LeaseLost(_lost(s, T, kind, task_id))
         if kind == "run" and status == FAILED:
             close_orders(s, task_id, now, "not carried out: the run failed")
-        events.add(s, "status", stage=status, message=("failed, queued again: " if again else "failed: ") + error,
+        events.add(s, "status", stage=status, message=("handed back, queued again: " if handback else
+                                                      "failed, queued again: " if again else "failed: ") + error,
                    **_event_ids(kind, task_id, r[1]))
         return status

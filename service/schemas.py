@@ -8,9 +8,9 @@ counts to search ahead so that a resize has its answer ready.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
 from search import Confidence, EstimateRequest, FrontierReport, ResizeTimes, RunReport, SearchRequest, SearchSummary
 
@@ -26,11 +26,42 @@ Count = Annotated[int, Field(gt=0, le=1_000_000)]
 TaskKind = Literal["search", "run"]
 
 
+def _takes(annotation: Any, kind: type) -> bool:
+    """Whether a field's annotation admits `kind` (through Optional, unions, lists, Annotated)."""
+    if annotation is kind:
+        return True
+    return any(_takes(a, kind) for a in get_args(annotation))
+
+
+class StrictNumbers(BaseModel):
+    """JSON `true` is no count: pydantic's lax mode reads it as 1 (`"devices": true` was one device).
+    A model with this base refuses a boolean in any field (or list of them) that takes integers
+    and not booleans."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                v = data.get(name)
+                if v is None or not _takes(field.annotation, int) or _takes(field.annotation, bool):
+                    continue
+                if isinstance(v, bool) or (isinstance(v, list) and any(isinstance(x, bool) for x in v)):
+                    raise ValueError(f"{name}: {json_dumps(v)} is a boolean, not a number")
+        return data
+
+
+def json_dumps(v: Any) -> str:
+    import json
+
+    return json.dumps(v)[:80]
+
+
 class Error(BaseModel):
     detail: str = Field(description="what went wrong, in one sentence")
 
 
-class JobCreate(SearchRequest):
+class JobCreate(StrictNumbers, SearchRequest):
     """A search request, plus a stored profile and further device counts to search ahead."""
 
     profile_id: int | None = Field(default=None, gt=0, le=2**31 - 1,
@@ -44,7 +75,7 @@ class JobCreate(SearchRequest):
         return SearchRequest.model_validate(self.model_dump(exclude={"profile_id", "device_counts"}, exclude_unset=True))
 
 
-class EstimateIn(EstimateRequest):
+class EstimateIn(StrictNumbers, EstimateRequest):
     """One plan in Megatron-LM's terms on a model, cluster and job (as a job's), to price; with
     `job_id`, placed against that job's stored frontier (the same model, devices and job)."""
 
@@ -157,12 +188,12 @@ class StrategyOut(BaseModel):
     not_launchable_reason: str | None = Field(default=None, description="why not, when it cannot")
 
 
-class SelectIn(BaseModel):
+class SelectIn(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
     strategy_id: int = Field(gt=0, le=2**31 - 1)
 
 
-class LaunchIn(BaseModel):
+class LaunchIn(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
     strategy_id: int | None = Field(default=None, gt=0, le=2**31 - 1,
                                     description="default: the selected strategy, else the fastest that fits")
@@ -220,7 +251,7 @@ class RunOut(BaseModel):
     finished_at: Timestamp | None = None
 
 
-class ResizeIn(BaseModel):
+class ResizeIn(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
     devices: int = Field(gt=0, le=1_000_000, description="the new number of devices")
     memory_per_device: int | str | None = Field(
@@ -247,7 +278,7 @@ class ResizeOut(BaseModel):
     created_at: Timestamp
 
 
-class ProfileIn(BaseModel):
+class ProfileIn(StrictNumbers):
     """A DeviceProfile as `paretoplan profile` writes it, under a name."""
 
     model_config = ConfigDict(extra="forbid")
@@ -292,7 +323,7 @@ class EventOut(BaseModel):
 
 # ---- the worker protocol ---------------------------------------------------------------------
 
-class ClaimIn(BaseModel):
+class ClaimIn(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
     worker: str = Field(min_length=1, max_length=200, description="the worker's name (host:pid)")
     kinds: list[TaskKind] = Field(default=["search", "run"], min_length=1, max_length=2)
@@ -329,7 +360,7 @@ class TaskOut(BaseModel):
     checkpoint_every: int | None = None
 
 
-class HeartbeatIn(BaseModel):
+class HeartbeatIn(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
     token: str = Field(min_length=1, max_length=64)
     stage: str | None = Field(default=None, max_length=64)
@@ -349,12 +380,37 @@ class HeartbeatOut(BaseModel):
     resize: ResizeOrder | None = Field(default=None, description="run: a resize to carry out at the next step boundary")
 
 
+class Against(BaseModel):
+    """A baseline's place against the frontier, as `search` writes it: indices into the frontier
+    and ratios. Typed here because the report carries it as a free dict, and a worker's report is
+    what the dashboard shows (a string where a point index belongs was markup on the page)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    faster_point: int | None = Field(default=None, ge=0, le=1_000_000)
+    leaner_point: int | None = Field(default=None, ge=0, le=1_000_000)
+    speedup: float | int | None = None
+    memory_ratio: float | int | None = None
+
+
 class SearchResultIn(BaseModel):
-    """A search's result: a FrontierReport (its own validators check it can be stored)."""
+    """A search's result: a FrontierReport (its own validators check it can be stored), its
+    baselines' places against the frontier typed."""
 
     model_config = ConfigDict(extra="forbid")
     token: str = Field(min_length=1, max_length=64)
     report: FrontierReport
+
+    @model_validator(mode="after")
+    def _typed_baselines(self) -> SearchResultIn:
+        n = len(self.report.frontier)
+        for i, b in enumerate(self.report.baselines):
+            a = Against.model_validate(b.against_frontier)
+            for name in ("faster_point", "leaner_point"):
+                point = getattr(a, name)
+                if point is not None and point >= n:
+                    raise ValueError(f"report.baselines.{i}.against_frontier.{name}: {point} is not a point of the "
+                                     f"{n}-point frontier")
+        return self
 
 
 class RunResultIn(BaseModel):
@@ -365,12 +421,14 @@ class RunResultIn(BaseModel):
     report: RunReport
 
 
-class FailIn(BaseModel):
+class FailIn(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
     token: str = Field(min_length=1, max_length=64)
     error: str = Field(min_length=1, max_length=20000)
     input_error: bool = Field(default=False, description="the request itself is at fault: retrying cannot help")
     retry: bool = Field(default=False, description="put the task back in the queue (while attempts remain)")
+    handback: bool = Field(default=False, description="the worker is stopping and hands the task back unharmed: "
+                                                      "queued again, and the claim is not counted as an attempt")
 
 
 class Ack(BaseModel):

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import uvicorn
 
@@ -45,11 +46,28 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def connection_limits(settings: Settings) -> dict[str, Any]:
+    """What keeps slow or idle connections from holding the server: h11 gives up on a request
+    whose headers have not arrived within `header_timeout_seconds` (uvicorn's keep-alive timeout
+    covers the wait for the next request's first byte), at most `max_connections` at once (503
+    beyond), and an idle keep-alive connection closes after 5 seconds."""
+    from service.connection import protocol
+
+    return {"http": protocol(settings.header_timeout_seconds), "timeout_keep_alive": 5,
+            "limit_concurrency": settings.max_connections, "h11_max_incomplete_event_size": 64 * 1024}
+
+
 def serve(settings: Settings, *, workers: int = 1, log_level: str = "warning") -> int:
+    from service.api.auth import new_secret
+
+    # as Jupyter does: without configured tokens, this start makes its own (kept in memory only) --
+    # the admin token for the login link it prints, the worker token for the workers it starts
+    made = {k: new_secret() for k in ("admin_token", "worker_token") if getattr(settings, k) is None}
+    settings = settings.model_copy(update=made)
     app = create_app(settings)  # migrates before listening
     import search.models.zoo  # noqa: F401 - the first submission validates against the zoo: import torch now, not then
     server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                                           timeout_graceful_shutdown=5))
+                                    timeout_graceful_shutdown=5, **connection_limits(settings)))
     procs: list[subprocess.Popen] = []
 
     def start_workers() -> None:
@@ -67,6 +85,12 @@ def serve(settings: Settings, *, workers: int = 1, log_level: str = "warning") -
         print(f"paretoplan: serving on {url} (database {db}; "
               f"{f'{workers} local worker(s): pid {pids}' if procs else 'no local worker'}); docs at {url}/docs",
               flush=True)
+        if settings.auth:
+            print(f"paretoplan: log in to the dashboard at {url}/login?token={settings.admin_token} "
+                  f"(this token reads, submits and administers: send it as 'Authorization: Bearer ...')", flush=True)
+        else:
+            print("paretoplan: authentication is off (--no-auth): anyone on this machine can use the service",
+                  flush=True)
 
     starter = threading.Thread(target=start_workers, daemon=True)
     starter.start()

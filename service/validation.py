@@ -19,7 +19,9 @@ KEY_VERSION = "1"  # bump when stored frontiers must not be reused any more
 def check(req: SearchRequest) -> tuple[SearchRequest, int]:
     """The request normalised (sizes in bytes), and its device count; InputError when invalid."""
     from search import parse_size
+    from service.limits import check_request
 
+    check_request(req)  # sizes first: nothing below may parse or capture an unbounded graph or config
     update: dict[str, Any] = {}
     cluster = request_cluster(req)  # the search's own checks of names, shape and profile
     if req.profile is not None and req.cluster is None and "device" not in req.model_fields_set:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -37,6 +38,7 @@ from typing import Any
 import httpx
 
 from search import FrontierReport, InputError, NoFeasiblePlan, Plan, RunReport, SearchRequest, resized, run_search
+from worker.bounded import Limits, bounded_search, task_tmpdir
 from worker.client import Kind, LeaseLost, ServiceClient, ServiceError, Task
 from worker.elastic import Control, Elastic, Order, RunStopped, run_plan
 
@@ -144,6 +146,7 @@ class Agent:
         self.checkpoints = Path(checkpoint_dir or os.environ.get("PARETOPLAN_CHECKPOINT_DIR")
                                 or "paretoplan-checkpoints").resolve()
         self._control: Control | None = None  # of the run in hand: a first SIGTERM asks it to save and stop
+        self.limits = Limits.from_env()
 
     # ---- the loop ------------------------------------------------------------------------------
     def serve(self) -> int:
@@ -188,6 +191,10 @@ class Agent:
 
     def process(self, task: Task) -> None:
         log.info("claimed %s %s (attempt %s)", task.kind, task.id, task.attempt)
+        with task_tmpdir(f"paretoplan-{task.kind}-{task.id}-"):  # removed however the task ends
+            self._process(task)
+
+    def _process(self, task: Task) -> None:
         try:
             with Lease(self.api, self.token, task) as lease:
                 result = self._search(task, lease) if task.kind == "search" else self._run(task, lease)
@@ -196,13 +203,14 @@ class Agent:
                 self.client.search_result(task.id, task.token, result)
             else:
                 self.client.run_result(task.id, task.token, result)
+                shutil.rmtree(self.checkpoints / f"run-{task.id}", ignore_errors=True)  # done: nothing resumes it
             log.info("%s %s done", task.kind, task.id)
         except (LeaseLost, _Abandon) as e:
             log.warning("%s %s dropped: the lease was lost (%s)", task.kind, task.id, e)
         except RunStopped as e:
-            self._give_back(task, f"the worker was stopped; {e}", retry=True)
+            self._give_back(task, f"the worker was stopped; {e}", retry=True, handback=True)
         except Stopped:
-            self._give_back(task, "the worker was stopped", retry=True)
+            self._give_back(task, "the worker was stopped", retry=True, handback=True)
             raise
         except InputError as e:  # the request or plan is at fault: final, no retry
             self._give_back(task, str(e), input_error=True)
@@ -210,9 +218,11 @@ class Agent:
             log.error("%s %s failed:\n%s", task.kind, task.id, traceback.format_exc())
             self._give_back(task, f"{type(e).__name__}: {e}")
 
-    def _give_back(self, task: Task, error: str, *, input_error: bool = False, retry: bool = False) -> None:
+    def _give_back(self, task: Task, error: str, *, input_error: bool = False, retry: bool = False,
+                   handback: bool = False) -> None:
         try:
-            self.client.fail(task.kind, task.id, task.token, error, input_error=input_error, retry=retry)
+            self.client.fail(task.kind, task.id, task.token, error, input_error=input_error, retry=retry,
+                             handback=handback)
         except (ServiceError, httpx.HTTPError) as e:
             log.warning("could not report the failure of %s %s: %s", task.kind, task.id, e)
 
@@ -224,10 +234,10 @@ class Agent:
             lease.check()
             lease.progress(stage=stage, fraction=max(0.0, min(1.0, float(fraction))), message=message)
 
-        outcome = run_search(req, progress=progress)
+        report = bounded_search(req, progress, self.limits)  # a child process, killed past its limits
         lease.check()
         lease.flush()
-        return outcome.report
+        return report
 
     # ---- runs ----------------------------------------------------------------------------------
     def _run(self, task: Task, lease: Lease) -> RunReport:
@@ -269,7 +279,7 @@ class Agent:
         lease.on_answer = on_answer
         self._control = control
         try:
-            report = run_plan(plan, steps, elastic=elastic, progress=progress)
+            report = run_plan(plan, steps, elastic=elastic, progress=progress, timeout=self.limits.run_seconds)
         except RunStopped as e:
             lease.progress(checkpoint=str(run_dir), message=str(e))
             lease.flush()
@@ -321,7 +331,11 @@ def main(api: str, *, name: str | None = None, kinds: str = "search,run", poll_s
     if not wanted or any(k not in by_name for k in wanted):
         raise InputError(f"--kinds takes search, run or both separated by commas, got {kinds!r}")
     chosen = tuple(by_name[k] for k in wanted)
+    token = os.environ.get("PARETOPLAN_WORKER_TOKEN", "").strip()
+    if not token:
+        raise InputError("a worker needs its token: set PARETOPLAN_WORKER_TOKEN to a token with the worker scope "
+                         "(paretoplan token create --scopes worker, or the service's PARETOPLAN_WORKER_TOKEN)")
     agent = Agent(api, name=name, kinds=chosen, poll_seconds=poll_seconds, max_tasks=max_tasks,
-                  worker_token=os.environ.get("PARETOPLAN_WORKER_TOKEN"), exit_with_parent=exit_with_parent,
+                  worker_token=token, exit_with_parent=exit_with_parent,
                   checkpoint_dir=checkpoint_dir)
     return agent.serve()

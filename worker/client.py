@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from search import FrontierReport, RunReport
 
 Kind = Literal["search", "run"]
+RESULT_RETRY_SECONDS = 600.0  # a result is retried this long through outages (its lease may well outlive them)
 
 
 class ServiceError(RuntimeError):
@@ -61,7 +62,7 @@ def _raise_for(r: httpx.Response) -> None:
 
 class ServiceClient:
     def __init__(self, api: str, *, worker_token: str | None = None, timeout: float = 60.0) -> None:
-        headers = {"X-Worker-Token": worker_token} if worker_token else {}
+        headers = {"Authorization": f"Bearer {worker_token}"} if worker_token else {}
         self.api = api.rstrip("/")
         self.http = httpx.Client(base_url=self.api, timeout=timeout, headers=headers)
 
@@ -98,23 +99,41 @@ class ServiceClient:
         self._post_report(f"/api/tasks/run/{task_id}/result", token, report)
 
     def fail(self, kind: Kind, task_id: int, token: str, error: str, *, input_error: bool = False,
-             retry: bool = False) -> None:
-        self._post(f"/api/tasks/{kind}/{task_id}/fail",
-                   {"token": token, "error": error[:20000] or "failed", "input_error": input_error, "retry": retry})
+             retry: bool = False, handback: bool = False) -> None:
+        """`handback`: the worker is stopping and returns the task unharmed (not a failed attempt)."""
+        body = {"token": token, "error": error[:20000] or "failed", "input_error": input_error, "retry": retry}
+        if handback:
+            body["handback"] = True
+        self._post(f"/api/tasks/{kind}/{task_id}/fail", body)
 
-    def _post_report(self, path: str, token: str, report: FrontierReport | RunReport, attempts: int = 5) -> None:
-        """Sent gzip-compressed (plans compress ~20x), and retried while the service is unreachable
-        (a restart, say): results are precious."""
+    def _post_report(self, path: str, token: str, report: FrontierReport | RunReport,
+                     give_up_after: float = RESULT_RETRY_SECONDS) -> None:
+        """Sent gzip-compressed (plans compress ~20x), and retried with backoff while the service is
+        unreachable or answers 5xx (a restart, a database outage): a finished result is precious.
+        Only the service's word ends it early: 409 (the claim is over) or another 4xx (not a
+        valid report) is raised at once."""
         text = '{"token":' + json.dumps(token) + ',"report":' + report.model_dump_json() + "}"
         body = gzip.compress(text.encode(), compresslevel=5)
-        for i in range(attempts):
+        deadline = time.monotonic() + give_up_after
+        delay = 0.5
+        while True:
             try:
                 r = self.http.post(path, content=body,
                                    headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
             except httpx.TransportError:
-                if i == attempts - 1:
+                if time.monotonic() + delay > deadline:
                     raise
-                time.sleep(min(2**i, 10))
-                continue
-            _raise_for(r)
-            return
+            else:
+                if r.status_code < 500 or time.monotonic() + delay > deadline:
+                    _raise_for(r)
+                    return
+                delay = max(delay, _retry_after(r))
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+
+def _retry_after(r: httpx.Response) -> float:
+    try:
+        return min(float(r.headers.get("retry-after", "0")), 60.0)
+    except ValueError:
+        return 0.0

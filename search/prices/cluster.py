@@ -701,12 +701,17 @@ class Cluster(BaseModel):
         )
 
 
+MAX_DEVICES = 1_000_000  # the search factors counts and node sizes by trial division: bounded, it stays instant
+
+
 def _check_count(value: Any, flag: str) -> int:
-    """Reject non-integers (including bools and '16' strings) and counts below one."""
+    """Reject non-integers (including bools and '16' strings), counts below one and above MAX_DEVICES."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(f"{flag} must be a whole number, got {value!r}")
     if value < 1:
         raise InputError(f"{flag} must be at least 1, got {value}")
+    if value > MAX_DEVICES:
+        raise InputError(f"{flag} {value} is over the limit of {MAX_DEVICES:,} devices")
     return value
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Path, Request
+from fastapi import Depends, Path, Request
 
 from service.db import Database
 from service.models import Clock
@@ -27,13 +27,6 @@ def get_settings(request: Request) -> Settings:
 def get_clock(request: Request) -> Clock:
     clock: Clock = request.app.state.clock
     return clock
-
-
-def worker_auth(request: Request, x_worker_token: Annotated[str | None, Header()] = None) -> None:
-    """Workers prove who they are with a shared token when the service is configured with one."""
-    expected = request.app.state.settings.worker_token
-    if expected and x_worker_token != expected:
-        raise HTTPException(401, "missing or wrong X-Worker-Token")
 
 
 DB = Annotated[Database, Depends(get_db)]

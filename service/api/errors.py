@@ -14,14 +14,18 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, InterfaceError, OperationalError, StatementError
+from sqlalchemy.exc import TimeoutError as SQLTimeoutError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -42,18 +46,52 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# a UTF-16 surrogate written as an escape, or as the bytes UTF-8 forbids (json.loads takes them)
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def _lone_surrogate(obj: Any) -> str | None:
+    """The first string (key or value) holding a lone surrogate: UTF-8 cannot encode it, so
+    PostgreSQL cannot store it and no answer holding it can be written. Iterative: deep JSON is
+    bounded by the body size, not by the stack."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                return x
+        elif isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return None
+
+
 def strict_loads(body: bytes | str):
-    """json.loads, refusing what JSON columns and answers cannot hold: NaN, Infinity, 1e999, \\u0000."""
-    raw = body.encode() if isinstance(body, str) else body
+    """json.loads, refusing what JSON columns and answers cannot hold: NaN, Infinity, 1e999, \\u0000,
+    lone surrogates (\\udfff)."""
+    raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
     if b"\\u0000" in raw:
         raise json.JSONDecodeError("NUL characters (\\u0000) are not accepted", "", raw.find(b"\\u0000"))
-    return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+    data = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+    if _MAYBE_SURROGATE.search(raw) and (bad := _lone_surrogate(data)) is not None:
+        where = raw.find(b"\\u")
+        raise json.JSONDecodeError(f"a lone UTF-16 surrogate in the string {bad.encode('utf-8', 'backslashreplace')[:60]!r}"
+                                   " is not text", "", max(where, 0))
+    return data
+
+
+OFF_LOOP_BYTES = 64 * 1024  # bodies larger than this are parsed in a worker thread, not on the event loop
 
 
 class StrictJSONRequest(Request):
     async def json(self):
         if not hasattr(self, "_json"):
-            self._json = strict_loads(await self.body())
+            body = await self.body()
+            self._json = strict_loads(body) if len(body) <= OFF_LOOP_BYTES else await run_in_threadpool(strict_loads, body)
         return self._json
 
 
@@ -116,10 +154,30 @@ async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResp
     return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
-async def database_busy(_request: Request, exc: OperationalError) -> JSONResponse:
+async def database_busy(_request: Request, exc: Exception) -> JSONResponse:
+    """Unreachable, timed out, locked, pool exhausted: the request may well work in a moment."""
     log.warning("database error: %s", exc)
     return JSONResponse({"detail": "the database is unavailable or busy; try again"}, status_code=503,
                         headers={"Retry-After": "1"})
+
+
+async def database_refused(_request: Request, exc: Exception) -> JSONResponse:
+    """A value the database cannot hold (out of range for its column, not text it can store): the
+    request's fault. The transaction was rolled back: nothing of it is stored."""
+    log.warning("database refused a value: %s", exc)
+    cause = getattr(exc, "orig", None) or exc
+    first = str(cause).splitlines()[0][:300] if str(cause) else type(cause).__name__
+    return JSONResponse({"detail": f"a value is out of what the database can store: {first}"}, status_code=422)
+
+
+async def statement_error(request: Request, exc: StatementError) -> JSONResponse:
+    """SQLAlchemy wraps what the driver raised: sort it into refused (422) or unavailable (503)."""
+    orig = exc.orig
+    if isinstance(orig, (OverflowError, ValueError, UnicodeError)):
+        return await database_refused(request, exc)
+    if isinstance(exc, DBAPIError) and (exc.connection_invalidated or isinstance(exc, InterfaceError)):
+        return await database_busy(request, exc)
+    return await unexpected(request, exc)
 
 
 async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
@@ -134,6 +192,10 @@ def install(app) -> None:
     app.add_exception_handler(Conflict, conflict)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(OperationalError, database_busy)
+    app.add_exception_handler(InterfaceError, database_busy)
+    app.add_exception_handler(SQLTimeoutError, database_busy)
+    app.add_exception_handler(DataError, database_refused)
+    app.add_exception_handler(StatementError, statement_error)
     app.add_exception_handler(Exception, unexpected)
 
 
@@ -222,13 +284,7 @@ class BodyLimitMiddleware:
                 if not message.get("more_body", False):
                     break
             done = True
-            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            try:
-                out = d.decompress(b"".join(chunks), limit + 1)
-            except zlib.error as e:
-                raise _BadGzip(f"body is not valid gzip: {e}") from None
-            if len(out) > limit or d.unconsumed_tail:
-                raise _TooLarge(f"gzip body inflates to over the limit of {limit} bytes")
+            out = await run_in_threadpool(_inflate, b"".join(chunks), limit)
             return {"type": "http.request", "body": out, "more_body": False}
 
         return inflated
@@ -237,6 +293,21 @@ class BodyLimitMiddleware:
     async def _refuse(scope: Scope, send: Send, message: str, status: int = 413) -> None:
         response = JSONResponse({"detail": message}, status_code=status, headers={"Connection": "close"})
         await response(scope, _empty_receive, send)
+
+
+def _inflate(data: bytes, limit: int) -> bytes:
+    """gzip-inflate `data` (in a worker thread), stopping as soon as the output passes `limit`:
+    a bomb costs at most `limit` bytes of memory and the time to inflate them, never the loop."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(data, limit + 1)
+    except zlib.error as e:
+        raise _BadGzip(f"body is not valid gzip: {e}") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise _TooLarge(f"gzip body inflates to over the limit of {limit} bytes")
+    if not d.eof:
+        raise _BadGzip("body is not valid gzip: it ends before its end")
+    return out
 
 
 class _BadGzip(StarletteHTTPException):

@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
-from fastapi import Request
+from fastapi import HTTPException, Request
 from fastapi.sse import ServerSentEvent
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -22,6 +22,20 @@ from service.db import Database
 from service.models import DONE, FAILED, Event
 from service.schemas import EventOut
 from service.settings import Settings
+
+IDLE_POLL_MAX_SECONDS = 2.0  # a stream with no news polls ever less often, up to this (idle clients cost ~nothing)
+
+
+def open_streams(request: Request) -> int:
+    return int(getattr(request.app.state, "sse_clients", 0))
+
+
+async def stream_slot(request: Request) -> None:
+    """A dependency of the event-stream routes: 503 when `max_sse_clients` streams are open."""
+    settings: Settings = request.app.state.settings
+    if open_streams(request) >= settings.max_sse_clients:
+        raise HTTPException(503, f"{settings.max_sse_clients} event streams are open, the most this service keeps; "
+                                 "try again later", headers={"Retry-After": "5"})
 
 
 def _none(_s: Session) -> list[int]:
@@ -45,14 +59,23 @@ async def stream(request: Request, db: Database, settings: Settings, *, after: i
             evs = events.since(s, after, search_ids=search_ids(s), job_id=job_id, run_id=run_id, limit=limit)
             return st, [event_out(e) for e in evs]
 
-    while True:
-        st, evs = await run_in_threadpool(poll)
-        for e in evs:
-            after = e.id
-            yield ServerSentEvent(data=e.model_dump(mode="json"), event=e.kind, id=str(e.id))
-        if st in (DONE, FAILED) and len(evs) < limit:
-            yield ServerSentEvent(data={"status": st}, event="end")
-            return
-        if time.monotonic() > deadline or await request.is_disconnected():
-            return
-        await asyncio.sleep(settings.sse_poll_seconds)
+    state = request.app.state
+    state.sse_clients = open_streams(request) + 1
+    wait = settings.sse_poll_seconds
+    try:
+        while True:
+            st, evs = await run_in_threadpool(poll)
+            for e in evs:
+                after = e.id
+                yield ServerSentEvent(data=e.model_dump(mode="json"), event=e.kind, id=str(e.id))
+            if st in (DONE, FAILED) and len(evs) < limit:
+                yield ServerSentEvent(data={"status": st}, event="end")
+                return
+            if time.monotonic() > deadline or await request.is_disconnected():
+                return
+            # news: look again soon; none: back off, so hundreds of idle streams cost little
+            wait = settings.sse_poll_seconds if evs else min(wait * 1.5, max(IDLE_POLL_MAX_SECONDS,
+                                                                            settings.sse_poll_seconds))
+            await asyncio.sleep(wait)
+    finally:
+        state.sse_clients = open_streams(request) - 1

@@ -8,10 +8,9 @@ suite is skipped with a message saying so, or fails when PARETOPLAN_REQUIRE_POST
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from tests.service.svchelp import BACKENDS, Databases, Live, start_server, start_worker
+from tests.service.svchelp import BACKENDS, Databases, Live, api_client, start_server, start_worker
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +43,7 @@ def live(backend, databases, tmp_path_factory):
 
 @pytest.fixture
 def http(live):
-    with httpx.Client(base_url=live.url, timeout=120) as c:
+    with api_client(live.url, timeout=120) as c:
         yield c
 
 

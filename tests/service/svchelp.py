@@ -25,6 +25,32 @@ from search import Errors, Measured, Predicted, RankMeasure, RunReport, rel_erro
 from service.models import utcnow
 from service.settings import normalise_database_url
 
+ADMIN_TOKEN = "ppt_test-admin-" + uuid.uuid4().hex  # the tokens every test service is started with
+WORKER_TOKEN = "ppt_test-worker-" + uuid.uuid4().hex
+AUTH_SETTINGS = {"admin_token": ADMIN_TOKEN, "worker_token": WORKER_TOKEN}
+
+
+class TokenAuth:
+    """A test client that plays both sides: the worker token on the worker protocol (/api/tasks),
+    the admin token everywhere else, as a worker and a user would send them. A callable, which
+    both httpx and the TestClient's httpx take as `auth`; a request that names its own
+    Authorization keeps it."""
+
+    def __init__(self, user: str = ADMIN_TOKEN, worker: str = WORKER_TOKEN) -> None:
+        self.user, self.worker = user, worker
+
+    def __call__(self, request):
+        if "authorization" not in request.headers:
+            token = self.worker if request.url.path.startswith("/api/tasks/") else self.user
+            request.headers["Authorization"] = f"Bearer {token}"
+        return request
+
+
+def api_client(url: str, timeout: float = 120.0) -> httpx.Client:
+    """An httpx client of a service started by `start_server`, sending the tokens it was started with."""
+    return httpx.Client(base_url=url, timeout=timeout, auth=TokenAuth())
+
+
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 BACKENDS = ["sqlite", "postgresql"]
 TABLES = ["profiles", "searches", "strategies", "jobs", "runs", "resizes", "events"]
@@ -150,7 +176,8 @@ class Proc:
 
 
 def _env(**extra: str) -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PARETOPLAN_ADMIN_TOKEN": ADMIN_TOKEN,
+            "PARETOPLAN_WORKER_TOKEN": WORKER_TOKEN, **extra}
 
 
 def _wait_for(proc: Proc, pattern: str, what: str, timeout: float = 120.0) -> re.Match:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.service.svchelp import query, start_server, start_worker, wait_job, wait_ready
+from tests.service.svchelp import api_client, query, start_server, start_worker, wait_job, wait_ready
 
 pytestmark = pytest.mark.processes
 
@@ -47,7 +47,7 @@ def test_fifty_jobs_from_concurrent_clients_two_workers_each_finishes_exactly_on
         assert len(bodies) == 50
 
         def submit(body: dict) -> dict:
-            with httpx.Client(base_url=server.url, timeout=120) as c:
+            with api_client(server.url, timeout=120) as c:
                 r = c.post("/api/jobs", json=body)
                 assert r.status_code == 201, r.text
                 return r.json()
@@ -55,7 +55,7 @@ def test_fifty_jobs_from_concurrent_clients_two_workers_each_finishes_exactly_on
         with ThreadPoolExecutor(max_workers=10) as pool:
             jobs = list(pool.map(submit, bodies))
         assert len({j["id"] for j in jobs}) == 50 and len({j["search_id"] for j in jobs}) == 50
-        with httpx.Client(base_url=server.url, timeout=120) as http:
+        with api_client(server.url, timeout=120) as http:
             finished = [wait_job(http, j["id"], timeout=600) for j in jobs]
             assert {j["status"] for j in finished} == {"done"}, [j for j in finished if j["status"] != "done"]
             assert http.get("/api/jobs", params={"status": "done", "limit": 1}).json()["total"] == 50
@@ -85,7 +85,7 @@ def test_a_worker_killed_mid_task_loses_it_to_another_after_its_lease(backend, d
     doomed = start_worker(server.url, "doomed", tmp_path)
     rescuer = None
     try:
-        with httpx.Client(base_url=server.url, timeout=120) as http:
+        with api_client(server.url, timeout=120) as http:
             job = http.post("/api/jobs", json=SLOW).json()
             wait_working(http, job["id"])  # the doomed worker is inside run_search
             doomed.popen.send_signal(signal.SIGKILL)
@@ -112,7 +112,7 @@ def test_a_stopped_worker_hands_its_task_back_at_once(backend, databases, tmp_pa
     server = start_server(db_url, tmp_path, lease=3600)  # only the hand-back can requeue it in this test's time
     worker = start_worker(server.url, "polite", tmp_path)
     try:
-        with httpx.Client(base_url=server.url, timeout=120) as http:
+        with api_client(server.url, timeout=120) as http:
             # a search of half a minute: the SIGTERM lands inside it on a loaded CI machine too
             # (gpt2-xl's ~10 s search once finished between the stage poll and the signal)
             job = http.post("/api/jobs", json=LONG).json()
@@ -130,7 +130,7 @@ def test_serve_starts_a_local_worker_and_stops_it(databases, tmp_path):
     server = start_server(db_url, tmp_path, workers=1)
     try:
         pid = int(re.search(r"local worker\(s\): pid (\d+)", server.log()).group(1))
-        with httpx.Client(base_url=server.url, timeout=120) as http:
+        with api_client(server.url, timeout=120) as http:
             job = http.post("/api/jobs", json={"model": "gpt2-tiny", "device": "cpu", "devices": 2}).json()
             assert wait_job(http, job["id"])["status"] == "done"
             assert http.get("/api/health").json() == {"ok": True, "database": "sqlite"}
@@ -161,7 +161,7 @@ def test_serve_takes_the_database_from_database_url_as_docker_compose_does(backe
     plain = db_url.replace("postgresql+psycopg://", "postgresql://")  # what most hosts hand out
     server = start_server(None, tmp_path, DATABASE_URL=plain, PARETOPLAN_DATABASE_URL="")
     try:
-        with httpx.Client(base_url=server.url, timeout=60) as http:
+        with api_client(server.url, timeout=60) as http:
             assert http.get("/api/health").json() == {"ok": True, "database": backend}
             assert http.post("/api/jobs", json={"model": "gpt2-tiny", "device": "cpu", "devices": 2}).status_code == 201
     finally:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from search import RunReport
-from tests.service.svchelp import query, run_report, start_server, start_worker, wait_job
+from tests.service.svchelp import ADMIN_TOKEN, api_client, query, run_report, start_server, start_worker, wait_job
 from tests.service.test_api import app_client, claim, post_result, submit
 from tests.worker.parity import assert_losses_match
 from worker.reference import reference_losses
@@ -108,7 +108,7 @@ def test_a_worker_killed_mid_run_is_resumed_from_its_checkpoint_by_another(datab
     doomed = start_worker(server.url, "doomed", tmp_path, kinds="search,run")
     rescuer = None
     try:
-        with httpx.Client(base_url=server.url, timeout=120) as http:
+        with api_client(server.url, timeout=120) as http:
             job = http.post("/api/jobs", json={"model": "llama-tiny", "device": "cpu", "devices": 2, "global_batch": 8,
                                                "precision": "fp32", "pipeline": False, "baselines": False}).json()
             assert wait_job(http, job["id"])["status"] == "done"
@@ -124,7 +124,7 @@ def test_a_worker_killed_mid_run_is_resumed_from_its_checkpoint_by_another(datab
             # `paretoplan resize` against the service: a finished run cannot move (409, one line, exit 2)
             from paretoplan.cli import main
 
-            assert main(["resize", str(run["id"]), "--devices", "1", "--api", server.url]) == 2
+            assert main(["resize", str(run["id"]), "--devices", "1", "--api", server.url, "--token", ADMIN_TOKEN]) == 2
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and "is done, not running" in err and "(409)" in err, err
     finally:

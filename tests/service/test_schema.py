@@ -16,6 +16,7 @@ from schemathesis import GenerationMode
 
 from service.app import create_app
 from service.settings import Settings
+from tests.service.svchelp import ADMIN_TOKEN, AUTH_SETTINGS, WORKER_TOKEN
 
 EXAMPLES = 20
 
@@ -24,8 +25,9 @@ EXAMPLES = 20
 def api_schema(databases, backend):
     url = databases.fresh(backend)
     # short streams and waits: an event stream of a job nobody searches ends instead of hanging
+    # auth on, as the service runs by default: every case carries the token its route takes
     app = create_app(Settings(database_url=url, sse_max_seconds=0.3, sse_poll_seconds=0.1,
-                              resize_wait_max_seconds=0.2))
+                              resize_wait_max_seconds=0.2, allowed_hosts=["localhost", "testserver"], **AUTH_SETTINGS))
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
@@ -45,7 +47,8 @@ def test_no_server_errors(api_schema, mode):
         @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                   suppress_health_check=list(HealthCheck))
         def check(case):
-            response = case.call()
+            token = WORKER_TOKEN if case.path.startswith("/api/tasks/") else ADMIN_TOKEN
+            response = case.call(headers={"Authorization": f"Bearer {token}"})
             where = f"{case.method} {case.formatted_path} -> {response.status_code}"
             assert response.status_code < 500, f"{where}: {response.text[:300]}"
             if response.status_code >= 400:

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 import web.app
 from service.app import create_app
 from service.settings import Settings
+from tests.service.svchelp import AUTH_SETTINGS, TokenAuth
 
 STATIC = Path(web.app.__file__).resolve().parent / "static"
 
@@ -19,7 +20,9 @@ STATIC = Path(web.app.__file__).resolve().parent / "static"
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     db = tmp_path_factory.mktemp("web-assets") / "assets.sqlite"
-    with TestClient(create_app(Settings(database_url=f"sqlite:///{db}"))) as c:
+    settings = Settings(database_url=f"sqlite:///{db}", allowed_hosts=["testserver"], **AUTH_SETTINGS)
+    with TestClient(create_app(settings)) as c:
+        c.auth = TokenAuth()
         yield c
 
 
@@ -63,3 +66,15 @@ def test_the_api_is_untouched_by_the_mount(client):
     assert client.get("/api/health").json()["ok"] is True
     assert client.get("/static/nope.js").status_code == 404
     assert "/" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_markup_reaches_the_page_only_through_set_html():
+    """Every field the page shows is text or goes through format.js's html`...` (which escapes what it
+    interpolates): the one assignment of innerHTML is setHtml's, and nothing inserts HTML otherwise."""
+    found = []
+    for path in sorted((STATIC / "js").glob("*.js")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\.(innerHTML|outerHTML)\s*=|insertAdjacentHTML|document\.write", line):
+                found.append(f"{path.name}:{n}: {line.strip()}")
+    assert len(found) == 1, found
+    assert found[0].startswith("format.js:") and found[0].endswith("el.innerHTML = markup.text;"), found

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.service.svchelp import Proc, start_server, start_worker
+from tests.service.svchelp import ADMIN_TOKEN, Proc, api_client, start_server, start_worker
 
 HERE = Path(__file__).resolve().parent
 ARTIFACTS = Path(os.environ.get("PARETOPLAN_WEB_ARTIFACTS") or HERE / "artifacts")
@@ -43,7 +43,7 @@ class Service:
     workers: list[Proc] = field(default_factory=list)
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=60)
+        return api_client(self.url, timeout=60)
 
 
 def start_service(tmp: Path, *, workers: tuple[str, ...] = ("search", "run")) -> Service:
@@ -86,8 +86,11 @@ class Shots:
 class Page:
     """A fresh browser context and page on a base URL, recording every request and page error."""
 
-    def __init__(self, browser, base_url: str) -> None:
+    def __init__(self, browser, base_url: str, *, logged_in: bool = True) -> None:
         self.context = browser.new_context(viewport=VIEWPORT, base_url=base_url)
+        if logged_in:  # as the login link leaves it: the token in an HttpOnly, SameSite=Strict cookie
+            self.context.add_cookies([{"name": "paretoplan_token", "value": ADMIN_TOKEN, "url": base_url,
+                                       "httpOnly": True, "sameSite": "Strict"}])
         self.page = self.context.new_page()
         self.page.set_default_timeout(60_000)
         self.requests: list[str] = []

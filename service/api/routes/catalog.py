@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from service.api.auth import READ
 from service.api.errors import StrictJSONRoute
 from service.schemas import ModelOut
 
@@ -21,12 +22,12 @@ def _models() -> list[ModelOut]:
     return [ModelOut.model_validate(m) for m in zoo_index.load()]
 
 
-@router.get("/models", response_model=list[ModelOut], summary="The model zoo with parameter counts")
+@router.get("/models", dependencies=[READ], response_model=list[ModelOut], summary="The model zoo with parameter counts")
 def list_models() -> list[ModelOut]:
     return _models()
 
 
-@router.get("/devices", response_model=list[dict[str, Any]], summary="The device catalog")
+@router.get("/devices", dependencies=[READ], response_model=list[dict[str, Any]], summary="The device catalog")
 def list_devices() -> list[dict[str, Any]]:
     from search import CATALOG
 

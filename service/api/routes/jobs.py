@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from search import InputError
 from service.api import sse
+from service.api.auth import READ, SUBMIT
 from service.api.deps import DB, Config, JobId, ResizeId
 from service.api.errors import StrictJSONRoute, strict_loads
 from service.crud import jobs, profiles, resizes, runs
@@ -37,7 +38,8 @@ def _submit(db, body: JobCreate) -> JobDetail:
         return jobs.detail(s, job_id)
 
 
-@router.post("", status_code=201, response_model=JobDetail, responses={422: {"model": Error}, 413: {"model": Error}},
+@router.post("", dependencies=[SUBMIT], status_code=201, response_model=JobDetail,
+             responses={422: {"model": Error}, 413: {"model": Error}},
              summary="Submit a job: its search runs in the background")
 def create_job(body: JobCreate, db: DB) -> JobDetail:
     """The smallest body: `{"model": "gpt2-medium", "devices": 8, "device": "h100-80gb", "global_batch": 32}`.
@@ -45,7 +47,7 @@ def create_job(body: JobCreate, db: DB) -> JobDetail:
     return _submit(db, body)
 
 
-@router.post("/upload", status_code=201, response_model=JobDetail, responses={422: {"model": Error}},
+@router.post("/upload", dependencies=[SUBMIT], status_code=201, response_model=JobDetail, responses={422: {"model": Error}},
              summary="Submit a job whose model is an uploaded OpGraph JSON file")
 def upload_job(db: DB, graph: Annotated[UploadFile, File(description="OpGraph JSON (paretoplan search --dump-graph)")],
                request: Annotated[str, Form(description="the rest of the job as JSON, e.g. {\"devices\": 4}")] = "{}"
@@ -64,7 +66,7 @@ def upload_job(db: DB, graph: Annotated[UploadFile, File(description="OpGraph JS
     return _submit(db, body)
 
 
-@router.get("", response_model=JobList, summary="List jobs, newest first")
+@router.get("", dependencies=[READ], response_model=JobList, summary="List jobs, newest first")
 def list_jobs(db: DB, status: Literal["queued", "running", "done", "failed"] | None = None,
               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
               offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> JobList:
@@ -73,13 +75,13 @@ def list_jobs(db: DB, status: Literal["queued", "running", "done", "failed"] | N
     return JobList(total=total, items=items)
 
 
-@router.get("/{job_id}", response_model=JobDetail, responses=ERRORS, summary="A job: status and progress")
+@router.get("/{job_id}", dependencies=[READ], response_model=JobDetail, responses=ERRORS, summary="A job: status and progress")
 def get_job(job_id: JobId, db: DB) -> JobDetail:
     with db.session() as s:
         return jobs.detail(s, job_id)
 
 
-@router.get("/{job_id}/frontier", response_model=FrontierOut, responses=ERRORS,
+@router.get("/{job_id}/frontier", dependencies=[READ], response_model=FrontierOut, responses=ERRORS,
             summary="The Pareto points (plans by strategy id) and the baselines")
 def get_frontier(job_id: JobId, db: DB,
                  devices: Annotated[int | None, Query(gt=0, le=1_000_000,
@@ -97,10 +99,10 @@ def _job_exists(job_id: JobId, db: DB) -> int:
         return jobs.get(s, job_id).search_id
 
 
-@router.get("/{job_id}/events", response_class=EventSourceResponse, responses=ERRORS,
+@router.get("/{job_id}/events", dependencies=[READ], response_class=EventSourceResponse, responses=ERRORS,
             summary="Server-sent events: the search's progress, then `end`")
 async def job_events(job_id: JobId, request: Request, db: DB, settings: Config,
-                     search_id: Annotated[int, Depends(_job_exists)],
+                     search_id: Annotated[int, Depends(_job_exists)], _slot: Annotated[None, Depends(sse.stream_slot)],
                      last_event_id: Annotated[int | None, Header(ge=0, le=2**62)] = None):
     from service.crud import searches
 
@@ -110,7 +112,7 @@ async def job_events(job_id: JobId, request: Request, db: DB, settings: Config,
         yield ev
 
 
-@router.post("/{job_id}/select", response_model=JobDetail, responses=ERRORS,
+@router.post("/{job_id}/select", dependencies=[SUBMIT], response_model=JobDetail, responses=ERRORS,
              summary="Select a strategy of the job's frontier")
 def select(job_id: JobId, body: SelectIn, db: DB) -> JobDetail:
     with db.write_session() as s:
@@ -119,7 +121,7 @@ def select(job_id: JobId, body: SelectIn, db: DB) -> JobDetail:
         return jobs.detail(s, job_id)
 
 
-@router.post("/{job_id}/launch", status_code=201, response_model=RunOut, responses=ERRORS,
+@router.post("/{job_id}/launch", dependencies=[SUBMIT], status_code=201, response_model=RunOut, responses=ERRORS,
              summary="Queue a run of a strategy for the workers")
 def launch(job_id: JobId, db: DB, body: LaunchIn | None = None) -> RunOut:
     body = body or LaunchIn()
@@ -129,7 +131,7 @@ def launch(job_id: JobId, db: DB, body: LaunchIn | None = None) -> RunOut:
         return runs.out(s, runs.get(s, run_id))
 
 
-@router.get("/{job_id}/runs", response_model=list[RunOut], responses=ERRORS, summary="The job's runs")
+@router.get("/{job_id}/runs", dependencies=[READ], response_model=list[RunOut], responses=ERRORS, summary="The job's runs")
 def job_runs(job_id: JobId, db: DB) -> list[RunOut]:
     with db.session() as s:
         return [runs.out(s, r) for r in runs.for_job(s, job_id)]
@@ -158,7 +160,7 @@ async def _resize_answer(db, resize_id: int, job_id: int, wait: float) -> JSONRe
                         headers={"Location": f"/api/jobs/{job_id}/resizes/{resize_id}"})
 
 
-@router.post("/{job_id}/resize", response_model=ResizeOut, responses={**ERRORS, 202: {"model": ResizeOut}},
+@router.post("/{job_id}/resize", dependencies=[SUBMIT], response_model=ResizeOut, responses={**ERRORS, 202: {"model": ResizeOut}},
              summary="Record new resources; answers with the plan the job would move to")
 async def resize(job_id: JobId, body: ResizeIn, db: DB, settings: Config,
                  wait: Annotated[float, Query(ge=0, le=3600, description="seconds to wait for the answer")] = 0.0):
@@ -177,14 +179,15 @@ async def resize(job_id: JobId, body: ResizeIn, db: DB, settings: Config,
     return await _resize_answer(db, resize_id, job_id, min(wait, settings.resize_wait_max_seconds))
 
 
-@router.get("/{job_id}/resizes/{resize_id}/frontier", response_model=FrontierOut, responses=ERRORS,
+@router.get("/{job_id}/resizes/{resize_id}/frontier", dependencies=[READ], response_model=FrontierOut, responses=ERRORS,
             summary="The frontier searched for a resize's resources")
 def get_resize_frontier(job_id: JobId, resize_id: ResizeId, db: DB) -> FrontierOut:
     with db.session() as s:
         return resizes.frontier(s, job_id, resize_id)
 
 
-@router.get("/{job_id}/resizes/{resize_id}", response_model=ResizeOut, responses={**ERRORS, 202: {"model": ResizeOut}},
+@router.get("/{job_id}/resizes/{resize_id}", dependencies=[READ], response_model=ResizeOut,
+            responses={**ERRORS, 202: {"model": ResizeOut}},
             summary="A resize's answer")
 async def get_resize(job_id: JobId, resize_id: ResizeId, db: DB, settings: Config,
                      wait: Annotated[float, Query(ge=0, le=3600)] = 0.0):

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from service.api.auth import READ, SUBMIT
 from service.api.deps import DB, ProfileId
 from service.api.errors import StrictJSONRoute
 from service.crud import profiles
@@ -19,7 +20,7 @@ def _out(p, cls=ProfileOut, **extra):
                created_at=p.created_at, **extra)
 
 
-@router.get("", response_model=list[ProfileOut], summary="Stored device profiles, newest first")
+@router.get("", dependencies=[READ], response_model=list[ProfileOut], summary="Stored device profiles, newest first")
 def list_profiles(db: DB, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                   offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> list[ProfileOut]:
     with db.session() as s:
@@ -27,7 +28,7 @@ def list_profiles(db: DB, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         return [_out(p) for p in items]
 
 
-@router.post("", status_code=201, response_model=ProfileOut, responses={422: {"model": Error}},
+@router.post("", dependencies=[SUBMIT], status_code=201, response_model=ProfileOut, responses={422: {"model": Error}},
              summary="Upload a DeviceProfile (paretoplan profile's output); jobs use it with profile_id")
 def create_profile(body: ProfileIn, db: DB) -> ProfileOut:
     prof = profiles.check(body)
@@ -35,7 +36,7 @@ def create_profile(body: ProfileIn, db: DB) -> ProfileOut:
         return _out(profiles.create(s, body, prof))
 
 
-@router.get("/{profile_id}", response_model=ProfileDetail, responses={404: {"model": Error}},
+@router.get("/{profile_id}", dependencies=[READ], response_model=ProfileDetail, responses={404: {"model": Error}},
             summary="A profile with its document")
 def get_profile(profile_id: ProfileId, db: DB) -> ProfileDetail:
     with db.session() as s:

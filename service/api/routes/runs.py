@@ -10,6 +10,7 @@ from fastapi.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from service.api import sse
+from service.api.auth import READ, SUBMIT
 from service.api.deps import DB, Config, RunId
 from service.api.errors import StrictJSONRoute
 from service.crud import jobs, resizes, runs
@@ -18,7 +19,7 @@ from service.schemas import Error, ResizeIn, ResizeOut, RunOut
 router = APIRouter(prefix="/api/runs", tags=["runs"], route_class=StrictJSONRoute)
 
 
-@router.get("/{run_id}", response_model=RunOut, responses={404: {"model": Error}},
+@router.get("/{run_id}", dependencies=[READ], response_model=RunOut, responses={404: {"model": Error}},
             summary="A run: status, progress, measured vs predicted")
 def get_run(run_id: RunId, db: DB) -> RunOut:
     with db.session() as s:
@@ -30,10 +31,10 @@ def _run_exists(run_id: RunId, db: DB) -> int:
         return runs.get(s, run_id).id
 
 
-@router.get("/{run_id}/events", response_class=EventSourceResponse, responses={404: {"model": Error}},
+@router.get("/{run_id}/events", dependencies=[READ], response_class=EventSourceResponse, responses={404: {"model": Error}},
             summary="Server-sent events of a run, then `end`")
 async def run_events(run_id: RunId, request: Request, db: DB, settings: Config,
-                     _exists: Annotated[int, Depends(_run_exists)],
+                     _exists: Annotated[int, Depends(_run_exists)], _slot: Annotated[None, Depends(sse.stream_slot)],
                      last_event_id: Annotated[int | None, Header(ge=0, le=2**62)] = None):
     async for ev in sse.stream(request, db, settings, after=last_event_id or 0, run_id=run_id,
                                status=lambda s: runs.get(s, run_id).status):
@@ -45,7 +46,7 @@ RESIZE_ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": Error, "description": "the device count is invalid for the job, or no plan on it fits"}}
 
 
-@router.post("/{run_id}/resize", status_code=202, response_model=ResizeOut, responses=RESIZE_ERRORS,
+@router.post("/{run_id}/resize", dependencies=[SUBMIT], status_code=202, response_model=ResizeOut, responses=RESIZE_ERRORS,
              summary="Resize a running run: it stops at the next step, saves, and goes on on the new devices")
 async def resize_run(run_id: RunId, body: ResizeIn, db: DB) -> JSONResponse:
     """202: the order is recorded; the run's worker carries it out at its next step boundary

@@ -20,16 +20,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Response
 
 from service import queue
-from service.api.deps import DB, AppClock, Config, TaskId, worker_auth
+from service.api.auth import WORKER
+from service.api.deps import DB, AppClock, Config, TaskId
 from service.api.errors import StrictJSONRoute
 from service.crud import runs
 from service.schemas import Ack, ClaimIn, Error, FailIn, HeartbeatIn, HeartbeatOut, RunResultIn, SearchResultIn, TaskOut
 
 router = APIRouter(prefix="/api/tasks", tags=["worker protocol"], route_class=StrictJSONRoute,
-                   dependencies=[Depends(worker_auth)])
+                   dependencies=[WORKER])
 LOST: dict[int | str, dict[str, Any]] = {409: {"model": Error, "description": "the claim is over: drop the task"}}
 RESULT: dict[int | str, dict[str, Any]] = {**LOST, 422: {"model": Error, "description": "not a valid report of this "
                                                                                        "task: nothing was stored"}}
@@ -55,7 +56,8 @@ def heartbeat(kind: queue.Kind, task_id: TaskId, body: HeartbeatIn, db: DB, sett
         run = {"checkpoint": body.checkpoint, "devices": body.devices,
                "segments": [x.model_dump(mode="json") for x in body.segments] if body.segments is not None else None}
     expires = queue.heartbeat(db, kind, task_id, body.token, settings.lease_seconds, stage=body.stage,
-                              fraction=body.fraction, message=body.message, step=body.step, run=run, clock=clock)
+                              fraction=body.fraction, message=body.message, step=body.step, run=run, clock=clock,
+                              max_hold_seconds=settings.max_claim_seconds)
     if kind != "run":
         return HeartbeatOut(lease_expires_at=expires)
     if body.resize_id is not None:
@@ -81,5 +83,5 @@ def run_result(task_id: TaskId, body: RunResultIn, db: DB, clock: AppClock) -> A
              summary="The task failed (input errors are final; others may be retried)")
 def fail(kind: queue.Kind, task_id: TaskId, body: FailIn, db: DB, settings: Config, clock: AppClock) -> Ack:
     queue.fail(db, kind, task_id, body.token, body.error, input_error=body.input_error, retry=body.retry,
-               max_attempts=settings.max_attempts, clock=clock)
+               max_attempts=settings.max_attempts, clock=clock, handback=body.handback and not body.input_error)
     return Ack()

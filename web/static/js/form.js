@@ -3,7 +3,7 @@
 // creates nothing (the service validates before it writes), and the page navigates nowhere.
 
 import { api, ApiError } from "./api.js";
-import { bytes, count, esc } from "./format.js";
+import { bytes, count, html, setHtml } from "./format.js";
 
 const FIELDS = ["model", "file", "device", "devices", "device_counts", "global_batch", "seq_len", "precision",
   "memory_budget", "eps"];
@@ -77,8 +77,7 @@ export function initForm(form, { onCreated }) {
     const q = filter.value.trim().toLowerCase();
     const keep = modelSel.value;
     const shown = models.filter((m) => !q || `${m.name} ${m.family} ${m.kind} ${m.description}`.toLowerCase().includes(q));
-    modelSel.innerHTML = shown.map((m) =>
-      `<option value="${esc(m.name)}">${esc(m.name)} — ${count(m.params)} params · ${esc(m.kind)}</option>`).join("");
+    setHtml(modelSel, html`${shown.map((m) => html`<option value="${m.name}">${m.name} — ${count(m.params)} params · ${m.kind}</option>`)}`);
     if (shown.some((m) => m.name === keep)) modelSel.value = keep;
     else if (shown.length === 1 || (q && shown.some((m) => m.name === q))) modelSel.value = shown.length === 1 ? shown[0].name : q;
     showInfo();
@@ -106,7 +105,7 @@ export function initForm(form, { onCreated }) {
   const ready = Promise.all([api.models(), api.devices()]).then(([ms, ds]) => {
     models = ms;
     renderModels();
-    deviceSel.innerHTML = ds.map((d) => `<option value="${esc(d.name)}">${esc(d.name)} — ${bytes(d.memory_bytes)}</option>`).join("");
+    setHtml(deviceSel, html`${ds.map((d) => html`<option value="${d.name}">${d.name} — ${bytes(d.memory_bytes)}</option>`)}`);
     deviceSel.value = ds.some((d) => d.name === "h100-80gb") ? "h100-80gb" : ds[0] && ds[0].name;
   }).catch((e) => setError("form", `cannot load the model zoo and device catalog: ${e.message}`));
 

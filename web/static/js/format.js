@@ -63,6 +63,32 @@ export function when(iso) {
 const ESC = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 export const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ESC[c]);
 
+// The one way markup reaches the page. html`...` escapes every value it interpolates (a job's name,
+// a worker's report, an op's name: whatever the API sent is text) unless the value is itself
+// html`...` (markup this code wrote); arrays of either are concatenated; null and undefined are
+// empty. setHtml(el, html`...`) is the only place that assigns innerHTML, and it refuses a plain
+// string, so a template that forgot the tag fails loudly instead of inserting markup.
+class Html {
+  constructor(text) { this.text = text; }
+  toString() { return this.text; }
+}
+function part(v) {
+  if (v instanceof Html) return v.text;
+  if (Array.isArray(v)) return v.map(part).join("");
+  if (v === null || v === undefined || v === false) return "";
+  return esc(v);
+}
+export function html(strings, ...values) {
+  let out = strings[0];
+  for (let i = 0; i < values.length; i++) out += part(values[i]) + strings[i + 1];
+  return new Html(out);
+}
+export const joinHtml = (items, sep) => new Html(items.map(part).join(part(sep)));
+export function setHtml(el, markup) {
+  if (!(markup instanceof Html)) throw new TypeError("setHtml takes html`...` (a plain string would be inserted as markup)");
+  el.innerHTML = markup.text;
+}
+
 // One wording and one look per state wherever a job, a search or a run is shown: a job's "running"
 // is its search ("searching"), a run's says its step. The class keeps the API's status (scripts and
 // tests find badges by it); state-* picks the look, and the CSS adds an icon, so the states differ in
@@ -76,5 +102,5 @@ export function stateText(status, { run = false, step = null, steps = null } = {
 }
 export function stateBadge(status, opts = {}, prefix = "") {
   const state = stateOf(status, opts.run);
-  return `<span class="badge ${esc(status)} state-${esc(state)}" data-state="${esc(state)}">${esc(prefix)}${esc(stateText(status, opts))}</span>`;
+  return html`<span class="badge ${status} state-${state}" data-state="${state}">${prefix}${stateText(status, opts)}</span>`;
 }

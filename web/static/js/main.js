@@ -3,7 +3,7 @@
 // `&point=ID` for the open plan), so a link opens the same view.
 
 import { api, ApiError, follow } from "./api.js";
-import { bytes, seconds, pct, when, esc, mfu, stateBadge, stateOf, stateText } from "./format.js";
+import { bytes, seconds, pct, when, mfu, stateBadge, stateOf, stateText, html, joinHtml, setHtml } from "./format.js";
 import { initForm } from "./form.js";
 import { draw, colorFor } from "./chart.js";
 import { createTable } from "./table.js";
@@ -45,13 +45,10 @@ async function refreshJobs() {
     const list = await api.jobs(100);
     $("#jobs-total").textContent = `(${list.total})`;
     busy = list.items.some((j) => j.status === "queued" || j.status === "running");
-    $("#job-list").innerHTML = list.items.map((j) => `<li><a href="/?job=${j.id}" data-job="${j.id}"${j.id === state.jobId ? ' aria-current="page"' : ""}>` +
-      `<span class="jid">#${j.id}</span><span class="jname">${esc(j.name)}</span>${stateBadge(j.status)}` +
-      `<span class="jsub">${j.devices} × ${esc(j.device || "custom cluster")}${j.alternates.length ? ` (+${j.alternates.map((a) => a.devices).join(", ")})` : ""}` +
-      ` · ${when(j.created_at)}${j.frontier_size != null ? ` · ${j.frontier_size} points` : ""}${j.cached ? " · cached" : ""}</span></a></li>`).join("")
-      || '<li class="hint">no jobs yet</li>';
+    const items = list.items.map((j) => html`<li><a href="/?job=${j.id}" data-job="${j.id}"${j.id === state.jobId ? html` aria-current="page"` : ""}><span class="jid">#${j.id}</span><span class="jname">${j.name}</span>${stateBadge(j.status)}<span class="jsub">${j.devices} × ${j.device || "custom cluster"}${j.alternates.length ? ` (+${j.alternates.map((a) => a.devices).join(", ")})` : ""} · ${when(j.created_at)}${j.frontier_size != null ? ` · ${j.frontier_size} points` : ""}${j.cached ? " · cached" : ""}</span></a></li>`);
+    setHtml($("#job-list"), items.length ? html`${items}` : html`<li class="hint">no jobs yet</li>`);
   } catch (e) {
-    $("#job-list").innerHTML = `<li class="error">${esc(e.message)}</li>`;
+    setHtml($("#job-list"), html`<li class="error">${e.message}</li>`);
   }
   jobsTimer = setTimeout(refreshJobs, busy ? 3000 : 15000);
 }
@@ -80,9 +77,9 @@ function reset() {
   $("#progress-box").hidden = true;
   $("#job-error").hidden = true;
   $("#alternates").hidden = true;
-  $("#job-log").innerHTML = "";
-  $("#resize-result").innerHTML = "";
-  $("#estimate-result").innerHTML = "";
+  $("#job-log").replaceChildren();
+  $("#resize-result").replaceChildren();
+  $("#estimate-result").replaceChildren();
   $("#confidence").textContent = "";
   $("#runs-box").hidden = true;
   $("#chart").removeAttribute("data-points");
@@ -93,10 +90,10 @@ function reset() {
 function jobMeta(job) {
   const r = job.request || {};
   const model = r.model || r.name || (r.hf_config ? "HF config" : r.graph ? "uploaded graph" : "?");
-  const parts = [`${esc(model)} on ${job.devices} × ${esc(r.device || "?")}`];
+  const parts = [`${model} on ${job.devices} × ${r.device || "?"}`];
   if (r.global_batch) parts.push(`global batch ${r.global_batch}`);
   if (r.seq_len) parts.push(`seq ${r.seq_len}`);
-  parts.push(esc(r.precision || "bf16"));
+  parts.push(String(r.precision || "bf16"));
   if (r.memory_budget) parts.push(`budget ${bytes(r.memory_budget)}`);
   parts.push(`submitted ${when(job.created_at)}`);
   if (job.cached) parts.push("answered from a stored frontier");
@@ -109,15 +106,15 @@ function showJob(job) {
   $("#job").hidden = false;
   $("#job-title").textContent = `Job #${job.id}: ${job.name}`;
   setJobBadge(job.status);
-  $("#job-meta").innerHTML = jobMeta(job);
+  $("#job-meta").textContent = jobMeta(job);
   if (job.status === "failed") {
     $("#job-error").textContent = `The search failed: ${job.error || "no reason given"}`;
     $("#job-error").hidden = false;
   }
   if (job.alternates.length) {
     $("#alternates").hidden = false;
-    $("#alternates").innerHTML = "Also searched: " + job.alternates.map((a) =>
-      stateBadge(a.status, {}, `${a.devices} devices: `)).join(" ");
+    setHtml($("#alternates"), html`Also searched: ${joinHtml(job.alternates.map((a) =>
+      stateBadge(a.status, {}, `${a.devices} devices: `)), " ")}`);
   }
 }
 
@@ -234,9 +231,7 @@ async function loadFrontier(token, point) {
   state.baselines = fr.baselines;
   indexPoints();
   $("#frontier").hidden = false;
-  $("#frontier-summary").innerHTML = `<b>${fr.frontier.length}</b> Pareto-optimal plans for ${esc(fr.model)} (${(fr.params / 1e6).toPrecision(3)} M params) on ${esc(fr.cluster)}` +
-    ` · budget ${bytes(fr.memory_budget_bytes)}${fr.feasible ? "" : ' · <b class="nofit">no plan fits the budget</b>'}` +
-    ` · searched in ${seconds(fr.search_seconds)}${fr.eps ? ` · ε = ${fr.eps}` : " · exact"}`;
+  setHtml($("#frontier-summary"), html`<b>${fr.frontier.length}</b> Pareto-optimal plans for ${fr.model} (${(fr.params / 1e6).toPrecision(3)} M params) on ${fr.cluster} · budget ${bytes(fr.memory_budget_bytes)}${fr.feasible ? "" : html` · <b class="nofit">no plan fits the budget</b>`} · searched in ${seconds(fr.search_seconds)}${fr.eps ? ` · ε = ${fr.eps}` : " · exact"}`);
   $("#confidence").textContent = fr.confidence ? fr.confidence.message : "";
   $("#r-devices").placeholder = String(fr.num_devices);
   await redraw();
@@ -451,8 +446,8 @@ function renderRuns() {
   const where = typing ? (active.closest("#runs") ? "#runs" : "#panel-body") : null;
   const caret = typing ? active.selectionStart : null;
   $("#runs-box").hidden = state.runs.length === 0;
-  $("#runs").innerHTML = state.runs.slice().reverse().map((r) =>
-    `<li data-run="${r.id}"><button type="button" class="link" data-open="${r.strategy_id}">${esc(pointLabel(r.strategy_id))}</button><div>${runCard(r, runConfidence(), state.runUi)}</div></li>`).join("");
+  setHtml($("#runs"), html`${state.runs.slice().reverse().map((r) =>
+    html`<li data-run="${r.id}"><button type="button" class="link" data-open="${r.strategy_id}">${pointLabel(r.strategy_id)}</button><div>${runCard(r, runConfidence(), state.runUi)}</div></li>`)}`);
   if (state.selectedId != null) updateRuns($("#panel-body"), state.runs.filter((r) => r.strategy_id === state.selectedId), runConfidence(), state.runUi);
   if (typing) {
     const again = document.querySelector(`${where} form.run-resize[data-run="${typing.dataset.run}"] input[name=devices]`);
@@ -561,7 +556,7 @@ function resizeField(err) {
 }
 // an answer for other inputs than the form now holds is stale: it goes, with its mark on the chart
 function clearResizeAnswer() {
-  $("#resize-result").innerHTML = "";
+  $("#resize-result").replaceChildren();
   if (state.resizeTarget) { state.resizeTarget = null; if (state.frontier) redraw(); }
 }
 for (const [id, field] of [["#r-devices", "devices"], ["#r-memory", "memory_per_device"]]) {
@@ -588,7 +583,7 @@ $("#resize-form").addEventListener("submit", async (e) => {
   try {
     let r = await api.resize(state.jobId, body, 10);
     while (r.body.status === "pending" && token === state.token) {
-      out.innerHTML = `<p>searching the frontier for ${r.body.devices} devices…</p>`;
+      setHtml(out, html`<p>searching the frontier for ${r.body.devices} devices…</p>`);
       r = await api.resizeAnswer(r.location, 10);
     }
     if (token !== state.token) return;
@@ -613,17 +608,14 @@ function showResize(r) {
     state.resizeTarget = { devices: r.devices, strategy: st };
     const cur = state.points.get(r.current_strategy_id);
     const cmp = cur ? ` (vs the current plan #${cur.index}: time ${pct(st.time_s / cur.time_s - 1)}, memory ${pct(st.memory_bytes / cur.memory_bytes - 1)})` : "";
-    out.innerHTML = `<div class="card" id="resize-card"><b>On ${r.devices} devices${r.memory_per_device ? ` with ${bytes(r.memory_per_device)} each` : ""} the job would move to:</b>` +
-      `<br><code>${esc(st.summary)}</code><br>${seconds(st.time_s)} per iteration, ${bytes(st.memory_bytes)} per device${cmp}` +
-      ` <button type="button" class="link" data-open="${st.id}">show this plan</button></div>`;
+    setHtml(out, html`<div class="card" id="resize-card"><b>On ${r.devices} devices${r.memory_per_device ? ` with ${bytes(r.memory_per_device)} each` : ""} the job would move to:</b><br><code>${st.summary}</code><br>${seconds(st.time_s)} per iteration, ${bytes(st.memory_bytes)} per device${cmp} <button type="button" class="link" data-open="${st.id}">show this plan</button></div>`);
     redraw();
   } else if (r.status === "no_fit") {
     state.resizeTarget = null;
-    out.innerHTML = `<div class="card"><b>No plan fits on ${r.devices} devices${r.memory_per_device ? ` with ${bytes(r.memory_per_device)} each` : ""}.</b>` +
-      (r.least_memory_bytes ? ` The leanest plan needs ${bytes(r.least_memory_bytes)} per device.` : "") + "</div>";
+    setHtml(out, html`<div class="card"><b>No plan fits on ${r.devices} devices${r.memory_per_device ? ` with ${bytes(r.memory_per_device)} each` : ""}.</b>${r.least_memory_bytes ? ` The leanest plan needs ${bytes(r.least_memory_bytes)} per device.` : ""}</div>`);
     redraw();
   } else {
-    out.innerHTML = `<div class="card error">The search for ${r.devices} devices ${r.status}${r.error ? `: ${esc(r.error)}` : ""}.</div>`;
+    setHtml(out, html`<div class="card error">The search for ${r.devices} devices ${r.status}${r.error ? `: ${r.error}` : ""}.</div>`);
   }
 }
 $("#resize-result").addEventListener("click", (e) => {
@@ -692,16 +684,9 @@ function showEstimate(est) {
   let where = "";
   if (a) {
     const dom = a.dominated_by != null ? state.frontier.frontier[a.dominated_by] : null;
-    where = `<br><span id="estimate-where">${esc(a.message)}</span>` +
-      (dom ? ` <button type="button" class="link" data-open="${dom.id}">show #${a.dominated_by}</button>` : "");
+    where = html`<br><span id="estimate-where">${a.message}</span>${dom ? html` <button type="button" class="link" data-open="${dom.id}">show #${a.dominated_by}</button>` : ""}`;
   }
-  $("#estimate-result").innerHTML = `<div class="card" id="estimate-card"><b>${esc(est.description)}</b>` +
-    `<br><code>${esc(est.plan.summary)}</code>` +
-    `<br><span id="estimate-time">${seconds(est.time_s)}</span> per iteration, <span id="estimate-memory">${bytes(est.memory_bytes)}</span> per device` +
-    `${est.fits_budget ? "" : ' <b class="nofit">over the budget</b>'} · MFU <b id="estimate-mfu">${mfu(est.mfu)}</b>` +
-    ` · ${est.launchable ? "launchable" : `<span class="nofit">not launchable</span>: ${esc(est.not_launchable_reason)}`}` +
-    where + est.notes.map((n) => `<br><span class="hint">note: ${esc(n)}</span>`).join("") +
-    `<br><span class="hint">${esc(est.confidence.message)}</span></div>`;
+  setHtml($("#estimate-result"), html`<div class="card" id="estimate-card"><b>${est.description}</b><br><code>${est.plan.summary}</code><br><span id="estimate-time">${seconds(est.time_s)}</span> per iteration, <span id="estimate-memory">${bytes(est.memory_bytes)}</span> per device${est.fits_budget ? "" : html` <b class="nofit">over the budget</b>`} · MFU <b id="estimate-mfu">${mfu(est.mfu)}</b> · ${est.launchable ? "launchable" : html`<span class="nofit">not launchable</span>: ${est.not_launchable_reason}`}${where}${est.notes.map((n) => html`<br><span class="hint">note: ${n}</span>`)}<br><span class="hint">${est.confidence.message}</span></div>`);
 }
 $("#estimate-result").addEventListener("click", (e) => {
   const open = e.target.closest("[data-open]");

@@ -2,7 +2,7 @@
 // One row is in the tab order at a time (roving tabindex): arrows, Home/End and PageUp/PageDown
 // move, Enter or Space opens the plan. Column headers are buttons: Enter sorts.
 
-import { bytes, seconds, esc, mfu } from "./format.js";
+import { bytes, seconds, mfu, html, setHtml } from "./format.js";
 
 const COLUMNS = [
   { key: "label", title: "point", sort: (r) => [r.kind === "baseline" ? 1 : 0, r.kind === "baseline" ? r.label : r.index] },
@@ -31,7 +31,7 @@ export function createTable(table, { onSelect }) {
   let selected = null;
   let active = null;
 
-  head.innerHTML = COLUMNS.map((c) => `<th scope="col" data-key="${c.key}"><button type="button">${esc(c.title)}</button></th>`).join("");
+  setHtml(head, html`${COLUMNS.map((c) => html`<th scope="col" data-key="${c.key}"><button type="button">${c.title}</button></th>`)}`);
   head.addEventListener("click", (e) => {
     const th = e.target.closest("th");
     if (!th) return;
@@ -48,16 +48,12 @@ export function createTable(table, { onSelect }) {
       th.setAttribute("aria-sort", th.dataset.key === sort.key ? (sort.dir > 0 ? "ascending" : "descending") : "none");
     }
     if (active === null || !rows.some((r) => r.id === active)) active = selected ?? (order[0] && order[0].id);
-    const html = [];
+    const out = [];
     for (const r of order) {
       const isSel = r.id === selected;
-      html.push(`<tr data-id="${r.id}" class="${r.kind}" tabindex="${r.id === active ? 0 : -1}" aria-selected="${isSel}">` +
-        `<td><span class="swatch" style="background:${r.color}"></span>${esc(r.kind === "baseline" ? `baseline: ${r.label}` : `#${r.index}`)}</td>` +
-        `<td class="num">${r.devices}</td><td class="num">${seconds(r.time_s, 4)}</td><td class="num">${bytes(r.memory_bytes, 4)}</td>` +
-        `<td class="num">${mfu(r.mfu)}</td>` +
-        `<td class="${r.fits ? "" : "nofit"}">${r.fits ? "yes" : "no"}</td><td class="summary">${esc(r.summary)}</td></tr>`);
+      out.push(html`<tr data-id="${r.id}" class="${r.kind}" tabindex="${r.id === active ? 0 : -1}" aria-selected="${isSel}"><td><span class="swatch" style="background:${r.color}"></span>${r.kind === "baseline" ? `baseline: ${r.label}` : `#${r.index}`}</td><td class="num">${r.devices}</td><td class="num">${seconds(r.time_s, 4)}</td><td class="num">${bytes(r.memory_bytes, 4)}</td><td class="num">${mfu(r.mfu)}</td><td class="${r.fits ? "" : "nofit"}">${r.fits ? "yes" : "no"}</td><td class="summary">${r.summary}</td></tr>`);
     }
-    body.innerHTML = html.join("");
+    setHtml(body, html`${out}`);
   }
 
   function rowEl(id) { return body.querySelector(`tr[data-id="${id}"]`); }

@@ -1,0 +1,64 @@
+"""A worker's search runs in a child under a deadline and a memory limit, and each task's
+temporary files go when it ends (issue 20: no limit bounded a search; runs left temporary
+directories behind)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from search import InputError, SearchRequest, run_search
+from worker.bounded import LimitExceeded, Limits, bounded_search, task_tmpdir
+
+TINY = SearchRequest(model="gpt2-tiny", device="cpu", devices=2)
+
+
+def test_a_bounded_search_is_the_search_and_relays_its_progress():
+    seen: list[str] = []
+    report = bounded_search(TINY, lambda stage, fraction, message=None: seen.append(stage), Limits())
+    direct = run_search(TINY).report
+    assert [p.plan for p in report.frontier] == [p.plan for p in direct.frontier]
+    assert "search" in seen or len(seen) > 1
+
+
+def test_a_search_past_its_deadline_is_killed_and_says_so():
+    with pytest.raises(LimitExceeded, match="time limit"):
+        bounded_search(TINY, lambda *a, **k: None, Limits(search_seconds=0.001))
+
+
+def test_a_search_past_its_memory_is_stopped_and_says_so():
+    with pytest.raises(LimitExceeded, match="memory"):
+        bounded_search(SearchRequest(model="gpt2", devices=8), lambda *a, **k: None,
+                       Limits(search_memory_bytes=1024 * 1024))
+
+
+def test_an_input_error_of_the_search_stays_one():
+    bad = SearchRequest(model="gpt2-tiny", device="cpu", devices=2, global_batch=3)
+    with pytest.raises(InputError) as e:
+        bounded_search(bad, lambda *a, **k: None, Limits())
+    assert not isinstance(e.value, LimitExceeded)
+
+
+def test_a_failing_progress_callback_kills_the_child():
+    class LeaseGone(Exception):
+        pass
+
+    def progress(*_a, **_k):
+        raise LeaseGone
+
+    with pytest.raises(LeaseGone):
+        bounded_search(TINY, progress, Limits())
+
+
+def test_a_tasks_temporary_files_are_removed_however_it_ends():
+    before = os.environ.get("TMPDIR")
+    with pytest.raises(RuntimeError), task_tmpdir("paretoplan-test-") as where:
+        made = Path(tempfile.mkdtemp(prefix="paretoplan-run-"))
+        assert made.parent == Path(where) and os.environ["TMPDIR"] == where
+        (made / "torchrun.log").write_text("a failed launch keeps its log here")
+        raise RuntimeError("the launch failed")
+    assert not Path(where).exists()
+    assert os.environ.get("TMPDIR") == before
