@@ -625,12 +625,22 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
     t = np.concatenate(out_t)
     mem = np.concatenate(out_m) + tables.buffers
     keep = pareto_mask(np.zeros(len(t), dtype=np.int64), t, mem, eps)
-    splits, assigns = _read_back(S, chain.layer_maps(), [out_back[g] for g in keep])
-    assigns = to_model_order(assigns, chain, splits, shape.virtual_stages)  # each device's layers, interleaved
-    for layer in chain.layers:  # every layer's output takes the tied boundary layout
-        assigns.setdefault(layer[-1], np.zeros(len(keep), dtype=np.int64))[:] = np.array(out_b)[keep]
+    backs = [out_back[g] for g in keep]
+    splits: list[Split] = [tuple(k for k, _ in back) for back in backs]
+    boundary = np.array(out_b, dtype=np.int64)[keep]
+    maps = chain.layer_maps()
+
+    def reader(rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The points `rows`' configurations, read back through the stage factors' provenance
+        (each point's read alone of the others: any rows, the same answer)."""
+        _, assigns = _read_back(S, maps, [backs[int(r)] for r in rows])
+        assigns = to_model_order(assigns, chain, [splits[int(r)] for r in rows], shape.virtual_stages)
+        for layer in chain.layers:  # every layer's output takes the tied boundary layout
+            assigns.setdefault(layer[-1], np.zeros(len(rows), dtype=np.int64))[:] = boundary[rows]
+        return assigns
+
     root = Factor(scope=(), keys=np.zeros((len(keep), 0), dtype=np.int32), t=t[keep], m=mem[keep])
-    return PipeSolution.of(with_edges(tables, cm), root, splits, assigns, S.stats)
+    return PipeSolution.of(with_edges(tables, cm), root, splits, stats=S.stats, reader=reader)
 
 # ---- the whole pipeline pass --------------------------------------------------------------------
 def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stages: tuple[int, ...],
