@@ -54,3 +54,38 @@ def test_small_join_is_taken() -> None:
     assert frontier._join_small(a, b, ("u",), domain, None) is not None
     tied = leaf(("u",), np.array([[0], [0]]), np.array([1.0, 1.0]), np.array([2.0, 1.0]))
     assert frontier._join_small(tied, b, ("u",), domain, None) is None
+
+
+def test_stacked_cheapest_equals_per_op_weighing() -> None:
+    """`_Cheapest` (shape_bound's stacked tables) equals weighing op by op and summing the
+    minima in op order, bit for bit, on a real graph's tables under several stage weightings."""
+    from search.algorithm.chain import find_chain
+    from search.algorithm.evaluate import Weights, mesh_costs, weigh_op
+    from search.algorithm.pipeline import _Cheapest
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import CostModel, TrainingJob
+    from search.prices.mesh import mesh_candidates
+
+    graph = capture_model(get_model("gpt2-mini"), 8, 64)
+    cluster = make_cluster("h100-80gb", 4)
+    cm = CostModel(graph, cluster, TrainingJob(global_batch=8, seq_len=64, precision="bf16"))
+    chain = find_chain(graph)
+    assert chain is not None
+    lams = np.array([1e-12, 3e-10, 2e-8])
+    for mesh in mesh_candidates(cluster):
+        for zero in (0, 3):
+            base = mesh_costs(graph, cm, mesh, zero, chain)
+            names = [n for n in base if n not in chain.covered]
+            for w in (Weights(7.0, 1, 4.0), Weights(3.0, 2, 1.5), Weights(1.0, 1, 0.0)):
+                for scale in (1.0, 0.25):
+                    ref = np.zeros(2 + len(lams))
+                    for name in names:
+                        oc = weigh_op(base[name], w)
+                        t = np.concatenate([oc.time, oc.time_rc])
+                        m = np.concatenate([oc.mem, oc.mem_rc])
+                        ref[0] += t.min()
+                        ref[1] += m.min()
+                        ref[2:] += (scale * t[:, None] + lams[None, :] * m[:, None]).min(axis=0)
+                    assert np.array_equal(_Cheapest(base, names).least(w, lams, scale), ref)
