@@ -472,9 +472,17 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     # the fewest micro-batches), and what a middle stage sends: bounds on the stages not yet taken
     layer_t, layer_m = S.layer_floor(b)
     rows = np.arange(n + 1)
+    seen: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def points(s: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Stage s's points holding k layers as the DP sees them (its transfer added), found once
+        for the DP and the read-back of every split."""
+        if (s, k) not in seen:
+            seen[(s, k)] = _stage_points(S, s, k, b, weights[s].slots * S.sends[s] * p2p[b], lower)
+        return seen[(s, k)]
+
     for i, s in enumerate(order):
         left_after = p - 1 - i
-        send = weights[s].slots * S.sends[s] * p2p[b]
         # what the stage not yet taken that holds the most layers sends, at least
         send_ahead = weights[0].slots * min(S.sends[r] for r in order[i + 1:]) * p2p[b] if left_after else 0.0
         live = np.flatnonzero(np.isfinite(F).any(axis=1))
@@ -484,7 +492,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             # the stages after this one must cover the rest inside the band
             if not np.any((jj + left_after * band.start <= n) & (jj + left_after * (band.stop - 1) >= n)):
                 continue
-            st, sm, idx = _stage_points(S, s, k, b, send, lower)
+            st, sm, idx = points(s, k)
             if len(st):
                 stairs[k] = (st, sm, idx)
         if not stairs:
@@ -543,7 +551,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             k = int(K_i[j, col])
             _, pt = picks_i[k]
             s = order[i]
-            st, sm, idx = _stairs_of(S, s, k, b, weights, p2p, lower)
+            st, sm, idx = points(s, k)
             q = int(np.flatnonzero(idx == pt[col])[0])
             t_max, m_max = max(t_max, float(st[q])), max(m_max, float(sm[q]))
             back.append((k, int(pt[col])))
@@ -557,13 +565,6 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         return None
     place = np.argsort(order)  # stage s was taken place[s]-th
     return out_t[keep], out_m[keep], [[backs[int(a)][int(place[s])] for s in range(p)] for a in keep]
-
-
-def _stairs_of(S: _Stages, s: int, k: int, b: int, weights: list[Weights], p2p: np.ndarray, lower: bool
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Stage s's points as the DP saw them (its transfer added)."""
-    send = weights[s].slots * S.sends[s] * p2p[b]
-    return _stage_points(S, s, k, b, send, lower)
 
 
 def _read_back(S: _Stages, maps: list[dict[str, str]], backs: list[list[tuple[int, int]]]
