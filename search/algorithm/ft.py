@@ -53,6 +53,7 @@ from search.algorithm.chain import find_chain
 from search.algorithm.evaluate import mesh_costs
 from search.algorithm.factor_graph import MeshProblem, eliminate_all, prepare_mesh
 from search.algorithm.frontier import RTOL, Factor, Stats, join, least_memory, pareto_mask, select, staircase
+from search.algorithm.gc_pause import gc_paused
 from search.algorithm.pipeline import search_pipelines
 from search.algorithm.results import FrontierPoint, MeshSolution, SearchResult, Solution
 from search.models.graph import OpGraph
@@ -93,6 +94,12 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOp
     """The Pareto frontier of (iteration time, peak memory per device) over every mesh and ZeRO
     stage (and pipeline shape), as `options` say. `progress` hears (fraction done, "<mesh>: N
     frontier points so far") after every mesh."""
+    with gc_paused():  # nothing the search allocates is cyclic garbage (gc_pause.py)
+        return _search(graph, cluster, job, options, progress)
+
+
+def _search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOptions,
+            progress: Progress | None) -> SearchResult:
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job, profile=options.profile)
     problems = _mesh_problems(graph, cm, options)
