@@ -16,7 +16,10 @@ What crosses a cut. Every tensor produced on one stage and read on another - the
 stream at the cut, and the encoder output, which every stage holding decoder layers needs - is
 sent point-to-point once per micro-batch to each stage that reads it (forward activation and its
 gradient back, on the pp link), in the producer's layout; the receiving stage pays it within its
-slots. Reading it is an edge like any other, priced on the reader's stage.
+slots. Reading it is an edge like any other, priced on the reader's stage; so is a pair
+constraint between ops on two stages (a tied parameter's layouts: T5's and BART's shared
+embedding, read by the encoder, the decoder and the head). A tied parameter's copy on a second
+stage is not counted, as in pipeline.py.
 
 Exact search. Fix the shape (p, m, sub-mesh, ZeRO stage, schedule) and the cut. Each stage's cost
 is a sum over its ops, edges and received tensors under its weights (evaluate.stage_weights), so
@@ -233,12 +236,13 @@ class _Stages:
         factors = [_op_factor(name, weigh_op(tabs.op_costs[name], w), rc(name)) for name in mine]
         factors += [_edge_factor(weigh_edge(ec, w), src, dst, rc(dst))
                     for (src, dst), ec in tabs.edge_costs.items() if stage_of[dst] == s]
-        received = tabs.received(stage_of, s)
-        for src in received:
+        for src in tabs.received(stage_of, s):
             c = np.arange(domain[src])
             factors.append(leaf((src,), c[:, None], w.slots * tabs.p2p[src], np.zeros(len(c)), note=f"recv {src}"))
-        sent = [name for name in mine if any(stage_of[c] != s for c, _ in self.consumers[name])]
-        keep = tuple(dict.fromkeys([*received, *sent]))
+        # the interface: every op on one side of an edge (a read, or a pair constraint such as a
+        # tied parameter's layouts) whose other side is on another stage
+        keep = tuple(dict.fromkeys(src for (src, dst) in tabs.edge_costs
+                                   if (stage_of[dst] == s) != (stage_of[src] == s)))
         return eliminate_all(factors, domain, keep=keep, eps=self.eps, stats=self.stats)
 
 

@@ -38,10 +38,12 @@ class _Cross(nn.Module):
 
 
 class _TinyEncDec(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, tied: bool = False) -> None:
         super().__init__()
         self.encoder = nn.ModuleList([nn.Linear(DIM, DIM, bias=False) for _ in range(2)])
         self.decoder = nn.ModuleList([_Cross() for _ in range(2)])
+        if tied:  # one weight read on two stages: its layouts must agree across the cut (a pair constraint)
+            self.decoder[1].self_proj.weight = self.encoder[0].weight
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         h = src
@@ -53,9 +55,9 @@ class _TinyEncDec(nn.Module):
         return (y * y).mean()
 
 
-def _graph():
+def _graph(tied: bool = False):
     with torch.device("meta"):
-        m = _TinyEncDec()
+        m = _TinyEncDec(tied)
         x = torch.empty(BATCH, DIM)
     g = capture_module(m, (x, x), "tiny-encdec", [["batch", "h"], ["batch", "h"]])
     return annotate_stacks(g, ("encoder", "decoder"), (2, 2))
@@ -74,9 +76,9 @@ def test_the_tiny_model_has_two_stacks_and_a_cross_edge() -> None:
     assert {a[op.name] for op in readers} == {2, 3}  # both decoder layers read the encoder's output
 
 
-@pytest.mark.parametrize("stages,recompute", [(1, True), (2, False)])
-def test_frontier_equals_exhaustive(stages: int, recompute: bool) -> None:
-    g = _graph()
+@pytest.mark.parametrize("stages,recompute,tied", [(1, True, False), (2, False, False), (2, False, True)])
+def test_frontier_equals_exhaustive(stages: int, recompute: bool, tied: bool) -> None:
+    g = _graph(tied)
     cluster = make_cluster("cpu", 2 * stages if stages > 1 else 2, devices_per_node=4)
     shapes = [s for s in stack_shapes(cluster, _job(), g, (0,), pipelines=stages > 1, accumulate=stages == 1)
               if s.stages == stages and s.micro_batches == 2]
@@ -90,6 +92,8 @@ def test_frontier_equals_exhaustive(stages: int, recompute: bool) -> None:
             continue
         sol = solve_stacks(tabs, recompute=recompute)
         assert sol is not None
+        if tied:
+            assert any(p.kind != "reader" for p in cm.bounds.pairs)
         ref_t, ref_m = exhaustive_stacks(tabs, recompute=recompute)
         order = np.argsort(sol.root.t, kind="stable")
         np.testing.assert_allclose(sol.root.t[order], ref_t, rtol=1e-9)
