@@ -35,6 +35,7 @@ from torch import nn
 from search import InputError, Plan
 from search.algorithm.interleave import rank_p2p
 from search.models.graph import Op, OpGraph, ParamRef
+from search.models.seq2seq import PIPELINE_REFUSAL, SEQ2SEQ_KIND
 from search.models.zoo import TEST_MODELS, ZOO, ModelSpec
 from search.prices.boundaries import Boundaries, exit_allowed
 from search.prices.costmodel import COLLECTIVE_NAMES, NONE, forward_collective
@@ -248,6 +249,13 @@ class _TensorAxis:
                               f"parallelize_module has no style for this module")
         if op.kind not in STYLE_KINDS or not op.params:
             return None
+        mod = self.mods.by_name[op.module]
+        if op.kind == "embedding" and not op.inputs and type(mod).forward is not nn.Embedding.forward:
+            # BART's learned positions: the style's input hook converts the module's arguments,
+            # but the indices this lookup reads are made inside its forward, and stay plain tensors
+            raise Unsupported(f"op {op.name!r} (embedding) splits {lab!r} on tensor axis {self.axis!r}: its module "
+                              f"{type(mod).__name__} makes the indices it looks up inside its own forward, where "
+                              f"no parallel style can turn them into DTensors")
         w = op.params[0]
         wp = self.params(op, w)[k]
         x = op.inputs[0].dims if op.inputs else ()
@@ -885,6 +893,8 @@ def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
         raise Unsupported(f"plan has {pl.stages} pipeline stages but schedule {pl.schedule!r}")
     if v > 1 and pl.schedule != "1f1b":
         raise Unsupported(f"{v} virtual stages are interleaved 1F1B; the plan's schedule is {pl.schedule!r}")
+    if spec.kind == SEQ2SEQ_KIND:
+        raise Unsupported(PIPELINE_REFUSAL)
     with torch.device("meta"):
         model = spec.build()
     if spec.blocks_attr is None or split_of(model) is None:

@@ -56,6 +56,7 @@ from search.algorithm.frontier import RTOL, Factor, Stats, join, least_memory, p
 from search.algorithm.gc_pause import gc_paused
 from search.algorithm.pipeline import search_pipelines
 from search.algorithm.results import FrontierPoint, MeshSolution, SearchResult, Solution
+from search.algorithm.stacks import is_multi_stack, search_stacks
 from search.models.graph import OpGraph
 from search.prices.boundaries import INFEASIBLE
 from search.prices.cluster import Cluster
@@ -193,6 +194,10 @@ def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: li
                options: SearchOptions, counts: dict[str, int]) -> list[Solution]:
     """A frontier per pipeline shape; the plans without a pipeline bound what a pipeline stage
     may cost and still matter."""
+    if is_multi_stack(graph):  # encoder-decoder: pipelines and accumulation across both stacks
+        return list(search_stacks(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
+                                  options.eps, profile=options.profile, pipelines=options.pipeline,
+                                  accumulate=options.accumulate, counts=counts))
     known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
     return list(search_pipelines(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
                                  options.eps, profile=options.profile, envelope=known if options.prune else None,

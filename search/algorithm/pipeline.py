@@ -657,7 +657,9 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     shape's - beats; without one, each shape's complete frontier. `counts` hears how many shapes
     there were and how many their bound ruled out."""
     chain = find_chain(graph)
-    if chain is None or unsupported(graph, chain) is not None:
+    # several block stacks (an encoder-decoder) pipeline through stacks.py: a chain here is the
+    # first stack alone, and a cut of it alone would leave the other stack's inputs unpriced
+    if chain is None or unsupported(graph, chain) is not None or len(graph.blocks) > 1:
         return []
     if shapes is None:
         shapes = pipeline_shapes(cluster, job, len(chain.layers), zero_stages, allow_async, pipelines=pipelines,

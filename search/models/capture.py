@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from search.errors import InputError, invalid
 from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, SaveKind, TensorRef, label_size
 from search.models.moe import EXPERT_LABEL, LOAD_ASSUMPTION, balanced_experts
+from search.models.seq2seq import annotate_stacks
 
 if TYPE_CHECKING:
     from search.models.zoo import ModelSpec
@@ -624,7 +625,9 @@ class _Capture:
         else:  # positions from arange: a lookup of constant rows
             out_labels = [self.b.labels.new(f"{node.name}/d{d}") for d in range(out_val.dim() - 1)] + [w.labels[1]]
             inputs = []
-            split = [w.labels[1]]
+            # positions expanded over the batch first (BART's learned positions): the lookup splits
+            # with the batch it is added to, each rank looking up its own rows
+            split = ([out_labels[0]] if out_val.dim() >= 3 else []) + [w.labels[1]]
         return self.emit(node, "embedding", inputs, tuple(out_val.shape), out_labels, _dtype(out_val), [w],
                          split, 0.0, "none")
 
@@ -907,6 +910,13 @@ def _get_attr(root: nn.Module, dotted: str) -> nn.Module:
     return mod
 
 
+def _stack(root: nn.Module, dotted: str) -> nn.ModuleList:
+    stack = _get_attr(root, dotted)
+    if not isinstance(stack, nn.ModuleList):
+        raise TypeError(f"stack {dotted!r} is a {type(stack).__name__}, not an nn.ModuleList")
+    return stack
+
+
 def _set_attr(root: nn.Module, dotted: str, value: nn.Module) -> None:
     parent, _, last = dotted.rpartition(".")
     setattr(_get_attr(root, parent) if parent else root, last, value)
@@ -1041,6 +1051,7 @@ def _rename_op(op: Op, r: Callable[[str], str], source_map: dict[str, str]) -> O
 _INPUT_LABELS = {
     "lm": [["batch", "seq"], ["batch", "seq"]],
     "mlm": [["batch", "seq"], ["batch", "seq"]],
+    "seq2seq": [["batch", "seq"], ["batch", "seq"]],
     "vision": [["batch", "channels", "height", "width"], ["batch"]],
 }
 
@@ -1057,6 +1068,10 @@ def capture_model(spec: ModelSpec, batch: int, seq_len: int | None = None) -> Op
     meta: GraphMeta = {"model": spec.name, "global_batch": batch, "params": spec.param_count()}
     if seq is not None and spec.kind != "vision":
         meta["seq_len"] = seq
+    if spec.stacks:  # an encoder-decoder: two block families (search/models/seq2seq.py)
+        sizes = tuple(len(_stack(module, attr)) for attr in spec.stacks)
+        g = capture_module(module, args, spec.name, _INPUT_LABELS.get(spec.kind, []), meta)
+        return annotate_stacks(g, spec.stacks, sizes)
     return capture_with_blocks(module, args, spec.blocks_attr, name=spec.name,
                                input_labels=_INPUT_LABELS.get(spec.kind, []), meta=meta)
 
