@@ -160,6 +160,7 @@ _VIEW_OPS = {
     aten.squeeze.default, aten.contiguous.default, aten.clone.default, aten.alias.default,
     aten.detach.default, aten.slice.Tensor, aten.select.int, aten.lift_fresh_copy.default,
     aten.repeat_interleave.self_int, aten.expand_as.default, aten.view_as.default,
+    aten.numpy_T.default,  # `x @ self.weight.T` (Falcon's linear): the weight, transposed, is still the parameter
 }
 _SPLIT_OPS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int}
 _LINEAR_OPS = {aten.linear.default, aten.addmm.default, aten.mm.default, aten.matmul.default, aten.bmm.default}
@@ -477,7 +478,7 @@ class _Capture:
             d0, d1 = _int_arg(node, 1) % rank, _int_arg(node, 2) % rank
             labels = list(src.labels)
             labels[d0], labels[d1] = labels[d1], labels[d0]
-        elif t is aten.t.default:
+        elif t in (aten.t.default, aten.numpy_T.default):
             labels = list(reversed(src.labels))
         elif t in (aten.slice.Tensor,):
             labels = list(src.labels)
@@ -621,10 +622,15 @@ class _Capture:
             out_labels = list(ids.labels) + [w.labels[1]]
             inputs = [ids]
             split = [ids.labels[0], w.labels[1], w.labels[0]]
-        else:  # positions from arange: a lookup of constant rows
+        else:  # positions from arange (or a buffer of token types): a lookup of constant rows
             out_labels = [self.b.labels.new(f"{node.name}/d{d}") for d in range(out_val.dim() - 1)] + [w.labels[1]]
             inputs = []
             split = [w.labels[1]]
+            if out_val.dim() >= 3 and out_val.shape[0] > 1:
+                # ids broadcast over the batch (OPT's positions, BERT's token types): the leading
+                # dimension joins the batch later, so it splits as the batch does (every rank has
+                # the ids at hand); it must not stop data parallelism
+                split.insert(0, out_labels[0])
         return self.emit(node, "embedding", inputs, tuple(out_val.shape), out_labels, _dtype(out_val), [w],
                          split, 0.0, "none")
 
