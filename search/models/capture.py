@@ -437,6 +437,8 @@ class _Capture:
             return self.loss(node, self.first_act(node, acts), acts[1:], _first_tensor(out_val))
         if t is aten.cat.default:
             return self.cat(node, args, _first_tensor(out_val))
+        if t is aten.stack.default:
+            return self.stack(node, args, _first_tensor(out_val))
         if t is torch.ops.paretoplan.moe_dispatch.default:
             return self.moe_dispatch(node, args, _first_tensor(out_val))
         if t is torch.ops.paretoplan.moe_combine.default:
@@ -496,6 +498,9 @@ class _Capture:
                 labels.append(lab if same else L.new(f"{tag}/x{pad + k}"))
         elif t is aten.repeat_interleave.self_int:
             labels = list(src.labels)  # repeats within each shard of the outer dim keep it sharded
+            for d in range(min(rank, len(out_shape))):
+                if out_shape[d] != src.shape[d]:  # the repeated dim is another size: another dimension
+                    labels[d] = L.new(f"{tag}/r{d}")
         elif t in (aten.contiguous.default, aten.clone.default, aten.alias.default, aten.detach.default,
                    aten.lift_fresh_copy.default):
             labels = list(src.labels)
@@ -756,6 +761,32 @@ class _Capture:
             for k in range(len(out_shape)):
                 if k != d and p.shape[k] == out_shape[k]:
                     labels[k] = L.union(labels[k], p.labels[k])
+        acts = [p for p in parts if isinstance(p, _Act)]
+        prms = [p for p in parts if isinstance(p, _Param)]
+        split = [lab for k, lab in enumerate(labels) if k != d and out_shape[k] > 1]
+        return self.emit(node, "elementwise", acts, out_shape, labels, _dtype(out_val), prms, split,
+                         0.0, "none")
+
+    def stack(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> _Act:
+        """Stacking inserts a new dimension at `dim`: each input dimension keeps its place around
+        it (right-aligned broadcasting would pair them wrongly, Cohere's interleaved rotary
+        stacking on the last dimension, say, would merge the heads with the batch)."""
+        L = self.b.labels
+        tensors = args[0]
+        assert isinstance(tensors, list)  # stack's first argument is a list of tensors
+        parts = [p for p in tensors if isinstance(p, (_Act, _Param))]
+        d = _int_arg(node, 1, 0) % out_val.dim()
+        out_shape = tuple(out_val.shape)
+        labels = [L.new(f"{node.name}/d{k}") for k in range(len(out_shape))]
+        # stacked as the last dimension, pairs are interleaved (rotate_half of an interleaved
+        # rotary embedding) and flattened next: the dimension before it becomes one twice its
+        # size, which must not carry the inputs' label (a label names one size)
+        interleaved = d == len(out_shape) - 1
+        for p in parts:
+            for k in range(len(out_shape)):
+                j = k if k < d else k - 1
+                if k != d and p.shape[j] == out_shape[k] and not (interleaved and k == d - 1):
+                    labels[k] = L.union(labels[k], p.labels[j])
         acts = [p for p in parts if isinstance(p, _Act)]
         prms = [p for p in parts if isinstance(p, _Param)]
         split = [lab for k, lab in enumerate(labels) if k != d and out_shape[k] > 1]

@@ -37,3 +37,14 @@ def test_a_weight_used_transposed_is_still_a_parameter_that_zero_shards():
     owners = [op for op in g.ops if any(p.owner and p.name.endswith("query_key_value.weight") for p in op.params)]
     assert owners and all(op.kind == "linear" and g.batch_label in op.output.dims for op in owners)
     assert not [op for op in g.ops if "numpy_T" in op.name]
+
+
+def test_an_interleaved_rotary_embedding_keeps_the_heads_apart_from_the_batch():
+    """Cohere rotates interleaved pairs (stack on the last dimension, then flatten) and repeats
+    its frequencies interleaved: with as many heads as samples, neither may merge the heads'
+    dimension with the batch's (its data axis once replicated instead of splitting the batch)."""
+    g = _graph("cohere", batch=8, seq=48, hidden_size=1024, num_attention_heads=8)
+    q = next(op for op in g.ops if op.name.endswith("q_proj:linear"))
+    assert q.output.dims[0] == g.batch_label and q.output.dims[-1] != g.batch_label
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    assert any(m.axes[0].size == 4 and m.axes[0].role == "data" for m in placeable_meshes(g, mesh_candidates(cluster)))
