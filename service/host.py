@@ -40,10 +40,15 @@ def zoo_kinds() -> dict[str, str]:
 def launch_blocker(plan: dict[str, Any]) -> str | None:
     """Why this machine cannot run `plan` (a stored Plan's JSON), or None when it can."""
     model = plan.get("model")
-    params = zoo_params().get(str(model))
-    if params is None:
-        return (f"model {model!r} is not in the zoo: the worker rebuilds a model by its zoo name, so plans of "
-                "uploaded graphs and HF configs are priced but not launched")
+    source = plan.get("source") or {}
+    if source.get("kind") == "graph":
+        from search.models.source import NOT_REBUILDABLE
+
+        return f"model {model!r} cannot be launched: {NOT_REBUILDABLE}"
+    params = source.get("params") if source.get("kind") == "hf_config" else zoo_params().get(str(model))
+    if not isinstance(params, int):
+        return (f"model {model!r} is not in the zoo and its plan carries no source to rebuild it from (plans of HF "
+                "configs searched now record theirs)")
     pipeline = plan.get("pipeline") or {}
     if int(pipeline.get("stages") or 1) > 1 and zoo_kinds().get(str(model)) == SEQ2SEQ_KIND:
         return PIPELINE_REFUSAL  # worker/analyze.py refuses it likewise

@@ -190,7 +190,8 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
     target = float(req.time_target) if req.time_target is not None else None
     best = pick(result.points, budget, target)
     bases = baseline_points(result, budget, profile) if req.baselines else []
-    plans = mark_estimated(result, build_plans(result), profile)
+    source = request_source(req, graph)
+    plans = with_source(mark_estimated(result, build_plans(result), profile), source)
     if profile is not None:
         result.stats["profile"] = profile.summary()
     if progress:
@@ -205,7 +206,7 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
         frontier=[FrontierEntry(time_s=p.time_s, memory_bytes=int(round(p.memory_bytes)), mfu=plan.predicted.mfu,
                                 plan=plan.model_dump())
                   for p, plan in zip(result.points, plans, strict=True)],
-        baselines=baselines_json(result, bases, profile),
+        baselines=baselines_json(result, bases, profile, source),
     )
     if progress:
         progress("done", 1.0)
@@ -219,6 +220,25 @@ def request_profile(req: JobRequest):
     from search.prices.profile import parse_profile
 
     return parse_profile(req.profile, origin="profile")
+
+
+def request_source(req: JobRequest, graph):
+    """How a launcher rebuilds the model the request names (search.models.source)."""
+    from search.models.source import graph_source, hf_source, zoo_source
+
+    if req.model is not None:
+        return zoo_source(req.model)
+    if req.hf_config is not None:
+        return hf_source(req.hf_config, req.name or "config", params=graph.param_count())
+    return graph_source(graph.name, params=graph.param_count())
+
+
+def with_source(plans: list, source) -> list:
+    """The plans, each carrying its model's source (None leaves them as they are)."""
+    if source is not None:
+        for plan in plans:
+            plan.source = source
+    return plans
 
 
 def mark_estimated(result, plans: list, profile=None) -> list:
@@ -264,14 +284,14 @@ def baseline_points(result, budget: float, profile=None) -> list:
     return [b for b in found if b.feasible]
 
 
-def baselines_json(result, bases: list, profile=None) -> list[BaselineEntry]:
+def baselines_json(result, bases: list, profile=None, source=None) -> list[BaselineEntry]:
     if not bases:
         return []
     from search.plans.baselines import against_frontier, as_result
     from search.plans.plan import build_plans
 
     as_res = as_result(result.graph, result.cluster, result.job, bases)
-    plans = mark_estimated(as_res, build_plans(as_res), profile)
+    plans = with_source(mark_estimated(as_res, build_plans(as_res), profile), source)
     return [BaselineEntry(name=b.name, description=b.description, time_s=b.time_s,
                           memory_bytes=int(round(b.memory_bytes)), mfu=plan.predicted.mfu,
                           against_frontier=against_frontier(result.points, b),

@@ -21,6 +21,7 @@ from search.algorithm.evaluate import PipeShape
 from search.algorithm.interleave import chunk_layers
 from search.algorithm.results import FrontierPoint, SearchResult, Solution, Split
 from search.models.graph import Op, OpGraph
+from search.models.source import ModelSource
 from search.plans.flops import mfu, model_flops
 from search.prices.accuracy import PricedFrom
 from search.prices.mesh import (
@@ -144,6 +145,9 @@ class PipelineSpec(BaseModel):
 class Plan(BaseModel):
     version: int = PLAN_VERSION
     model: str
+    source: ModelSource | None = Field(default=None, description="how a launcher rebuilds the model (zoo name, HF "
+                                       "config, or an uploaded graph, which cannot be launched); None: a plan written "
+                                       "before sources were recorded, whose model is a zoo name")
     cluster: str
     device: str
     num_devices: int

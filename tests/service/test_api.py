@@ -429,6 +429,9 @@ def test_a_strategy_says_whether_this_machine_can_run_it(client, tiny_report):
     assert "processes" in launch_blocker({**plan, "num_devices": 100_000}) or "GPUs" in launch_blocker(
         {**plan, "num_devices": 100_000})
     assert "not in the zoo" in launch_blocker({**plan, "model": "hf:gpt2:mine"})
+    assert "uploaded OpGraph" in launch_blocker({**plan, "source": {"kind": "graph", "name": "mine"}})
+    hf = {**plan, "model": "hf:gpt2:mine", "source": {"kind": "hf_config", "name": "mine", "config": {}, "params": 1000}}
+    assert launch_blocker(hf) is None  # an HF config's plan is rebuilt from its config
     # PipeDream-2BW runs (worker/stale.py): its 1-stale weights are no reason to refuse a launch
     stale = {**plan, "pipeline": {**plan["pipeline"], "schedule": "2bw", "async_weights": True}}
     assert launch_blocker(stale) is None
