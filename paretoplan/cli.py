@@ -160,6 +160,9 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     r.add_argument("--devices", type=int, default=4, help="processes / GPUs to plan for (default 4)")
     r.add_argument("--device", default=None, help="catalog device to search for (default: cpu without a GPU)")
     r.add_argument("--devices-per-node", type=int, default=None, help="node size for the search")
+    r.add_argument("--nodes", type=int, default=1,
+                   help="run as this many torchrun nodes on this machine (loopback rendezvous), the way a run "
+                        "spans machines; the search plans for devices / nodes per node (default 1)")
     r.add_argument("--memory-budget", help="per-device memory budget for --pick budget, e.g. 2GiB")
     r.add_argument("--global-batch", type=int, default=None, help="samples per iteration (default: max(8, devices))")
     r.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
@@ -524,6 +527,7 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
     resizes = _resizes(args.resize)
     check_resizes(resizes, args.steps)
+    _check_nodes_flag(args)
     if args.report:
         _check_writable(args.report)
     resume = Path(args.resume) if args.resume else None
@@ -536,7 +540,12 @@ def _run(args: argparse.Namespace) -> int:
     control = Control()
     elastic = Elastic(run_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else resume, every=args.checkpoint_every,
                       resizes=resizes, replan=_replanner(args, plan, device), control=control, resume=resume,
-                      on_note=lambda m: print(f"paretoplan: {m}", file=sys.stderr))
+                      on_note=lambda m: print(f"paretoplan: {m}", file=sys.stderr), nodes=args.nodes)
+    if args.nodes > 1:
+        from search.plans.nodes import describe
+
+        print(f"paretoplan: {args.nodes} nodes of {plan.num_devices // args.nodes} ranks: "
+              f"{describe(plan, args.nodes)}", file=sys.stderr)
     # SIGTERM: save at the next step boundary, then stop (resumable with --resume)
     previous = signal.signal(signal.SIGTERM, lambda *_: control.stop("SIGTERM"))
     try:
@@ -562,6 +571,20 @@ def _run(args: argparse.Namespace) -> int:
     if args.report:
         _write(args.report, report.model_dump_json(indent=1))
     return 0
+
+
+def _check_nodes_flag(args: argparse.Namespace) -> None:
+    """--nodes: a whole number of devices per node, and (for now) no resizing across node counts."""
+    if args.nodes < 1:
+        raise InputError(f"--nodes must be at least 1, got {args.nodes}")
+    if args.nodes == 1:
+        return
+    if args.model and args.devices % args.nodes:
+        raise InputError(f"--devices {args.devices} do not split evenly over --nodes {args.nodes}")
+    if args.resize:
+        raise InputError("--resize with --nodes is not supported: a resize keeps to one node")
+    if args.model and args.devices_per_node is None:
+        args.devices_per_node = args.devices // args.nodes  # the search keeps tensor parallelism inside a node
 
 
 def _resizes(text: str | None) -> list[tuple[int, int]]:

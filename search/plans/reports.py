@@ -163,6 +163,15 @@ class Segment(_Report):
         return self
 
 
+class NodeRecord(_Report):
+    """One machine of a run that spans several: torchrun's node (group) rank, the host, and the
+    global ranks it ran (the plan's devices node_rank * K ... node_rank * K + K - 1)."""
+
+    node_rank: int = Field(ge=0)
+    host: str
+    ranks: list[Annotated[int, Field(ge=0)]]
+
+
 class RunReport(_Report):
     version: int = REPORT_VERSION
     model: str
@@ -186,6 +195,8 @@ class RunReport(_Report):
         default_factory=list, description="each launch in step order; the report's plan and measured figures are the "
                                           "last segment's, its losses every step's")
     restarts: int = Field(default=0, ge=0, description="launches that resumed after a failure or a stop")
+    nodes: list[NodeRecord] = Field(default_factory=list, description="the machines (torchrun nodes) of the last "
+                                    "launch and the ranks each ran; empty when it ran on one")
 
     @model_validator(mode="after")
     def _consistent(self) -> RunReport:
@@ -216,7 +227,18 @@ class RunReport(_Report):
         if self.finished < self.started:
             raise ValueError("finished before it started")
         self._segments_consistent()
+        self._nodes_consistent()
         return self
+
+    def _nodes_consistent(self) -> None:
+        """Nodes hold every rank once, and are numbered 0 .. n-1."""
+        if not self.nodes:
+            return
+        if sorted(n.node_rank for n in self.nodes) != list(range(len(self.nodes))):
+            raise ValueError(f"nodes are numbered {[n.node_rank for n in self.nodes]}, not 0 .. {len(self.nodes) - 1}")
+        ranks = sorted(r for n in self.nodes for r in n.ranks)
+        if ranks != list(range(self.num_devices)):
+            raise ValueError(f"the nodes' ranks {ranks} are not each of the {self.num_devices} ranks once")
 
     def _segments_consistent(self) -> None:
         """Segments tile the steps in order, the last runs the report's plan, and every restart is one."""
