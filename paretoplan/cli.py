@@ -213,6 +213,13 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
     wk.add_argument("--poll", type=float, default=1.0, help="seconds between claims when there is nothing to do")
     wk.add_argument("--max-tasks", type=int, default=None, help="exit after this many tasks")
     wk.add_argument("--exit-with-parent", action="store_true", help="exit when the process that started it exits")
+    wk.add_argument("--devices", type=int, default=None,
+                    help="run nodes of runs that span machines: this worker's devices (processes), one node's; "
+                         "runs of N x this many devices are claimed by N such workers together")
+    wk.add_argument("--host", default=None,
+                    help="with --devices: the address other nodes reach this host at (default: its host name)")
+    wk.add_argument("--rendezvous-timeout", type=float, default=300.0,
+                    help="with --devices: seconds to wait for the other nodes, and for any one collective (300)")
     wk.add_argument("--checkpoint-dir", default=None,
                     help="where runs save checkpoints, one run directory each (default ./paretoplan-checkpoints, or "
                          "PARETOPLAN_CHECKPOINT_DIR); workers that may take over each other's runs must share it")
@@ -285,6 +292,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    if args.devices is not None:  # one node of runs that span nodes, claimed as a gang
+        from worker.gang import main as gang_main
+
+        if args.kinds != "search,run":
+            raise InputError("--kinds does not go with --devices: a worker with --devices runs nodes of runs only")
+        return gang_main(args.api, devices=args.devices, host=args.host, name=args.name, poll_seconds=args.poll,
+                         max_tasks=args.max_tasks, exit_with_parent=args.exit_with_parent,
+                         checkpoint_dir=args.checkpoint_dir, rendezvous_timeout_s=args.rendezvous_timeout)
     from worker.agent import main as worker_main
 
     return worker_main(args.api, name=args.name, kinds=args.kinds, poll_seconds=args.poll, max_tasks=args.max_tasks,

@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from service.api import errors
-from service.api.routes import catalog, estimate, jobs, profiles, runs, strategies, tasks
+from service.api.routes import catalog, estimate, gangs, jobs, profiles, runs, strategies, tasks
 from service.db import Database
 from service.models import Clock, utcnow
 from service.settings import Settings
@@ -104,7 +104,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True, clock:
     errors.install(app)
     app.add_middleware(errors.BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        max_inflated_bytes=settings.max_inflated_bytes)
-    for r in (jobs, strategies, runs, profiles, catalog, tasks, estimate):
+    for r in (jobs, strategies, runs, profiles, catalog, tasks, gangs, estimate):
         app.include_router(r.router)
 
     @app.get("/api/health", tags=["service"], summary="Liveness and the database in use")

@@ -160,7 +160,7 @@ class Agent:
                     log.info("the process that started this worker is gone; stopping")
                     break
                 try:
-                    task = self.client.claim(self.name, self.kinds)
+                    task = self._claim()
                 except (httpx.TransportError, ServiceError) as e:
                     log.warning("cannot claim from %s: %s", self.api, e)
                     time.sleep(backoff)
@@ -178,6 +178,16 @@ class Agent:
             self.client.close()
         return 0
 
+    def _claim(self) -> Task | None:
+        """The next task, or None (a gang worker claims nodes of runs instead: worker.gang)."""
+        return self.client.claim(self.name, self.kinds)
+
+    def _deliver(self, task: Task, result: FrontierReport | RunReport) -> None:
+        if isinstance(result, FrontierReport):
+            self.client.search_result(task.id, task.token, result)
+        else:
+            self.client.run_result(task.id, task.token, result)
+
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._stopping = True
         name = signal.Signals(signum).name
@@ -192,10 +202,7 @@ class Agent:
             with Lease(self.api, self.token, task) as lease:
                 result = self._search(task, lease) if task.kind == "search" else self._run(task, lease)
             # heartbeats have stopped: the result is the last word of this claim
-            if isinstance(result, FrontierReport):
-                self.client.search_result(task.id, task.token, result)
-            else:
-                self.client.run_result(task.id, task.token, result)
+            self._deliver(task, result)
             log.info("%s %s done", task.kind, task.id)
         except (LeaseLost, _Abandon) as e:
             log.warning("%s %s dropped: the lease was lost (%s)", task.kind, task.id, e)

@@ -40,7 +40,7 @@ from search.plans.capacity import cuda_devices
 from worker import checkpoint
 from worker.analyze import Unsupported, analyze
 from worker.launch import Progress, RunFailed, check_capacity, make_report, measured_of, run_jobs
-from worker.nodes import check_nodes, run_local_nodes
+from worker.nodes import Rendezvous, check_nodes, run_local_nodes
 from worker.spec import CheckpointSettings, ExecSpec, Job, RunSettings
 
 Replan = Callable[[int], Plan]  # devices -> the plan to run on that many (NoFeasiblePlan / InputError if none)
@@ -134,6 +134,7 @@ class Elastic:
     on_note: Callable[[str], None] | None = None
     on_order: Callable[[Order, str], None] | None = None  # (order, outcome) once an order is applied or refused
     nodes: int = 1  # > 1: each launch runs as this many torchrun nodes on this machine (worker.nodes)
+    rendezvous: Rendezvous | None = None  # this machine is one node of a gang's run (worker.gang)
 
 
 def check_resizes(resizes: list[tuple[int, int]], steps: int) -> None:
@@ -237,13 +238,16 @@ class _Supervisor:
     def _launch(self, bar: Progress) -> RunReport | None:
         """One launch; the report when the run is done, None when another launch follows."""
         spec = analyze(self.plan)
-        check_capacity(spec, self.settings.device, self.max_procs)
-        check_nodes(self.plan, self.opts.nodes)
+        nodes = self.opts.rendezvous.nnodes if self.opts.rendezvous else self.opts.nodes
+        check_capacity(spec, self.settings.device, self.max_procs, nodes=1 if self.opts.nodes > 1 else nodes)
+        check_nodes(self.plan, nodes)
         current = _segment(self.plan, spec, self.step, self.cause)
         while True:  # a run directory resumed by another process holds its launches too
             k = self.launches
             self.launches += 1
             workdir = self.run_dir / f"launch-{self.opts.tag}{k}"
+            if self.opts.rendezvous is not None:  # every node of a gang its own folder, one checkpoint tag
+                workdir = workdir.with_name(f"{workdir.name}-node{self.opts.rendezvous.node_rank}")
             if not workdir.exists():
                 break
         stop_at = next((s for s, _ in self.scripted if s > self.step), None)
@@ -275,7 +279,8 @@ class _Supervisor:
                 raw = run_local_nodes([job], self.opts.nodes, workdir=workdir, run_id=f"{workdir.name}-{id(self)}",
                                       progress=on_line, timeout=self._remaining())[0]
             else:
-                raw = run_jobs([job], workdir=workdir, progress=on_line, timeout=self._remaining())[0]
+                raw = run_jobs([job], workdir=workdir, progress=on_line, timeout=self._remaining(),
+                               rendezvous=self.opts.rendezvous)[0]
         except RunFailed as e:
             self.control.arm(None)
             self._after_failure(current, e)
@@ -424,7 +429,8 @@ def run_plan(plan: Plan | dict, steps: int = 20, *, settings: RunSettings | None
     st = settings or RunSettings(steps=steps, device=default_device())
     opts = elastic or Elastic()
     check_resizes(opts.resizes, st.steps)
-    check_capacity(analyze(plan), st.device, max_procs)
-    check_nodes(plan, opts.nodes)
+    nodes = opts.rendezvous.nnodes if opts.rendezvous else opts.nodes
+    check_capacity(analyze(plan), st.device, max_procs, nodes=1 if opts.nodes > 1 else nodes)
+    check_nodes(plan, nodes)
     return _Supervisor(plan, st, opts, progress=progress, show_progress=show_progress, max_procs=max_procs,
                        timeout=timeout).run()

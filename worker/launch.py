@@ -47,9 +47,10 @@ class RunFailed(RuntimeError):
 
 
 # ---- before launch ----------------------------------------------------------------------------
-def check_capacity(spec: ExecSpec, device: str, max_procs: int | None = None) -> None:
-    """Refuse (Unsupported) a plan this machine cannot host, before anything is started."""
-    n = spec.num_devices
+def check_capacity(spec: ExecSpec, device: str, max_procs: int | None = None, nodes: int = 1) -> None:
+    """Refuse (Unsupported) a plan this machine cannot host, before anything is started; `nodes`:
+    this machine is one node of that many and hosts num_devices / nodes of the processes."""
+    n = spec.num_devices // max(nodes, 1)
     need = spec.predicted_memory_bytes
     if device == "cuda":
         import torch

@@ -231,14 +231,19 @@ class RunReport(_Report):
         return self
 
     def _nodes_consistent(self) -> None:
-        """Nodes hold every rank once, and are numbered 0 .. n-1."""
+        """Nodes are distinct, hold distinct ranks, and the measured ranks are theirs. (One node's
+        share of a gang's run reports only that node; `merge_node_reports` checks the whole.)"""
         if not self.nodes:
             return
-        if sorted(n.node_rank for n in self.nodes) != list(range(len(self.nodes))):
-            raise ValueError(f"nodes are numbered {[n.node_rank for n in self.nodes]}, not 0 .. {len(self.nodes) - 1}")
-        ranks = sorted(r for n in self.nodes for r in n.ranks)
-        if ranks != list(range(self.num_devices)):
-            raise ValueError(f"the nodes' ranks {ranks} are not each of the {self.num_devices} ranks once")
+        numbers = [n.node_rank for n in self.nodes]
+        if len(set(numbers)) != len(numbers):
+            raise ValueError(f"nodes {numbers} are not distinct")
+        ranks = [r for n in self.nodes for r in n.ranks]
+        if len(set(ranks)) != len(ranks) or any(r >= self.num_devices for r in ranks):
+            raise ValueError(f"the nodes' ranks {sorted(ranks)} are not distinct ranks of {self.num_devices} devices")
+        measured = {r.rank for r in self.measured.per_rank}
+        if measured and not measured <= set(ranks):
+            raise ValueError(f"measured.per_rank names ranks {sorted(measured - set(ranks))} of no node")
 
     def _segments_consistent(self) -> None:
         """Segments tile the steps in order, the last runs the report's plan, and every restart is one."""
