@@ -64,8 +64,10 @@ def _assignment(s: Session, me: GangMember) -> GangClaim | None:
     if me.run_id is None:
         return None
     run = s.get(Run, me.run_id)
-    if run is None or run.status != RUNNING or run.lease_token != me.token or me.report is not None:
-        me.run_id = me.token = me.node_rank = None
+    if run is None or run.status != RUNNING or run.lease_token != me.token:
+        me.run_id = me.token = me.node_rank = me.report = None
+        return None
+    if me.report is not None:  # its node is done; the row waits for the others' (the merge needs it)
         return None
     members = s.scalars(select(GangMember).where(GangMember.run_id == run.id, GangMember.token == me.token)
                         .order_by(GangMember.node_rank)).all()
@@ -157,12 +159,18 @@ def post_node_report(db: Database, run_id: int, token: str, node_rank: int, repo
         if run is None or run.status != RUNNING or run.lease_token != token:
             raise queue.LeaseLost(f"run {run_id} is not running under this claim")
         me = _member(s, run_id, token, node_rank)
-        if [n.node_rank for n in report.nodes] != [node_rank]:
-            raise InputError(f"report: of nodes {[n.node_rank for n in report.nodes]}, posted as node {node_rank}")
-        me.report = report.model_dump(mode="json")
+        # torchrun numbers the nodes as they join its rendezvous (its group rank), not as the gang
+        # was assigned: the report's own node number is what its ranks ran as
+        if len(report.nodes) != 1:
+            raise InputError(f"report: of {len(report.nodes)} nodes, posted as one node's")
         members = s.scalars(select(GangMember).where(GangMember.run_id == run_id, GangMember.token == token)).all()
+        taken = {RunReport.model_validate(m.report).nodes[0].node_rank for m in members
+                 if m is not me and m.report is not None and "failed" not in m.report}
+        if report.nodes[0].node_rank in taken:
+            raise InputError(f"report: node {report.nodes[0].node_rank} of run {run_id} has reported already")
+        me.report = report.model_dump(mode="json")
         events.add(s, "progress", run_id=run_id, job_id=run.job_id, stage="reporting",
-                   message=f"node {node_rank} ({me.worker}) reported its ranks {report.nodes[0].ranks}")
+                   message=f"node {report.nodes[0].node_rank} ({me.worker}) reported its ranks {report.nodes[0].ranks}")
         if any(m.report is None for m in members):
             return False
         merged = merge_node_reports([RunReport.model_validate(m.report) for m in members])

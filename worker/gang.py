@@ -104,16 +104,15 @@ class GangWorker(Agent):
         run_dir = Path(task.checkpoint) if task.checkpoint and Path(task.checkpoint).is_dir() else \
             self.checkpoints / f"run-{task.id}"
         resume = run_dir if task.checkpoint and run_dir.is_dir() else None
-        lead = task.node_rank == 0  # one node speaks for the run's progress
+        # only the node that runs global rank 0 sees the progress lines (torchrun numbers the nodes
+        # as they join, not as the gang was assigned): that node speaks for the run's progress
 
         def progress(step: int, total: int) -> None:
             lease.check()
-            if lead:
-                lease.progress(stage="training", step=step, fraction=min(1.0, step / max(total, 1)))
+            lease.progress(stage="training", step=step, fraction=min(1.0, step / max(total, 1)))
 
         def saved(where: str, step: int) -> None:
-            if lead:
-                lease.progress(checkpoint=where, message=f"checkpoint at step {step}")
+            lease.progress(checkpoint=where, message=f"checkpoint at step {step}")
 
         elastic = Elastic(run_dir=run_dir, every=task.checkpoint_every, resume=resume, tag=f"a{task.attempt}-",
                           max_restarts=0, rendezvous=rdzv, on_checkpoint=saved,

@@ -61,9 +61,9 @@ def test_two_workers_take_a_run_together_and_a_third_gets_none_of_it(databases, 
         first = _post_node(c, a, _node_report(plan, 3, a["node_rank"], 1, 0.010, 1000))
         assert first.status_code == 200 and first.json() == {"complete": False}
         assert c.get(f"/api/runs/{run['id']}").json()["status"] == "running"
-        # a report of another node than the one it holds is refused, and nothing is stored
+        # a second report of a node that has reported is refused, and nothing is stored
         wrong = _post_node(c, b, _node_report(plan, 3, a["node_rank"], 1, 0.020, 2000))
-        assert wrong.status_code == 422, wrong.text
+        assert wrong.status_code == 422 and "reported already" in wrong.text, wrong.text
         last = _post_node(c, b, _node_report(plan, 3, b["node_rank"], 1, 0.020, 2000))
         assert last.status_code == 200 and last.json() == {"complete": True}, last.text
         done = c.get(f"/api/runs/{run['id']}").json()
