@@ -40,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_worker(sub)
     _add_resize(sub)
+    _add_launch(sub)
     return p
 
 
@@ -224,6 +225,34 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
                     help="where runs save checkpoints, one run directory each (default ./paretoplan-checkpoints, or "
                          "PARETOPLAN_CHECKPOINT_DIR); workers that may take over each other's runs must share it")
 
+def _add_launch(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`paretoplan launch`: a plan through a cluster's own scheduler (Slurm, Kubernetes)."""
+    la = sub.add_parser("launch", help="run a plan through a cluster's scheduler: a Slurm batch job or a Kubernetes "
+                                       "PyTorchJob, one task per node")
+    la.add_argument("plan", help="a Plan JSON, or a frontier JSON from `search --json` (choose with --pick)")
+    la.add_argument("--pick", default=None, help="with a frontier: budget (default), fastest, leanest, an index or a "
+                                                 "baseline name")
+    la.add_argument("--scheduler", choices=["slurm", "kubernetes"], required=True)
+    la.add_argument("--nodes", type=int, default=None,
+                    help="nodes to run on (default: the plan's devices / its devices per node)")
+    la.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    la.add_argument("--seed", type=int, default=0)
+    la.add_argument("--port", type=int, default=29500, help="the rendezvous port on the first node (default 29500)")
+    la.add_argument("--rendezvous-timeout", type=float, default=300.0,
+                    help="seconds to wait for every node, and for any one collective (default 300)")
+    la.add_argument("--out", required=True,
+                    help="slurm: the job folder (on a file system every node shares); kubernetes: the manifest file")
+    la.add_argument("--submit", action="store_true", help="slurm: sbatch the script (default: write it only)")
+    la.add_argument("--partition", default=None, help="slurm: the partition")
+    la.add_argument("--time", default=None, help="slurm: the time limit, e.g. 02:00:00")
+    la.add_argument("--tasks-per-node", type=int, default=1,
+                    help="slurm: nodes of the run per Slurm node (default 1; more on a single test host)")
+    la.add_argument("--image", default=None, help="kubernetes: the container image with paretoplan installed")
+    la.add_argument("--namespace", default="default", help="kubernetes: the namespace (default 'default')")
+    la.add_argument("--results-claim", default="paretoplan-results",
+                    help="kubernetes: a ReadWriteMany PersistentVolumeClaim every pod mounts for the reports")
+
+
 def _add_resize(sub: argparse._SubParsersAction[_Parser]) -> None:
     """`resize`: order a running run of a service onto another device count."""
     rz = sub.add_parser("resize", help="resize a running run of a paretoplan service (it saves, re-plans, goes on)",
@@ -258,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "resize":
             return _resize(args)
+        if args.command == "launch":
+            return _launch(args)
     except InputError as e:
         print(f"paretoplan: error: {e}", file=sys.stderr)
         return EXIT_INPUT
@@ -304,6 +335,39 @@ def _worker(args: argparse.Namespace) -> int:
 
     return worker_main(args.api, name=args.name, kinds=args.kinds, poll_seconds=args.poll, max_tasks=args.max_tasks,
                        exit_with_parent=args.exit_with_parent, checkpoint_dir=args.checkpoint_dir)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """`paretoplan launch PLAN --scheduler slurm|kubernetes`: write (and for Slurm, submit) the job."""
+    from worker.schedulers.common import BatchJob
+
+    args.model = None
+    plan = _run_plan_from_file(args)
+    nodes = args.nodes if args.nodes is not None else max(1, plan.num_devices // plan.devices_per_node)
+    job = BatchJob(plan=plan, nodes=nodes, steps=args.steps, seed=args.seed, port=args.port,
+                   timeout_s=args.rendezvous_timeout)
+    if args.scheduler == "slurm":
+        from worker.schedulers import slurm
+
+        if args.tasks_per_node < 1:
+            raise InputError(f"--tasks-per-node must be at least 1, got {args.tasks_per_node}")
+        path = slurm.prepare(job, Path(args.out), tasks_per_node=args.tasks_per_node, partition=args.partition,
+                             time_limit=args.time)
+        print(f"paretoplan: {nodes} nodes x {job.per_node} devices; batch script {path}")
+        if args.submit:
+            job_id = slurm.submit(path)
+            print(f"paretoplan: submitted Slurm job {job_id}; the report will be {Path(args.out) / 'report.json'}")
+        return 0
+    from worker.schedulers import kubernetes
+
+    if not args.image:
+        raise InputError("--scheduler kubernetes needs --image: a container image with paretoplan installed")
+    _check_writable(args.out)
+    docs = kubernetes.manifest(job, image=args.image, namespace=args.namespace, results_claim=args.results_claim)
+    _write(args.out, kubernetes.to_yaml(docs))
+    print(f"paretoplan: {nodes} nodes x {job.per_node} devices; PyTorchJob manifest {args.out} "
+          f"(kubectl apply -f {args.out})")
+    return 0
 
 
 def _resize(args: argparse.Namespace) -> int:

@@ -1,0 +1,101 @@
+"""One node of a run that a cluster's scheduler started (Slurm, Kubernetes), and the merge after.
+
+    python -m worker.batch node --plan P.json --steps S --nnodes N --nproc-per-node K \\
+        --endpoint HOST:PORT --rdzv-id ID --node-rank R --out DIR
+    python -m worker.batch merge DIR --nodes N --report DIR/report.json
+
+`node` runs this machine's share of the plan as workers do (worker.elastic with a `Rendezvous`:
+torchrun's multi-node agent, c10d at the endpoint, on the first node) and writes its own ranks'
+RunReport to DIR/node-<torchrun's node rank>.json; `merge` joins the nodes' reports into one
+(search.plans.merge). DIR must be a folder every node sees (the job's shared file system).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from search import InputError, Plan, RunReport
+from search.plans.merge import merge_node_reports
+
+
+def run_node(args: argparse.Namespace) -> int:
+    from worker.elastic import Elastic, run_plan
+    from worker.launch import RunFailed, default_device
+    from worker.nodes import Rendezvous
+    from worker.spec import RunSettings
+
+    plan = Plan.model_validate(json.loads(Path(args.plan).read_text()))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rdzv = Rendezvous(endpoint=args.endpoint, run_id=args.rdzv_id, nnodes=args.nnodes,
+                      nproc_per_node=args.nproc_per_node, node_rank=args.node_rank, timeout_s=args.timeout)
+    settings = RunSettings(steps=args.steps, warmup=min(2, args.steps - 1), seed=args.seed,
+                           device=args.device or default_device())
+    try:
+        report = run_plan(plan, settings=settings, elastic=Elastic(run_dir=out / "run", rendezvous=rdzv, max_restarts=0,
+                                                                   tag="batch-"))
+    except RunFailed as e:
+        (out / f"failed-node{args.node_rank}.txt").write_text(str(e))
+        print(f"paretoplan: node {args.node_rank}: run failed: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 4
+    node = report.nodes[0].node_rank if report.nodes else 0
+    (out / f"node-{node}.json").write_text(report.model_dump_json())
+    return 0
+
+
+def merge(folder: Path, nodes: int, wait_s: float = 0.0) -> RunReport:
+    """The run's report from the node reports in `folder` (InputError when any is missing);
+    `wait_s`: wait that long for the other nodes' reports (a node that merges after its own)."""
+    import time
+
+    end = time.monotonic() + wait_s
+    while len(list(folder.glob("node-*.json"))) < nodes and not list(folder.glob("failed-node*.txt")) \
+            and time.monotonic() < end:
+        time.sleep(1.0)
+    paths = sorted(folder.glob("node-*.json"))
+    if len(paths) != nodes:
+        failed = sorted(folder.glob("failed-node*.txt"))
+        why = "; ".join(p.read_text().splitlines()[0] for p in failed if p.read_text()) or "no failure was written"
+        raise InputError(f"{len(paths)} of {nodes} nodes reported in {folder} ({why})")
+    return merge_node_reports([RunReport.model_validate_json(p.read_text()) for p in paths])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="worker.batch")
+    sub = ap.add_subparsers(dest="command", required=True)
+    n = sub.add_parser("node", help="run this machine's node of a plan")
+    n.add_argument("--plan", required=True)
+    n.add_argument("--steps", type=int, required=True)
+    n.add_argument("--seed", type=int, default=0)
+    n.add_argument("--nnodes", type=int, required=True)
+    n.add_argument("--nproc-per-node", type=int, required=True)
+    n.add_argument("--endpoint", required=True, help="host:port of the c10d rendezvous (the first node)")
+    n.add_argument("--rdzv-id", required=True)
+    n.add_argument("--node-rank", type=int, required=True, help="this node's task rank; 0 hosts the rendezvous")
+    n.add_argument("--out", required=True)
+    n.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    n.add_argument("--timeout", type=float, default=300.0, help="rendezvous and collective timeout, seconds")
+    m = sub.add_parser("merge", help="join the nodes' reports")
+    m.add_argument("folder")
+    m.add_argument("--nodes", type=int, required=True)
+    m.add_argument("--report", required=True)
+    m.add_argument("--wait", type=float, default=0.0, help="seconds to wait for every node's report")
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "node":
+            return run_node(args)
+        report = merge(Path(args.folder), args.nodes, args.wait)
+    except InputError as e:
+        print(f"paretoplan: error: {e}", file=sys.stderr)
+        return 2
+    Path(args.report).write_text(report.model_dump_json(indent=1))
+    print(f"paretoplan: {len(report.nodes)} nodes reported; loss {report.losses[0]:.4f} -> {report.losses[-1]:.4f}; "
+          f"report in {args.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
