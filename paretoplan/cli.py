@@ -229,7 +229,11 @@ def _add_launch(sub: argparse._SubParsersAction[_Parser]) -> None:
     """`paretoplan launch`: a plan through a cluster's own scheduler (Slurm, Kubernetes)."""
     la = sub.add_parser("launch", help="run a plan through a cluster's scheduler: a Slurm batch job or a Kubernetes "
                                        "PyTorchJob, one task per node")
-    la.add_argument("plan", help="a Plan JSON, or a frontier JSON from `search --json` (choose with --pick)")
+    la.add_argument("plan", nargs="?", default=None,
+                    help="a Plan JSON, or a frontier JSON from `search --json` (choose with --pick); with --api: none")
+    la.add_argument("--api", default=None,
+                    help="a paretoplan service: claim its next queued run and carry it out (the job heartbeats it "
+                         "and posts the merged report; the service's lease must outlast the scheduler's queue)")
     la.add_argument("--pick", default=None, help="with a frontier: budget (default), fastest, leanest, an index or a "
                                                  "baseline name")
     la.add_argument("--scheduler", choices=["slurm", "kubernetes"], required=True)
@@ -342,10 +346,18 @@ def _launch(args: argparse.Namespace) -> int:
     from worker.schedulers.common import BatchJob
 
     args.model = None
-    plan = _run_plan_from_file(args)
+    if (args.plan is None) == (args.api is None):
+        raise InputError("give a PLAN file, or --api to carry out a service's queued run (not both)")
+    claim = _claim_for_launch(args) if args.api else None
+    plan = claim[0] if claim else _run_plan_from_file(args)
     nodes = args.nodes if args.nodes is not None else max(1, plan.num_devices // plan.devices_per_node)
-    job = BatchJob(plan=plan, nodes=nodes, steps=args.steps, seed=args.seed, port=args.port,
-                   timeout_s=args.rendezvous_timeout)
+    try:
+        job = BatchJob(plan=plan, nodes=nodes, steps=claim[1] if claim else args.steps, seed=args.seed,
+                       port=args.port, timeout_s=args.rendezvous_timeout, service=claim[2] if claim else None)
+    except InputError as e:
+        if claim:  # the claimed run cannot go this way: it fails with the reason rather than wait for its lease
+            _give_back_launch(claim[2], str(e))
+        raise
     if args.scheduler == "slurm":
         from worker.schedulers import slurm
 
@@ -368,6 +380,37 @@ def _launch(args: argparse.Namespace) -> int:
     print(f"paretoplan: {nodes} nodes x {job.per_node} devices; PyTorchJob manifest {args.out} "
           f"(kubectl apply -f {args.out})")
     return 0
+
+
+def _claim_for_launch(args: argparse.Namespace):
+    """(plan, steps, ServiceClaim) of the next queued run of the service at --api."""
+    import os
+    import socket
+
+    import httpx
+
+    from search import Plan
+    from worker.client import ServiceClient, ServiceError
+    from worker.schedulers.common import ServiceClaim
+
+    try:
+        with ServiceClient(args.api, worker_token=os.environ.get("PARETOPLAN_WORKER_TOKEN")) as client:
+            task = client.claim(f"{args.scheduler}:{socket.gethostname()}", ["run"])
+    except (httpx.HTTPError, ServiceError) as e:
+        raise InputError(f"cannot claim a run from {args.api}: {e}") from None
+    if task is None or task.plan is None or task.steps is None:
+        raise InputError(f"no queued run at {args.api}")
+    print(f"paretoplan: claimed run {task.id} of {args.api}")
+    return Plan.model_validate(task.plan), task.steps, ServiceClaim(args.api, task.id, task.token, task.lease_seconds)
+
+
+def _give_back_launch(claim, error: str) -> None:
+    import os
+
+    from worker.client import ServiceClient
+
+    with ServiceClient(claim.api, worker_token=os.environ.get("PARETOPLAN_WORKER_TOKEN")) as client:
+        client.fail("run", claim.run_id, claim.token, error, input_error=True)
 
 
 def _resize(args: argparse.Namespace) -> int:

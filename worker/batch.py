@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from search import InputError, Plan, RunReport
 from search.plans.merge import merge_node_reports
@@ -34,16 +38,46 @@ def run_node(args: argparse.Namespace) -> int:
                       nproc_per_node=args.nproc_per_node, node_rank=args.node_rank, timeout_s=args.timeout)
     settings = RunSettings(steps=args.steps, warmup=min(2, args.steps - 1), seed=args.seed,
                            device=args.device or default_device())
-    try:
-        report = run_plan(plan, settings=settings, elastic=Elastic(run_dir=out / "run", rendezvous=rdzv, max_restarts=0,
-                                                                   tag="batch-"))
-    except RunFailed as e:
-        (out / f"failed-node{args.node_rank}.txt").write_text(str(e))
-        print(f"paretoplan: node {args.node_rank}: run failed: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 4
+    with _lease(args) as lease:
+        def progress(step: int, total: int) -> None:
+            if lease is not None:
+                lease.progress(stage="training", step=step, fraction=min(1.0, step / max(total, 1)))
+
+        try:
+            report = run_plan(plan, settings=settings, progress=progress,
+                              elastic=Elastic(run_dir=out / "run", rendezvous=rdzv, max_restarts=0, tag="batch-"))
+        except RunFailed as e:
+            (out / f"failed-node{args.node_rank}.txt").write_text(str(e))
+            print(f"paretoplan: node {args.node_rank}: run failed: {str(e).splitlines()[0]}", file=sys.stderr)
+            return 4
     node = report.nodes[0].node_rank if report.nodes else 0
     (out / f"node-{node}.json").write_text(report.model_dump_json())
     return 0
+
+
+@contextmanager
+def _lease(args: argparse.Namespace) -> Iterator[Any]:
+    """Heartbeats of the service's run this job carries out (worker.agent.Lease), or None."""
+    if not args.api:
+        yield None
+        return
+    from worker.agent import Lease
+    from worker.client import Task
+
+    task = Task(kind="run", id=args.run_id, token=args.token, attempt=1, lease_seconds=args.lease)
+    with Lease(args.api, os.environ.get("PARETOPLAN_WORKER_TOKEN"), task) as lease:
+        yield lease
+
+
+def _post(args: argparse.Namespace, report: RunReport | None, error: str | None) -> None:
+    """The merged report (or the failure) to the service's run, through the worker's REST client."""
+    from worker.client import ServiceClient
+
+    with ServiceClient(args.api, worker_token=os.environ.get("PARETOPLAN_WORKER_TOKEN")) as client:
+        if report is not None:
+            client.run_result(args.run_id, args.token, report)
+        else:
+            client.fail("run", args.run_id, args.token, error or "failed")
 
 
 def merge(folder: Path, nodes: int, wait_s: float = 0.0) -> RunReport:
@@ -83,14 +117,25 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--nodes", type=int, required=True)
     m.add_argument("--report", required=True)
     m.add_argument("--wait", type=float, default=0.0, help="seconds to wait for every node's report")
+    for p in (n, m):
+        p.add_argument("--api", default=None, help="the paretoplan service whose run this job carries out")
+        p.add_argument("--run-id", type=int, default=None)
+        p.add_argument("--token", default=None, help="the run's claim token")
+        p.add_argument("--lease", type=float, default=30.0, help="the claim's lease, seconds")
     args = ap.parse_args(argv)
+    if args.api and (args.run_id is None or not args.token):
+        ap.error("--api needs --run-id and --token")
     try:
         if args.command == "node":
             return run_node(args)
         report = merge(Path(args.folder), args.nodes, args.wait)
     except InputError as e:
         print(f"paretoplan: error: {e}", file=sys.stderr)
+        if args.command == "merge" and args.api:
+            _post(args, None, str(e))
         return 2
+    if args.api:
+        _post(args, report, None)
     Path(args.report).write_text(report.model_dump_json(indent=1))
     print(f"paretoplan: {len(report.nodes)} nodes reported; loss {report.losses[0]:.4f} -> {report.losses[-1]:.4f}; "
           f"report in {args.report}")

@@ -10,6 +10,21 @@ from search.plans.nodes import nodes_blocker
 
 
 @dataclass(frozen=True)
+class ServiceClaim:
+    """A run of a paretoplan service this job carries out: its nodes heartbeat the run and the
+    merge posts the report, as workers do (worker.client)."""
+
+    api: str
+    run_id: int
+    token: str
+    lease_seconds: float
+
+    def args(self) -> list[str]:
+        return ["--api", self.api, "--run-id", str(self.run_id), "--token", self.token,
+                "--lease", f"{self.lease_seconds:g}"]
+
+
+@dataclass(frozen=True)
 class BatchJob:
     plan: Plan
     nodes: int
@@ -17,6 +32,7 @@ class BatchJob:
     seed: int = 0
     port: int = 29500
     timeout_s: float = 300.0
+    service: ServiceClaim | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -47,4 +63,11 @@ class BatchJob:
         return [python, "-m", "worker.batch", "node", "--plan", plan_path, "--steps", str(self.steps),
                 "--seed", str(self.seed), "--nnodes", str(self.nodes), "--nproc-per-node", str(self.per_node),
                 "--endpoint", endpoint, "--rdzv-id", rdzv_id, "--node-rank", node_rank, "--out", out,
-                "--device", self.device, "--timeout", f"{self.timeout_s:g}"]
+                "--device", self.device, "--timeout", f"{self.timeout_s:g}", *self.service_args()]
+
+    def service_args(self) -> list[str]:
+        return self.service.args() if self.service else []
+
+    def merge_command(self, out: str, python: str = "python", wait_s: float = 0.0) -> list[str]:
+        return [python, "-m", "worker.batch", "merge", out, "--nodes", str(self.nodes), "--report",
+                f"{out}/report.json", *(["--wait", f"{wait_s:g}"] if wait_s else []), *self.service_args()]

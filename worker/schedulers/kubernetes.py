@@ -31,7 +31,7 @@ def manifest(job: BatchJob, *, image: str, namespace: str = "default", results_c
     out = f"{RESULTS_DIR}/{name}"
     node = job.node_command(f"{PLAN_DIR}/plan.json", out, "$MASTER_ADDR:$MASTER_PORT", name, "$RANK")
     run_node = " ".join(f'"{a}"' if "$" in a else a for a in node)
-    merge = f"python -m worker.batch merge {out} --nodes {job.nodes} --report {out}/report.json --wait {job.timeout_s:g}"
+    merge = " ".join(job.merge_command(out, wait_s=job.timeout_s))
     resources: dict[str, Any] = {}
     if job.device == "cuda":
         resources = {"limits": {"nvidia.com/gpu": job.per_node}}

@@ -47,8 +47,7 @@ def script(job: BatchJob, folder: Path, *, python: str = sys.executable, tasks_p
         "export HEAD=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)",
         "# one task per node of the run; a task that fails ends the others",
         f"srun --kill-on-bad-exit=1 --ntasks={job.nodes} bash -c {shlex.quote(inner)}",
-        f"{shlex.quote(python)} -m worker.batch merge {shlex.quote(str(folder))} --nodes {job.nodes} "
-        f"--report {shlex.quote(str(folder / 'report.json'))}",
+        " ".join(shlex.quote(a) for a in job.merge_command(str(folder), python=python)),
     ]
     return "\n".join(lines) + "\n"
 
