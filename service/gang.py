@@ -110,7 +110,8 @@ def _form(s: Session, me: GangMember, lease_seconds: float, now: datetime) -> Ga
     waiting = _waiting(s, me.devices, now)
     if me not in waiting:
         return None
-    candidates = s.scalars(select(Run).where(Run.status == QUEUED, Run.devices.is_not(None))
+    # queued, or running under a lease that expired (every node of its gang was lost)
+    candidates = s.scalars(select(Run).where(queue._claimable(Run, now), Run.devices.is_not(None))
                            .order_by(Run.id).with_for_update(skip_locked=True)).all()
     for run in candidates:
         assert run.devices is not None
@@ -121,7 +122,7 @@ def _form(s: Session, me: GangMember, lease_seconds: float, now: datetime) -> Ga
         token = uuid.uuid4().hex
         expires = now + timedelta(seconds=lease_seconds)
         owners = ",".join(w.worker for w in gang)
-        taken = s.execute(update(Run).where(Run.id == run.id, Run.status == QUEUED)
+        taken = s.execute(update(Run).where(Run.id == run.id, queue._claimable(Run, now))
                           .values(status=RUNNING, lease_owner=owners[:200], lease_token=token,
                                   lease_expires_at=expires, heartbeat_at=now, attempts=Run.attempts + 1,
                                   stage="claimed", started_at=now)

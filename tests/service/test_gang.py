@@ -102,3 +102,19 @@ def test_a_dead_node_fails_the_run_with_the_cause_that_says_most(databases, back
         assert _post_node(c, survivor, "{}").status_code in (409, 422)
         r = c.post(f"/api/gangs/run/{run['id']}/result", json={"token": "x" * 32, "node_rank": 0, "report": {}})
         assert r.status_code == 422  # not a report
+
+
+def test_a_gang_lost_whole_leaves_its_run_to_the_next_gang(databases, backend, tiny_report):
+    with app_client(databases, backend) as c:
+        _, run = _launched(c, tiny_report)
+        assert _gang_claim(c, "a", 1) is None
+        old = _gang_claim(c, "b", 1)
+        assert old is not None and old["attempt"] == 1
+        c.clock.advance(3600)  # neither node heartbeats: the run's lease expires
+        assert _gang_claim(c, "c", 1) is None
+        new = _gang_claim(c, "d", 1)
+        assert new is not None and new["id"] == run["id"] and new["attempt"] == 2 and new["token"] != old["token"]
+        assert new["rendezvous_id"] == f"run-{run['id']}-a2"
+        # the lost gang's claim is over
+        r = c.post(f"/api/tasks/run/{run['id']}/heartbeat", json={"token": old["token"]})
+        assert r.status_code == 409
