@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_worker(sub)
     _add_resize(sub)
     _add_token(sub)
+    _add_launch(sub)
     return p
 
 
@@ -164,6 +165,9 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     r.add_argument("--devices", type=int, default=4, help="processes / GPUs to plan for (default 4)")
     r.add_argument("--device", default=None, help="catalog device to search for (default: cpu without a GPU)")
     r.add_argument("--devices-per-node", type=int, default=None, help="node size for the search")
+    r.add_argument("--nodes", type=int, default=1,
+                   help="run as this many torchrun nodes on this machine (loopback rendezvous), the way a run "
+                        "spans machines; the search plans for devices / nodes per node (default 1)")
     r.add_argument("--memory-budget", help="per-device memory budget for --pick budget, e.g. 2GiB")
     r.add_argument("--time-target", default=None,
                    help="with --pick budget: the leanest plan within the memory budget that runs an iteration "
@@ -219,9 +223,52 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
     wk.add_argument("--poll", type=float, default=1.0, help="seconds between claims when there is nothing to do")
     wk.add_argument("--max-tasks", type=int, default=None, help="exit after this many tasks")
     wk.add_argument("--exit-with-parent", action="store_true", help="exit when the process that started it exits")
+    wk.add_argument("--devices", type=int, default=None,
+                    help="run nodes of runs that span machines: this worker's devices (processes), one node's; "
+                         "runs of N x this many devices are claimed by N such workers together")
+    wk.add_argument("--host", default=None,
+                    help="with --devices: the address other nodes reach this host at (default: its host name)")
+    wk.add_argument("--rendezvous-timeout", type=float, default=300.0,
+                    help="with --devices: seconds to wait for the other nodes, and for any one collective (300)")
     wk.add_argument("--checkpoint-dir", default=None,
                     help="where runs save checkpoints, one run directory each (default ./paretoplan-checkpoints, or "
                          "PARETOPLAN_CHECKPOINT_DIR); workers that may take over each other's runs must share it")
+
+def _add_launch(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`paretoplan launch`: a plan through a cluster's own scheduler (Slurm, Kubernetes)."""
+    la = sub.add_parser("launch", help="run a plan through a cluster's scheduler: a Slurm batch job or a Kubernetes "
+                                       "PyTorchJob, one task per node")
+    la.add_argument("plan", nargs="?", default=None,
+                    help="a Plan JSON, or a frontier JSON from `search --json` (choose with --pick); with --api: none")
+    la.add_argument("--api", default=None,
+                    help="a paretoplan service: claim its next queued run and carry it out (the job heartbeats it "
+                         "and posts the merged report; the service's lease must outlast the scheduler's queue); "
+                         "sends PARETOPLAN_WORKER_TOKEN, which the job's nodes need too")
+    la.add_argument("--pick", default=None, help="with a frontier: budget (default), fastest, leanest, an index or a "
+                                                 "baseline name")
+    la.add_argument("--scheduler", choices=["slurm", "kubernetes"], required=True)
+    la.add_argument("--nodes", type=int, default=None,
+                    help="nodes to run on (default: the plan's devices / its devices per node)")
+    la.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    la.add_argument("--seed", type=int, default=0)
+    la.add_argument("--port", type=int, default=29500, help="the rendezvous port on the first node (default 29500)")
+    la.add_argument("--rendezvous-timeout", type=float, default=300.0,
+                    help="seconds to wait for every node, and for any one collective (default 300)")
+    la.add_argument("--out", required=True,
+                    help="slurm: the job folder (on a file system every node shares); kubernetes: the manifest file")
+    la.add_argument("--submit", action="store_true", help="slurm: sbatch the script (default: write it only)")
+    la.add_argument("--partition", default=None, help="slurm: the partition")
+    la.add_argument("--time", default=None, help="slurm: the time limit, e.g. 02:00:00")
+    la.add_argument("--tasks-per-node", type=int, default=1,
+                    help="slurm: nodes of the run per Slurm node (default 1; more on a single test host)")
+    la.add_argument("--image", default=None, help="kubernetes: the container image with paretoplan installed")
+    la.add_argument("--namespace", default="default", help="kubernetes: the namespace (default 'default')")
+    la.add_argument("--results-claim", default="paretoplan-results",
+                    help="kubernetes: a ReadWriteMany PersistentVolumeClaim every pod mounts for the reports")
+    la.add_argument("--token-secret", default="paretoplan-worker-token",
+                    help="kubernetes, with --api: the Secret (key 'token') the pods read the worker token from "
+                         "(default paretoplan-worker-token); the token itself never goes into the manifest")
+
 
 def _add_resize(sub: argparse._SubParsersAction[_Parser]) -> None:
     """`resize`: order a running run of a service onto another device count."""
@@ -289,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
             return _resize(args)
         if args.command == "token":
             return _token(args)
+        if args.command == "launch":
+            return _launch(args)
     except InputError as e:
         print(f"paretoplan: error: {e}", file=sys.stderr)
         return EXIT_INPUT
@@ -324,10 +373,98 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    if args.devices is not None:  # one node of runs that span nodes, claimed as a gang
+        from worker.gang import main as gang_main
+
+        if args.kinds != "search,run":
+            raise InputError("--kinds does not go with --devices: a worker with --devices runs nodes of runs only")
+        return gang_main(args.api, devices=args.devices, host=args.host, name=args.name, poll_seconds=args.poll,
+                         max_tasks=args.max_tasks, exit_with_parent=args.exit_with_parent,
+                         checkpoint_dir=args.checkpoint_dir, rendezvous_timeout_s=args.rendezvous_timeout)
     from worker.agent import main as worker_main
 
     return worker_main(args.api, name=args.name, kinds=args.kinds, poll_seconds=args.poll, max_tasks=args.max_tasks,
                        exit_with_parent=args.exit_with_parent, checkpoint_dir=args.checkpoint_dir)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """`paretoplan launch PLAN --scheduler slurm|kubernetes`: write (and for Slurm, submit) the job."""
+    from worker.schedulers.common import BatchJob
+
+    args.model = None
+    if (args.plan is None) == (args.api is None):
+        raise InputError("give a PLAN file, or --api to carry out a service's queued run (not both)")
+    claim = _claim_for_launch(args) if args.api else None
+    plan = claim[0] if claim else _run_plan_from_file(args)
+    nodes = args.nodes if args.nodes is not None else max(1, plan.num_devices // plan.devices_per_node)
+    try:
+        job = BatchJob(plan=plan, nodes=nodes, steps=claim[1] if claim else args.steps, seed=args.seed,
+                       port=args.port, timeout_s=args.rendezvous_timeout, service=claim[2] if claim else None)
+    except InputError as e:
+        if claim:  # the claimed run cannot go this way: it fails with the reason rather than wait for its lease
+            _give_back_launch(claim[2], str(e))
+        raise
+    if args.scheduler == "slurm":
+        from worker.schedulers import slurm
+
+        if args.tasks_per_node < 1:
+            raise InputError(f"--tasks-per-node must be at least 1, got {args.tasks_per_node}")
+        path = slurm.prepare(job, Path(args.out), tasks_per_node=args.tasks_per_node, partition=args.partition,
+                             time_limit=args.time)
+        print(f"paretoplan: {nodes} nodes x {job.per_node} devices; batch script {path}")
+        if claim:
+            print("paretoplan: the job reports to the service with PARETOPLAN_WORKER_TOKEN from the environment "
+                  "it is submitted in (sbatch passes it on; the script stops at once without it)")
+        if args.submit:
+            job_id = slurm.submit(path)
+            print(f"paretoplan: submitted Slurm job {job_id}; the report will be {Path(args.out) / 'report.json'}")
+        return 0
+    from worker.schedulers import kubernetes
+
+    if not args.image:
+        raise InputError("--scheduler kubernetes needs --image: a container image with paretoplan installed")
+    _check_writable(args.out)
+    docs = kubernetes.manifest(job, image=args.image, namespace=args.namespace, results_claim=args.results_claim,
+                               token_secret=args.token_secret)
+    _write(args.out, kubernetes.to_yaml(docs))
+    print(f"paretoplan: {nodes} nodes x {job.per_node} devices; PyTorchJob manifest {args.out} "
+          f"(kubectl apply -f {args.out})")
+    if claim:
+        print(f"paretoplan: its pods read the worker token from the secret {args.token_secret!r} (key 'token'): "
+              f"kubectl create secret generic {args.token_secret} -n {args.namespace} "
+              f"--from-literal=token=\"$PARETOPLAN_WORKER_TOKEN\"")
+    return 0
+
+
+def _claim_for_launch(args: argparse.Namespace):
+    """(plan, steps, ServiceClaim) of the next queued run of the service at --api."""
+    import socket
+
+    import httpx
+
+    from search import Plan
+    from worker.agent import worker_token_from_env
+    from worker.client import ServiceClient, ServiceError
+    from worker.schedulers.common import ServiceClaim
+
+    token = worker_token_from_env("paretoplan launch --api")  # the job speaks the worker protocol
+    try:
+        with ServiceClient(args.api, worker_token=token) as client:
+            task = client.claim(f"{args.scheduler}:{socket.gethostname()}", ["run"])
+    except (httpx.HTTPError, ServiceError) as e:
+        raise InputError(f"cannot claim a run from {args.api}: {e}") from None
+    if task is None or task.plan is None or task.steps is None:
+        raise InputError(f"no queued run at {args.api}")
+    print(f"paretoplan: claimed run {task.id} of {args.api}")
+    return Plan.model_validate(task.plan), task.steps, ServiceClaim(args.api, task.id, task.token, task.lease_seconds)
+
+
+def _give_back_launch(claim, error: str) -> None:
+    from worker.agent import worker_token_from_env
+    from worker.client import ServiceClient
+
+    with ServiceClient(claim.api, worker_token=worker_token_from_env()) as client:
+        client.fail("run", claim.run_id, claim.token, error, input_error=True)
 
 
 def _resize(args: argparse.Namespace) -> int:
@@ -638,6 +775,7 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
     resizes = _resizes(args.resize)
     check_resizes(resizes, args.steps)
+    _check_nodes_flag(args)
     if args.report:
         _check_writable(args.report)
     resume = Path(args.resume) if args.resume else None
@@ -650,7 +788,12 @@ def _run(args: argparse.Namespace) -> int:
     control = Control()
     elastic = Elastic(run_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else resume, every=args.checkpoint_every,
                       resizes=resizes, replan=_replanner(args, plan, device), control=control, resume=resume,
-                      on_note=lambda m: print(f"paretoplan: {m}", file=sys.stderr))
+                      on_note=lambda m: print(f"paretoplan: {m}", file=sys.stderr), nodes=args.nodes)
+    if args.nodes > 1:
+        from search.plans.nodes import describe
+
+        print(f"paretoplan: {args.nodes} nodes of {plan.num_devices // args.nodes} ranks: "
+              f"{describe(plan, args.nodes)}", file=sys.stderr)
     # SIGTERM: save at the next step boundary, then stop (resumable with --resume)
     previous = signal.signal(signal.SIGTERM, lambda *_: control.stop("SIGTERM"))
     try:
@@ -676,6 +819,20 @@ def _run(args: argparse.Namespace) -> int:
     if args.report:
         _write(args.report, report.model_dump_json(indent=1))
     return 0
+
+
+def _check_nodes_flag(args: argparse.Namespace) -> None:
+    """--nodes: a whole number of devices per node, and (for now) no resizing across node counts."""
+    if args.nodes < 1:
+        raise InputError(f"--nodes must be at least 1, got {args.nodes}")
+    if args.nodes == 1:
+        return
+    if args.model and args.devices % args.nodes:
+        raise InputError(f"--devices {args.devices} do not split evenly over --nodes {args.nodes}")
+    if args.resize:
+        raise InputError("--resize with --nodes is not supported: a resize keeps to one node")
+    if args.model and args.devices_per_node is None:
+        args.devices_per_node = args.devices // args.nodes  # the search keeps tensor parallelism inside a node
 
 
 def _resizes(text: str | None) -> list[tuple[int, int]]:

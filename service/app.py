@@ -20,7 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from service.api import errors, login
 from service.api.auth import Authenticator
 from service.api.guard import GuardMiddleware
-from service.api.routes import admin, catalog, estimate, jobs, profiles, runs, strategies, tasks
+from service.api.routes import admin, catalog, estimate, gangs, jobs, profiles, runs, strategies, tasks
 from service.db import Database
 from service.models import Clock, utcnow
 from service.settings import Settings
@@ -110,7 +110,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True, clock:
                        max_inflated_bytes=settings.max_inflated_bytes)
     # outermost: Host, Origin, content type and the token are checked before any body is read
     app.add_middleware(GuardMiddleware, allowed_hosts=settings.hosts, auth=auth)
-    for r in (jobs, strategies, runs, profiles, catalog, tasks, estimate, admin):
+    for r in (jobs, strategies, runs, profiles, catalog, tasks, gangs, estimate, admin):
         app.include_router(r.router)
     login.mount(app)
 

@@ -183,6 +183,23 @@ class Run(LeaseMixin, Base):
     __table_args__ = (Index("ix_runs_status_id", "status", "id"),)
 
 
+class GangMember(Base):
+    """A worker of `devices` devices on `host` that waits to join a run spanning nodes (service.gang),
+    or holds node `node_rank` of run `run_id` and, once it finished, its node's report."""
+
+    __tablename__ = "gang_members"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    worker: Mapped[str] = mapped_column(String(200), unique=True)
+    host: Mapped[str] = mapped_column(String(255))
+    devices: Mapped[int] = mapped_column(Integer)
+    port: Mapped[int] = mapped_column(Integer)  # a free port of its host: the rendezvous, when it is node 0
+    expires_at: Mapped[datetime] = mapped_column(DateTime)  # waiting ends without a poll by then
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    token: Mapped[str | None] = mapped_column(String(64))  # the run's lease token when it was assigned
+    node_rank: Mapped[int | None] = mapped_column(Integer)
+    report: Mapped[Any | None] = deferred(mapped_column(JSON))  # its node's RunReport, once posted
+
+
 class Resize(Base):
     """New resources recorded for a job, and the search that answers what plan it would move to;
     for a running run (`run_id`), an order its worker carries out at the next step boundary and

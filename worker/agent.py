@@ -163,7 +163,7 @@ class Agent:
                     log.info("the process that started this worker is gone; stopping")
                     break
                 try:
-                    task = self.client.claim(self.name, self.kinds)
+                    task = self._claim()
                 except (httpx.TransportError, ServiceError) as e:
                     log.warning("cannot claim from %s: %s", self.api, e)
                     time.sleep(backoff)
@@ -180,6 +180,17 @@ class Agent:
         finally:
             self.client.close()
         return 0
+
+    def _claim(self) -> Task | None:
+        """The next task, or None (a gang worker claims nodes of runs instead: worker.gang)."""
+        return self.client.claim(self.name, self.kinds)
+
+    def _deliver(self, task: Task, result: FrontierReport | RunReport) -> None:
+        if isinstance(result, FrontierReport):
+            self.client.search_result(task.id, task.token, result)
+        else:
+            self.client.run_result(task.id, task.token, result)
+            shutil.rmtree(self.checkpoints / f"run-{task.id}", ignore_errors=True)  # done: nothing resumes it
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._stopping = True
@@ -199,11 +210,7 @@ class Agent:
             with Lease(self.api, self.token, task) as lease:
                 result = self._search(task, lease) if task.kind == "search" else self._run(task, lease)
             # heartbeats have stopped: the result is the last word of this claim
-            if isinstance(result, FrontierReport):
-                self.client.search_result(task.id, task.token, result)
-            else:
-                self.client.run_result(task.id, task.token, result)
-                shutil.rmtree(self.checkpoints / f"run-{task.id}", ignore_errors=True)  # done: nothing resumes it
+            self._deliver(task, result)
             log.info("%s %s done", task.kind, task.id)
         except (LeaseLost, _Abandon) as e:
             log.warning("%s %s dropped: the lease was lost (%s)", task.kind, task.id, e)
@@ -321,6 +328,15 @@ def _warm_up() -> None:
     import search.plans.api  # noqa: F401
 
 
+def worker_token_from_env(who: str = "a worker") -> str:
+    """PARETOPLAN_WORKER_TOKEN, which everything that speaks the worker protocol sends (InputError without it)."""
+    token = os.environ.get("PARETOPLAN_WORKER_TOKEN", "").strip()
+    if not token:
+        raise InputError(f"{who} needs its token: set PARETOPLAN_WORKER_TOKEN to a token with the worker scope "
+                         "(paretoplan token create --scopes worker, or the service's PARETOPLAN_WORKER_TOKEN)")
+    return token
+
+
 def main(api: str, *, name: str | None = None, kinds: str = "search,run", poll_seconds: float = 1.0,
          max_tasks: int | None = None, exit_with_parent: bool = False, checkpoint_dir: str | None = None) -> int:
     logging.basicConfig(level=os.environ.get("PARETOPLAN_LOG_LEVEL", "INFO"),
@@ -331,10 +347,7 @@ def main(api: str, *, name: str | None = None, kinds: str = "search,run", poll_s
     if not wanted or any(k not in by_name for k in wanted):
         raise InputError(f"--kinds takes search, run or both separated by commas, got {kinds!r}")
     chosen = tuple(by_name[k] for k in wanted)
-    token = os.environ.get("PARETOPLAN_WORKER_TOKEN", "").strip()
-    if not token:
-        raise InputError("a worker needs its token: set PARETOPLAN_WORKER_TOKEN to a token with the worker scope "
-                         "(paretoplan token create --scopes worker, or the service's PARETOPLAN_WORKER_TOKEN)")
+    token = worker_token_from_env()
     agent = Agent(api, name=name, kinds=chosen, poll_seconds=poll_seconds, max_tasks=max_tasks,
                   worker_token=token, exit_with_parent=exit_with_parent,
                   checkpoint_dir=checkpoint_dir)

@@ -1,4 +1,5 @@
-"""The worker's REST client of the service: the worker protocol (claim, heartbeat, result, fail).
+"""The worker's REST client of the service: the worker protocol (claim, heartbeat, result, fail;
+a gang node's result, worker.gang).
 
 It imports nothing of the service (only httpx, pydantic and the report types of `search`), so a
 worker node needs no database driver: the service is all it talks to.
@@ -98,6 +99,12 @@ class ServiceClient:
     def run_result(self, task_id: int, token: str, report: RunReport) -> None:
         self._post_report(f"/api/tasks/run/{task_id}/result", token, report)
 
+    def node_result(self, run_id: int, token: str, node_rank: int, report: RunReport) -> bool:
+        """One node's report of a run that spans nodes (/api/gangs); True when it was the last
+        and the run is complete. Retried through outages as every result is."""
+        r = self._post_report(f"/api/gangs/run/{run_id}/result", token, report, node_rank=node_rank)
+        return bool(r.json()["complete"])
+
     def fail(self, kind: Kind, task_id: int, token: str, error: str, *, input_error: bool = False,
              retry: bool = False, handback: bool = False) -> None:
         """`handback`: the worker is stopping and returns the task unharmed (not a failed attempt)."""
@@ -107,12 +114,13 @@ class ServiceClient:
         self._post(f"/api/tasks/{kind}/{task_id}/fail", body)
 
     def _post_report(self, path: str, token: str, report: FrontierReport | RunReport,
-                     give_up_after: float = RESULT_RETRY_SECONDS) -> None:
+                     give_up_after: float = RESULT_RETRY_SECONDS, **fields: Any) -> httpx.Response:
         """Sent gzip-compressed (plans compress ~20x), and retried with backoff while the service is
         unreachable or answers 5xx (a restart, a database outage): a finished result is precious.
         Only the service's word ends it early: 409 (the claim is over) or another 4xx (not a
-        valid report) is raised at once."""
-        text = '{"token":' + json.dumps(token) + ',"report":' + report.model_dump_json() + "}"
+        valid report) is raised at once. `fields` go into the body beside the token."""
+        head = json.dumps({"token": token, **fields})[:-1]  # the report is spliced in as it serialises itself
+        text = head + ',"report":' + report.model_dump_json() + "}"
         body = gzip.compress(text.encode(), compresslevel=5)
         deadline = time.monotonic() + give_up_after
         delay = 0.5
@@ -126,7 +134,7 @@ class ServiceClient:
             else:
                 if r.status_code < 500 or time.monotonic() + delay > deadline:
                     _raise_for(r)
-                    return
+                    return r
                 delay = max(delay, _retry_after(r))
             time.sleep(delay)
             delay = min(delay * 2, 30.0)

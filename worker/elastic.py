@@ -1,7 +1,8 @@
 """A run as a sequence of launches (segments): train, stop at a step boundary, save, re-plan,
 relaunch torchrun with the new world size, load resharded, go on from the same step.
 
-One launch is `worker.launch.run_jobs` (torchrun, one job); the ranks save and load with
+One launch is `worker.launch.run_jobs` (torchrun, one job), or with `Elastic.nodes` one torchrun
+agent per node (`worker.nodes.run_local_nodes`); the ranks save and load with
 `worker.checkpoint`. Between launches this module decides what comes next:
 
 - a **resize**, scripted (`Elastic.resizes`: step -> devices, as `paretoplan run --resize`) or
@@ -39,6 +40,7 @@ from search.plans.capacity import cuda_devices
 from worker import checkpoint
 from worker.analyze import Unsupported, analyze
 from worker.launch import Progress, RunFailed, check_capacity, make_report, measured_of, run_jobs
+from worker.nodes import Rendezvous, check_nodes, run_local_nodes
 from worker.spec import CheckpointSettings, ExecSpec, Job, RunSettings
 
 Replan = Callable[[int], Plan]  # devices -> the plan to run on that many (NoFeasiblePlan / InputError if none)
@@ -131,6 +133,8 @@ class Elastic:
     on_segments: Callable[[list[Segment]], None] | None = None  # closed segments and the running one
     on_note: Callable[[str], None] | None = None
     on_order: Callable[[Order, str], None] | None = None  # (order, outcome) once an order is applied or refused
+    nodes: int = 1  # > 1: each launch runs as this many torchrun nodes on this machine (worker.nodes)
+    rendezvous: Rendezvous | None = None  # this machine is one node of a gang's run (worker.gang)
 
 
 def check_resizes(resizes: list[tuple[int, int]], steps: int) -> None:
@@ -234,12 +238,16 @@ class _Supervisor:
     def _launch(self, bar: Progress) -> RunReport | None:
         """One launch; the report when the run is done, None when another launch follows."""
         spec = analyze(self.plan)
-        check_capacity(spec, self.settings.device, self.max_procs)
+        nodes = self.opts.rendezvous.nnodes if self.opts.rendezvous else self.opts.nodes
+        check_capacity(spec, self.settings.device, self.max_procs, nodes=1 if self.opts.nodes > 1 else nodes)
+        check_nodes(self.plan, nodes)
         current = _segment(self.plan, spec, self.step, self.cause)
         while True:  # a run directory resumed by another process holds its launches too
             k = self.launches
             self.launches += 1
             workdir = self.run_dir / f"launch-{self.opts.tag}{k}"
+            if self.opts.rendezvous is not None:  # every node of a gang its own folder, one checkpoint tag
+                workdir = workdir.with_name(f"{workdir.name}-node{self.opts.rendezvous.node_rank}")
             if not workdir.exists():
                 break
         stop_at = next((s for s, _ in self.scripted if s > self.step), None)
@@ -267,7 +275,12 @@ class _Supervisor:
         self.control.current = self.plan
         self.control.arm(workdir / "stop" if ck else None)
         try:
-            raw = run_jobs([job], workdir=workdir, progress=on_line, timeout=self._remaining())[0]
+            if self.opts.nodes > 1:
+                raw = run_local_nodes([job], self.opts.nodes, workdir=workdir, run_id=f"{workdir.name}-{id(self)}",
+                                      progress=on_line, timeout=self._remaining())[0]
+            else:
+                raw = run_jobs([job], workdir=workdir, progress=on_line, timeout=self._remaining(),
+                               rendezvous=self.opts.rendezvous)[0]
         except RunFailed as e:
             self.control.arm(None)
             self._after_failure(current, e)
@@ -416,6 +429,8 @@ def run_plan(plan: Plan | dict, steps: int = 20, *, settings: RunSettings | None
     st = settings or RunSettings(steps=steps, device=default_device())
     opts = elastic or Elastic()
     check_resizes(opts.resizes, st.steps)
-    check_capacity(analyze(plan), st.device, max_procs)
+    nodes = opts.rendezvous.nnodes if opts.rendezvous else opts.nodes
+    check_capacity(analyze(plan), st.device, max_procs, nodes=1 if opts.nodes > 1 else nodes)
+    check_nodes(plan, nodes)
     return _Supervisor(plan, st, opts, progress=progress, show_progress=show_progress, max_procs=max_procs,
                        timeout=timeout).run()

@@ -4,8 +4,9 @@ Every rank reads the same list of jobs (an ExecSpec and RunSettings each) and ru
 the other in the same process group, so several plans share one start-up. Per job a rank builds
 the model on the meta device (only its pipeline stage), applies the plan (worker.parallelize),
 materialises its shards from the seeded reference initialisation, trains on synthetic data and
-records its step times and peak memory; rank 0 gathers everything into ``D/<job>/result.json``
-and prints one progress line per step (``@@paretoplan {json}``) for the launcher.
+records its step times and peak memory; the ranks gather their figures, each node's first rank
+writes its node's into ``D/<job>/result.json`` (one node: all of them; worker.nodes joins the
+nodes'), and rank 0 prints one progress line per step (``@@paretoplan {json}``) for the launcher.
 
 A rank that raises writes ``D/error-rank<r>.json`` and exits non-zero; torchrun then stops the
 others, and the launcher reports this rank's error.
@@ -18,9 +19,11 @@ import contextlib
 import gc
 import json
 import os
+import socket
 import sys
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,7 @@ from worker.commcheck import P2PCount
 from worker.context import Ring, context_parallel
 from worker.data import global_batch, local_batch
 from worker.experts import expert_rows, shard_experts
+from worker.nodes import COLLECTIVE_TIMEOUT_ENV
 from worker.parallelize import (
     DTYPES,
     apply_data_parallel,
@@ -419,18 +423,49 @@ class Runner:
         timed = [i for i in range(st.warmup, ran) if first + i != mem_step] or [ran - 1]
         peak = (int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda"
                 else mem.get("peak_bytes"))
-        mine = {"rank": self.rank, "coord": self.coord, "times": times, "timed": timed,
+        mine = {"rank": self.rank, "node": node_of_this_rank()[0], "coord": self.coord, "times": times, "timed": timed,
                 "time_s": measure.median([times[i] for i in timed]), "memory_bytes": peak,
                 "memory_by_category": mem.get("by_category", {}), "comm": comm,
                 "checkpoints": saver.record if saver else None,
                 "p2p": dict(p2p.counts) if p2p_step is not None else {}}
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, mine)
-        if self.rank == 0:
+        node, host = node_of_this_rank()
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # each node writes its own ranks' figures (worker.nodes)
+            own = [g for g in gathered if g["node"] == node]
             out_dir.mkdir(parents=True, exist_ok=True)
             stopped = saver.record.get("stopped") if saver else None
             (out_dir / "result.json").write_text(json.dumps({
-                "losses": losses, "first_step": first, "stopped": stopped, "ranks": gathered}))
+                "losses": losses, "first_step": first, "stopped": stopped, "ranks": own,
+                "nodes": [{"node_rank": node, "host": host, "ranks": [g["rank"] for g in own]}]}))
+
+
+def die_with_agent() -> None:
+    """SIGKILL this rank when its torchrun agent dies: a node whose agent is gone must not go on
+    training (or hold its peers on other nodes at a barrier); its peers' collectives then fail at
+    once on the closed connections."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    agent = os.getppid()
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != agent:  # the agent died before the signal was armed
+        os._exit(1)
+
+
+def node_of_this_rank() -> tuple[int, str]:
+    """torchrun's node (group) rank of this process, and its host's name."""
+    return int(os.environ.get("GROUP_RANK", "0")), socket.gethostname()
+
+
+def collective_timeout() -> timedelta | None:
+    """How long one collective may wait for its peers: set for runs that span nodes (a node that
+    dies must stop the others within a bound), torch's default otherwise."""
+    text = os.environ.get(COLLECTIVE_TIMEOUT_ENV)
+    return timedelta(seconds=float(text)) if text else None
 
 
 def comm_debug_mode() -> Any:
@@ -494,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     rank = int(os.environ.get("RANK", "0"))
+    die_with_agent()
     try:
         jobs = [Job.model_validate(j) for j in json.loads(Path(args.jobs).read_text())]
         device_type = jobs[0].settings.device if jobs else "cpu"
@@ -505,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             device = torch.device("cpu")
             backend = "gloo"
-        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None,
+                                timeout=collective_timeout())
         for i, job in enumerate(jobs):
             if rank == 0:
                 print(PROGRESS + json.dumps({"job": i, "jobs": len(jobs), "summary": job.spec.summary}), flush=True)

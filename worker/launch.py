@@ -18,16 +18,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from search import Errors, Measured, Plan, Predicted, RankMeasure, RunReport, Segment, format_size, rel_error
+from search import Errors, Measured, NodeRecord, Plan, Predicted, RankMeasure, RunReport, Segment, format_size, rel_error
 from search.plans.capacity import cpu_host_blocker, cuda_devices
 from worker import measure
 from worker.analyze import Unsupported, analyze, model_spec
+from worker.nodes import COLLECTIVE_TIMEOUT_ENV, Rendezvous
 from worker.spec import PROGRESS, ExecSpec, Job, RunSettings
 
 
@@ -45,9 +47,10 @@ class RunFailed(RuntimeError):
 
 
 # ---- before launch ----------------------------------------------------------------------------
-def check_capacity(spec: ExecSpec, device: str, max_procs: int | None = None) -> None:
-    """Refuse (Unsupported) a plan this machine cannot host, before anything is started."""
-    n = spec.num_devices
+def check_capacity(spec: ExecSpec, device: str, max_procs: int | None = None, nodes: int = 1) -> None:
+    """Refuse (Unsupported) a plan this machine cannot host, before anything is started; `nodes`:
+    this machine is one node of that many and hosts num_devices / nodes of the processes."""
+    n = spec.num_devices // max(nodes, 1)
     need = spec.predicted_memory_bytes
     if device == "cuda":
         import torch
@@ -183,13 +186,20 @@ def _die_with_parent() -> None:
 
 
 def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Callable[[dict], None] | None = None,
-             timeout: float | None = None, keep: bool = False) -> list[dict[str, Any]]:
-    """Run jobs (all with the same number of processes) in one torchrun; the raw result per job."""
+             timeout: float | None = None, keep: bool = False, rendezvous: Rendezvous | None = None,
+             abort: threading.Event | None = None) -> list[dict[str, Any]]:
+    """Run jobs (all with the same number of processes) in one torchrun; the raw result per job.
+    `rendezvous`: this machine is one node of several (worker.nodes): torchrun's multi-node agent
+    runs this node's share of the processes, and the result holds this node's ranks. `abort`:
+    when set, torchrun is stopped (another node of the run failed)."""
     if not jobs:
         return []
     n = jobs[0].spec.num_devices
     if any(j.spec.num_devices != n for j in jobs):
         raise ValueError("jobs sharing one launch must use the same number of processes")
+    if rendezvous is not None and rendezvous.nnodes * rendezvous.nproc_per_node != n:
+        raise ValueError(f"{rendezvous.nnodes} nodes of {rendezvous.nproc_per_node} processes do not make the "
+                         f"plan's {n}")
     device = jobs[0].settings.device
     tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="paretoplan-run-"))
     tmp.mkdir(parents=True, exist_ok=True)
@@ -197,10 +207,13 @@ def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Ca
     jobs_path = tmp / "jobs.json"
     jobs_path.write_text(json.dumps([j.model_dump(mode="json") for j in jobs]))
     log_path = tmp / "torchrun.log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+    where = ["--standalone", f"--nproc-per-node={n}"] if rendezvous is None else rendezvous.torchrun_args()
+    cmd = [sys.executable, "-m", "torch.distributed.run", *where,
            "--max-restarts=0", "--monitor-interval=0.2", "-m", "worker.executor",
            "--jobs", str(jobs_path), "--out", str(out)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHELASTIC_ERROR_FILE=str(tmp / "torchelastic-error.json"))
+    if rendezvous is not None:
+        env[COLLECTIVE_TIMEOUT_ENV] = str(rendezvous.timeout_s)
     if device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")  # n ranks on a few cores: threads would only contend
     repo = str(Path(__file__).resolve().parents[1])
@@ -210,6 +223,7 @@ def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Ca
                                 preexec_fn=_die_with_parent)
         known: set[int] = set()  # the ranks, remembered while torchrun is their parent
         seen_at = 0.0
+        aborted = _stop_on(abort, proc)
         try:
             start = time.monotonic()
             assert proc.stdout is not None
@@ -229,12 +243,17 @@ def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Ca
             raise RunFailed(f"run exceeded its time limit of {timeout:.0f} s", log=str(log_path)) from None
         finally:
             _kill_session(proc, known)
+    if rc != 0 and aborted.is_set():
+        raise RunFailed("stopped: another node failed", log=str(log_path))
     if rc != 0:
         err = _first_error(out)
         log_text = log_path.read_text(errors="replace")
         if err is not None and not err.get("collateral"):
             raise RunFailed(f"rank {err['rank']} failed: {err['type']}: {err['message'].strip()}",
                             rank=err["rank"], log=str(log_path))
+        if rc < 0:  # torchrun itself was killed: its ranks die with it (worker.executor.die_with_agent)
+            raise RunFailed(f"torchrun was killed ({signal.Signals(-rc).name}); its ranks died with it",
+                            log=str(log_path), died=True)
         death = _death(log_text)
         if death:
             raise RunFailed(f"a rank died ({death}); the others lost it", log=str(log_path), died=True)
@@ -244,9 +263,30 @@ def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Ca
         raise RunFailed(f"torchrun exited with code {rc} before any rank reported an error:\n{log_text[-2000:]}",
                         log=str(log_path), died=True)
     results = [json.loads((out / str(i) / "result.json").read_text()) for i in range(len(jobs))]
+    if rendezvous is None:  # one node: its record says nothing the report needs
+        results = [{k: v for k, v in r.items() if k != "nodes"} for r in results]
     if not keep and workdir is None:
         shutil.rmtree(tmp, ignore_errors=True)
     return results
+
+
+def _stop_on(abort: threading.Event | None, proc: subprocess.Popen) -> threading.Event:
+    """SIGTERM torchrun when `abort` is set (it then stops its ranks); the event returned is set
+    when that happened."""
+    fired = threading.Event()
+    if abort is None:
+        return fired
+
+    def watch() -> None:
+        while proc.poll() is None:
+            if abort.wait(0.2):
+                if proc.poll() is None:
+                    fired.set()
+                    proc.send_signal(signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, daemon=True, name="stop-on-abort").start()
+    return fired
 
 
 # ---- reports ----------------------------------------------------------------------------------
@@ -286,6 +326,8 @@ def make_report(job: Job, raw: dict[str, Any], started: datetime, finished: date
         device = f"{torch.cuda.get_device_name(0)} x {spec.num_devices}"
     else:
         device = f"cpu ({spec.num_devices} processes on {os.cpu_count()} cores)"
+    if len(raw.get("nodes", [])) > 1:
+        device += f" on {len(raw['nodes'])} nodes"
     return RunReport(
         model=spec.model, plan_summary=spec.summary, num_devices=spec.num_devices, device=device,
         backend="nccl" if st.device == "cuda" else "gloo", mesh={d.name: d.size for d in spec.mesh},
@@ -294,7 +336,8 @@ def make_report(job: Job, raw: dict[str, Any], started: datetime, finished: date
         errors=Errors(time=rel_error(measured.time_s, predicted.time_s),
                       memory=rel_error(measured.memory_bytes, predicted.memory_bytes)),
         notes=spec.notes, comm=raw["ranks"][0].get("comm") or {}, plan=spec.plan, started=started, finished=finished,
-        segments=segments or [], restarts=restarts)
+        segments=segments or [], restarts=restarts,
+        nodes=[NodeRecord.model_validate(n) for n in raw.get("nodes", [])])
 
 
 class Progress:

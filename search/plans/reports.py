@@ -166,6 +166,15 @@ class Segment(_Report):
         return self
 
 
+class NodeRecord(_Report):
+    """One machine of a run that spans several: torchrun's node (group) rank, the host, and the
+    global ranks it ran (the plan's devices node_rank * K ... node_rank * K + K - 1)."""
+
+    node_rank: int = Field(ge=0)
+    host: str
+    ranks: list[Annotated[int, Field(ge=0)]]
+
+
 class RunReport(_Report):
     version: int = REPORT_VERSION
     model: str
@@ -189,6 +198,8 @@ class RunReport(_Report):
         default_factory=list, description="each launch in step order; the report's plan and measured figures are the "
                                           "last segment's, its losses every step's")
     restarts: int = Field(default=0, ge=0, description="launches that resumed after a failure or a stop")
+    nodes: list[NodeRecord] = Field(default_factory=list, description="the machines (torchrun nodes) of the last "
+                                    "launch and the ranks each ran; empty when it ran on one")
 
     @model_validator(mode="after")
     def _consistent(self) -> RunReport:
@@ -219,7 +230,23 @@ class RunReport(_Report):
         if self.finished < self.started:
             raise ValueError("finished before it started")
         self._segments_consistent()
+        self._nodes_consistent()
         return self
+
+    def _nodes_consistent(self) -> None:
+        """Nodes are distinct, hold distinct ranks, and the measured ranks are theirs. (One node's
+        share of a gang's run reports only that node; `merge_node_reports` checks the whole.)"""
+        if not self.nodes:
+            return
+        numbers = [n.node_rank for n in self.nodes]
+        if len(set(numbers)) != len(numbers):
+            raise ValueError(f"nodes {numbers} are not distinct")
+        ranks = [r for n in self.nodes for r in n.ranks]
+        if len(set(ranks)) != len(ranks) or any(r >= self.num_devices for r in ranks):
+            raise ValueError(f"the nodes' ranks {sorted(ranks)} are not distinct ranks of {self.num_devices} devices")
+        measured = {r.rank for r in self.measured.per_rank}
+        if measured and not measured <= set(ranks):
+            raise ValueError(f"measured.per_rank names ranks {sorted(measured - set(ranks))} of no node")
 
     def _segments_consistent(self) -> None:
         """Segments tile the steps in order, the last runs the report's plan, and every restart is one."""

@@ -7,9 +7,9 @@ salt or slow hash. Scopes:
 - `read`: GET the jobs, frontiers, strategies, runs, profiles, catalog, event streams;
 - `submit`: submit jobs, profiles and estimates, select, launch and resize;
 - `admin`: everything a user may do, and the admin endpoints (requeue a task);
-- `worker`: the worker protocol (/api/tasks/*) and nothing else. A user token, even an admin's,
-  is refused there, and a worker token is refused everywhere else: a stolen worker token cannot
-  read jobs, and no user can post a forged frontier.
+- `worker`: the worker protocol (/api/tasks/*, and the gang workers' /api/gangs/*) and nothing
+  else. A user token, even an admin's, is refused there, and a worker token is refused everywhere
+  else: a stolen worker token cannot read jobs, and no user can post a forged frontier.
 
 A request carries its token as `Authorization: Bearer <token>`; the dashboard's requests carry it
 in the HttpOnly, SameSite=Strict cookie that `/login?token=...` sets (the link `paretoplan serve`
@@ -172,8 +172,11 @@ def authenticator(request: Request) -> Authenticator:
 BEARER = HTTPBearer(auto_error=False, description="an API token: paretoplan token create --scopes ...")
 
 
+WORKER_PREFIXES = ("/api/tasks/", "/api/gangs/")  # the worker protocol: a single worker's, a gang's
+
+
 def is_worker_route(path: str) -> bool:
-    return path.startswith("/api/tasks/")
+    return path.startswith(WORKER_PREFIXES)
 
 
 def authorize(who: Principal | None, scope: Scope) -> Principal:
@@ -188,7 +191,7 @@ def authorize(who: Principal | None, scope: Scope) -> Principal:
         if "worker" not in who.scopes:
             raise HTTPException(403, "the worker protocol takes a worker token, not a user's")
     elif "worker" in who.scopes:
-        raise HTTPException(403, "a worker token is for the worker protocol (/api/tasks) only")
+        raise HTTPException(403, "a worker token is for the worker protocol (/api/tasks, /api/gangs) only")
     elif scope not in who.scopes and "admin" not in who.scopes:
         raise HTTPException(403, f"this token lacks the '{scope}' scope")
     return who

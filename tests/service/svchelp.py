@@ -22,6 +22,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
 from search import Errors, Measured, Predicted, RankMeasure, RunReport, rel_error
+from service.api.auth import is_worker_route
 from service.models import utcnow
 from service.settings import normalise_database_url
 
@@ -31,8 +32,8 @@ AUTH_SETTINGS = {"admin_token": ADMIN_TOKEN, "worker_token": WORKER_TOKEN}
 
 
 class TokenAuth:
-    """A test client that plays both sides: the worker token on the worker protocol (/api/tasks),
-    the admin token everywhere else, as a worker and a user would send them. A callable, which
+    """A test client that plays both sides: the worker token on the worker protocol (/api/tasks,
+    /api/gangs), the admin token everywhere else, as a worker and a user would send them. A callable, which
     both httpx and the TestClient's httpx take as `auth`; a request that names its own
     Authorization keeps it."""
 
@@ -41,7 +42,7 @@ class TokenAuth:
 
     def __call__(self, request):
         if "authorization" not in request.headers:
-            token = self.worker if request.url.path.startswith("/api/tasks/") else self.user
+            token = self.worker if is_worker_route(request.url.path) else self.user
             request.headers["Authorization"] = f"Bearer {token}"
         return request
 

@@ -183,3 +183,66 @@ def test_a_launched_run_is_executed_by_a_worker_and_reports_measured_vs_predicte
     assert got["measured"]["time_s"] > 0 and got["predicted"]["time_s"] == run["predicted"]["time_s"]
     plan = http.get(f"/api/strategies/{run['strategy_id']}").json()["plan"]
     assert got["report"]["plan"] == plan and len(got["report"]["losses"]) == 3
+
+
+def test_a_scheduler_job_carries_out_a_service_run_and_posts_its_merged_report(live, http, tmp_path, capsys,
+                                                                              monkeypatch):
+    """`paretoplan launch --api` claims the queued run for a Kubernetes job (the manifest carries
+    the claim, and the worker token only as a reference to a Secret), and the job's merge posts the
+    nodes' merged report back through the worker client: the run is done with both nodes. Without
+    the worker token neither the launch nor the merge speaks to the service."""
+    import pytest
+    import yaml  # type: ignore[import-untyped]
+
+    from paretoplan.cli import main
+    from search import NodeRecord, RunReport
+    from tests.service.svchelp import WORKER_TOKEN, run_report
+    from worker.batch import main as batch_main
+
+    job = http.post("/api/jobs", json={"model": "gpt2-tiny", "device": "cpu", "devices": 2,
+                                       "global_batch": 6}).json()
+    assert wait_job(http, job["id"])["status"] == "done"
+    run = http.post(f"/api/jobs/{job['id']}/launch", json={"steps": 3}).json()
+    manifest = tmp_path / "job.yaml"
+    launch = ["launch", "--api", live.url, "--scheduler", "kubernetes", "--image", "img", "--nodes", "2",
+              "--out", str(manifest), "--token-secret", "wtok"]
+    monkeypatch.delenv("PARETOPLAN_WORKER_TOKEN", raising=False)
+    assert main(launch) == 2
+    assert "PARETOPLAN_WORKER_TOKEN" in capsys.readouterr().err and not manifest.exists()
+    assert http.get(f"/api/runs/{run['id']}").json()["status"] == "queued"  # nothing was claimed
+    monkeypatch.setenv("PARETOPLAN_WORKER_TOKEN", WORKER_TOKEN)
+    assert main(launch) == 0
+    out = capsys.readouterr().out
+    assert f"claimed run {run['id']}" in out and "kubectl create secret generic wtok" in out
+    claimed = http.get(f"/api/runs/{run['id']}").json()
+    assert claimed["status"] == "running" and claimed["worker"].startswith("kubernetes:")
+    assert WORKER_TOKEN not in manifest.read_text()  # the pods read it from the Secret
+    pod = list(yaml.safe_load_all(manifest.read_text()))[1]["spec"]["pytorchReplicaSpecs"]["Master"]
+    container = pod["template"]["spec"]["containers"][0]
+    assert {"name": "PARETOPLAN_WORKER_TOKEN", "valueFrom": {"secretKeyRef": {"name": "wtok", "key": "token"}}} \
+        in container["env"]
+    command = container["command"][2]
+    token = command.split("--token ")[1].split()[0]
+    assert f"--api {live.url} --run-id {run['id']}" in command
+    # what the two pods would have written: each its own rank's figures
+    plan = http.get(f"/api/strategies/{run['strategy_id']}").json()["plan"]
+    folder = tmp_path / "results"
+    folder.mkdir()
+    for node in (0, 1):
+        rep = RunReport.model_validate(run_report(plan, 3, time_s=0.01 * (node + 1)))
+        measured = rep.measured.model_copy(update={"per_rank": [r for r in rep.measured.per_rank if r.rank == node]})
+        (folder / f"node-{node}.json").write_text(rep.model_copy(update={
+            "measured": measured, "nodes": [NodeRecord(node_rank=node, host=f"pod{node}", ranks=[node])]})
+            .model_dump_json())
+    merge = ["merge", str(folder), "--nodes", "2", "--report", str(folder / "report.json"),
+             "--api", live.url, "--run-id", str(run["id"]), "--token", token]
+    monkeypatch.delenv("PARETOPLAN_WORKER_TOKEN")
+    with pytest.raises(SystemExit) as refused:
+        batch_main(merge)
+    assert refused.value.code == 2 and "PARETOPLAN_WORKER_TOKEN" in capsys.readouterr().err
+    monkeypatch.setenv("PARETOPLAN_WORKER_TOKEN", WORKER_TOKEN)
+    assert batch_main(merge) == 0
+    done = http.get(f"/api/runs/{run['id']}").json()
+    assert done["status"] == "done", done
+    assert [n["host"] for n in done["report"]["nodes"]] == ["pod0", "pod1"]
+    assert done["report"]["measured"]["time_s"] == 0.02

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import command
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
 from service.db import Database, alembic_config
@@ -13,6 +14,10 @@ def test_migrations_match_the_models_and_reverse(databases, backend):
     try:
         db.migrate()
         cfg = alembic_config(db.engine)
+        # one line of revisions, numbered in order: two branches that each add one off the same
+        # parent would leave two heads, and `upgrade head` refuses to start
+        revisions = list(ScriptDirectory.from_config(cfg).walk_revisions())
+        assert [r.revision for r in reversed(revisions)] == [f"{i:04d}" for i in range(1, len(revisions) + 1)]
         with db.engine.connect() as conn:
             cfg.attributes["connection"] = conn
             command.check(cfg)  # raises when autogenerate would write a new migration

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
+from service.api.auth import is_worker_route
 from service.app import create_app
 from service.settings import Settings
 from tests.service.svchelp import ADMIN_TOKEN, AUTH_SETTINGS, WORKER_TOKEN
@@ -47,7 +48,7 @@ def test_no_server_errors(api_schema, mode):
         @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                   suppress_health_check=list(HealthCheck))
         def check(case):
-            token = WORKER_TOKEN if case.path.startswith("/api/tasks/") else ADMIN_TOKEN
+            token = WORKER_TOKEN if is_worker_route(case.path) else ADMIN_TOKEN
             response = case.call(headers={"Authorization": f"Bearer {token}"})
             where = f"{case.method} {case.formatted_path} -> {response.status_code}"
             assert response.status_code < 500, f"{where}: {response.text[:300]}"
