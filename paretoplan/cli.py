@@ -92,6 +92,9 @@ def _add_search(sub: argparse._SubParsersAction[_Parser]) -> None:
     s.add_argument("--html", dest="html_out", help="write an interactive offline Plotly chart of the frontier")
     s.add_argument("--dump-graph", help="write the captured OpGraph as JSON")
     s.add_argument("--all", action="store_true", help="print every frontier point, not a sample")
+    s.add_argument("--time-target", default=None,
+                   help="pick the leanest plan that fits the memory budget and runs an iteration within this time, "
+                        "e.g. 250ms or 1.5s (default: the fastest plan that fits)")
 
 
 def _add_estimate(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -162,6 +165,9 @@ def _add_run(sub: argparse._SubParsersAction[_Parser]) -> None:
     r.add_argument("--device", default=None, help="catalog device to search for (default: cpu without a GPU)")
     r.add_argument("--devices-per-node", type=int, default=None, help="node size for the search")
     r.add_argument("--memory-budget", help="per-device memory budget for --pick budget, e.g. 2GiB")
+    r.add_argument("--time-target", default=None,
+                   help="with --pick budget: the leanest plan within the memory budget that runs an iteration "
+                        "within this time, e.g. 250ms (a resize keeps the rule)")
     r.add_argument("--global-batch", type=int, default=None, help="samples per iteration (default: max(8, devices))")
     r.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
     r.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
@@ -465,7 +471,7 @@ def _search(args: argparse.Namespace) -> int:
     result = o.result
     if args.dump_graph:
         _write(args.dump_graph, result.graph.to_json())
-    _print_table(result, o.best, o.budget, o.capture_seconds, args.all)
+    _print_table(result, o.best, o.budget, o.capture_seconds, args.all, o.report.time_target_s)
     if "profile" in result.stats:
         _print_profile_use(result.stats["profile"], o.plans)
     from search.prices.accuracy import confidence
@@ -481,6 +487,8 @@ def _search(args: argparse.Namespace) -> int:
         _write(args.html_out, frontier_html(result, o.plans, o.budget, o.best, o.baselines))
     if o.best is None:
         least = min((p.memory_bytes for p in result.points), default=0.0)
+        if o.report.time_target_s is not None:
+            raise NoFeasiblePlan(_no_plan_in_time(o.report.model_dump()), int(least))
         raise NoFeasiblePlan(
             f"no plan fits the memory budget of {format_size(int(o.budget))} per device; the leanest plan needs "
             f"{format_size(int(least))}", int(least))
@@ -715,7 +723,7 @@ def _run_plan_from_search(args: argparse.Namespace, device: str, devices: int | 
                         # the plan picked here is launched at once: search only what the executor runs as
                         # priced (it refuses some pipelines: fp16, a tied parameter split over the tensor
                         # axis across stages); gradient accumulation it runs
-                        pipeline=False, grad_accumulation=True)
+                        pipeline=False, grad_accumulation=True, time_target=args.time_target)
     if args.profile:
         fields["profile"] = _read_json(args.profile, "profile")
         if args.device is None:
@@ -742,7 +750,8 @@ def _replanner(args: argparse.Namespace, plan, device: str):
 
         try:
             req = SearchRequest(model=plan.model, device=plan.device, devices=devices, global_batch=plan.global_batch,
-                                seq_len=plan.seq_len, precision=plan.precision, pipeline=False, grad_accumulation=True)
+                                seq_len=plan.seq_len, precision=plan.precision, pipeline=False, grad_accumulation=True,
+                                time_target=args.time_target)
         except ValidationError as e:
             raise invalid(e, f"re-planning for {devices} devices") from None
         pick = args.pick if args.pick in ("fastest", "leanest") else "budget"
@@ -785,6 +794,9 @@ def _pick(report: dict, pick: str):
         return _as_plan(frontier[-1]["plan"], f"frontier point {len(frontier) - 1}")
     if pick == "budget":
         i = report.get("picked")
+        if i is None and report.get("time_target_s") is not None:
+            least = min(e["memory_bytes"] for e in frontier)
+            raise NoFeasiblePlan(_no_plan_in_time(report), int(least))
         if i is None:
             least = min(e["memory_bytes"] for e in frontier)
             from search import format_size
@@ -801,6 +813,18 @@ def _pick(report: dict, pick: str):
         return _as_plan(bases[pick], f"baseline {pick!r}")
     known = ", ".join(["fastest", "leanest", "budget", "N", *bases])
     raise InputError(f"--pick {pick!r}: expected one of {known}")
+
+
+def _no_plan_in_time(report: dict) -> str:
+    """Why a time target picked nothing: the fastest plan within the budget, or none at all."""
+    from search import format_size
+
+    budget = float(report["memory_budget_bytes"])
+    fitting = [e["time_s"] for e in report.get("frontier") or [] if e["memory_bytes"] <= budget]
+    where = (f"the fastest plan within it takes {_ms(min(fitting))} ms" if fitting
+             else "no plan fits that budget at all")
+    return (f"no plan fits the memory budget of {format_size(int(budget))} per device and runs an iteration within "
+            f"{_ms(float(report['time_target_s']))} ms; {where}")
 
 
 def _read_json(path: str, what: str) -> object:
@@ -846,7 +870,7 @@ def _request(args: argparse.Namespace):
                   grad_accumulation=not args.no_accumulation,
                   allow_async_pipeline=args.allow_async_pipeline, interleave=args.interleave,
                   tensor_2d=args.tensor_2d, exhaustive=args.exhaustive,
-                  reuse_blocks=not args.no_block_reuse)
+                  reuse_blocks=not args.no_block_reuse, time_target=args.time_target)
     try:
         return SearchRequest(**fields)
     except ValidationError as e:
@@ -917,7 +941,8 @@ def _sample(points, k: int) -> list[int]:
     return sorted({int(i) for i in np.searchsorted(arc, targets, side="left").clip(0, n - 1)} | {0, n - 1})
 
 
-def _print_table(result, best, budget: float, capture_s: float, show_all: bool) -> None:
+def _print_table(result, best, budget: float, capture_s: float, show_all: bool,
+                 time_target_s: float | None = None) -> None:
     from search import build_plans, format_size
 
     pts = result.points
@@ -935,8 +960,9 @@ def _print_table(result, best, budget: float, capture_s: float, show_all: bool) 
         print(f"{mark:2}{i:>5} {_ms(p.time_s):>9} ms {format_size(int(p.memory_bytes)):>14} {_mfu(plan.predicted.mfu):>7}  "
               f"{plan.summary}")
     shown = "" if len(rows) == len(pts) else f" (showing {len(rows)}; --all for every point)"
-    print(f"{len(pts)} Pareto-optimal plans{shown}; '*' fastest that fits {format_size(int(budget))}, "
-          f"'!' over budget")
+    rule = (f"leanest within {_ms(time_target_s)} ms per iteration that fits" if time_target_s is not None
+            else "fastest that fits")
+    print(f"{len(pts)} Pareto-optimal plans{shown}; '*' {rule} {format_size(int(budget))}, '!' over budget")
     mode = "exhaustive" if result.stats.get("exhaustive") else ("exact" if result.eps == 0 else f"eps={result.eps}")
     zeros = ",".join(str(z) for z in result.stats.get("zero_stages", [0]))
     n_meshes = len(result.stats.get("meshes", []))

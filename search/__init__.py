@@ -34,7 +34,7 @@ from search.plans.reports import (
     rel_error,
 )
 from search.prices.accuracy import Confidence, confidence
-from search.prices.cluster import CATALOG, Cluster, DeviceSpec, format_size, get_device, make_cluster, parse_size
+from search.prices.cluster import CATALOG, Cluster, DeviceSpec, format_size, get_device, make_cluster, parse_duration, parse_size
 from search.prices.costmodel import TrainingJob
 from search.prices.profile import DeviceProfile, ProfileLookup, load_profile, parse_profile
 
@@ -73,6 +73,7 @@ __all__ = [
     "load_profile",
     "make_cluster",
     "parse_profile",
+    "parse_duration",
     "parse_size",
     "pick",
     "read_json",

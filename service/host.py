@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from search.models.seq2seq import PIPELINE_REFUSAL, SEQ2SEQ_KIND
 from search.plans.capacity import cpu_host_blocker, cuda_devices
 
 gpus = cache(cuda_devices)  # asked on every plan the dashboard opens; the answer does not change
@@ -27,13 +28,30 @@ def zoo_params() -> dict[str, int]:
     return {**{n: s.param_count() for n, s in TEST_MODELS.items()}, **{m["name"]: int(m["params"]) for m in zoo_index.load()}}
 
 
+@cache
+def zoo_kinds() -> dict[str, str]:
+    """The kind (lm, mlm, vision, seq2seq) of every model the worker can build by name."""
+    from search.models import zoo_index
+    from search.models.zoo import TEST_MODELS
+
+    return {**{n: s.kind for n, s in TEST_MODELS.items()}, **{m["name"]: str(m["kind"]) for m in zoo_index.load()}}
+
+
 def launch_blocker(plan: dict[str, Any]) -> str | None:
     """Why this machine cannot run `plan` (a stored Plan's JSON), or None when it can."""
     model = plan.get("model")
-    params = zoo_params().get(str(model))
-    if params is None:
-        return (f"model {model!r} is not in the zoo: the worker rebuilds a model by its zoo name, so plans of "
-                "uploaded graphs and HF configs are priced but not launched")
+    source = plan.get("source") or {}
+    if source.get("kind") == "graph":
+        from search.models.source import NOT_REBUILDABLE
+
+        return f"model {model!r} cannot be launched: {NOT_REBUILDABLE}"
+    params = source.get("params") if source.get("kind") == "hf_config" else zoo_params().get(str(model))
+    if not isinstance(params, int):
+        return (f"model {model!r} is not in the zoo and its plan carries no source to rebuild it from (plans of HF "
+                "configs searched now record theirs)")
+    pipeline = plan.get("pipeline") or {}
+    if int(pipeline.get("stages") or 1) > 1 and zoo_kinds().get(str(model)) == SEQ2SEQ_KIND:
+        return PIPELINE_REFUSAL  # worker/analyze.py refuses it likewise
     n = int(plan.get("num_devices") or 1)
     need = int((plan.get("predicted") or {}).get("memory_bytes") or 0)
     have_gpus = gpus()

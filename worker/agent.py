@@ -305,7 +305,9 @@ def _replanner(request: dict[str, Any] | None, global_batch: int) -> Callable[[i
         report = run_search(wanted).report
         if report.picked is None:
             least = min((p.memory_bytes for p in report.frontier), default=0)
-            raise NoFeasiblePlan(f"no plan on {devices} devices fits the job's memory budget", least)
+            within = (f" and runs within its time target of {report.time_target_s * 1e3:.2f} ms"
+                      if report.time_target_s is not None else "")
+            raise NoFeasiblePlan(f"no plan on {devices} devices fits the job's memory budget{within}", least)
         return Plan.model_validate(report.frontier[report.picked].plan)
 
     return replan

@@ -35,6 +35,8 @@ from torch import nn
 from search import InputError, Plan
 from search.algorithm.interleave import rank_p2p
 from search.models.graph import Op, OpGraph, ParamRef
+from search.models.seq2seq import PIPELINE_REFUSAL, SEQ2SEQ_KIND
+from search.models.source import NOT_REBUILDABLE, ModelSource, source_spec
 from search.models.zoo import TEST_MODELS, ZOO, ModelSpec
 from search.prices.boundaries import Boundaries, exit_allowed
 from search.prices.costmodel import COLLECTIVE_NAMES, NONE, forward_collective
@@ -62,12 +64,39 @@ STYLE_KINDS = {"linear": (nn.Linear,), "embedding": (nn.Embedding,), "norm": (nn
 ROLE_DIM = {"data": "dp", "tensor": "tp", "expert": "ep", "context": "cp", "replicate": "rep"}
 
 
-def model_spec(name: str) -> ModelSpec:
+# models rebuilt from a plan's source (an HF config), by the name the plan gives them: the
+# fingerprint of the source and its spec (a later source under the same name replaces it)
+_SOURCED: dict[str, tuple[str, ModelSpec]] = {}
+
+
+def model_spec(name: str, source: ModelSource | None = None) -> ModelSpec:
+    """The spec that rebuilds a plan's model: from its source when the plan carries one (an HF
+    config is rebuilt with transformers; an uploaded graph is refused), else the zoo's by name
+    (plans written before sources were recorded), else a source given earlier in this process."""
+    if source is not None and source.kind != "zoo":
+        if source.kind == "graph":
+            raise Unsupported(f"model {name!r} cannot be launched: {NOT_REBUILDABLE}")
+        fp = source.fingerprint()
+        known = _SOURCED.get(name)
+        if known is None or known[0] != fp:
+            spec = source_spec(source)
+            if spec.name != name:
+                raise Unsupported(f"the plan's model {name!r} is not the model its source builds ({spec.name!r})")
+            _SOURCED[name] = (fp, spec)
+        return _SOURCED[name][1]
     spec = ZOO.get(name) or TEST_MODELS.get(name)
+    if spec is None and name in _SOURCED:
+        return _SOURCED[name][1]
     if spec is None:
-        raise Unsupported(f"model {name!r} is not in the zoo: the worker rebuilds the model by name "
-                          f"(known: {', '.join([*ZOO, *TEST_MODELS])})")
+        raise Unsupported(f"model {name!r} is not in the zoo and the plan carries no source to rebuild it from "
+                          f"(plans of HF configs record theirs; known zoo models: {', '.join([*ZOO, *TEST_MODELS])})")
     return spec
+
+
+def source_key(name: str) -> str:
+    """What distinguishes models of one name: the fingerprint of the source it was rebuilt from."""
+    known = _SOURCED.get(name)
+    return known[0] if known is not None else ""
 
 
 def op_configs(plan: Plan, graph: OpGraph) -> dict[str, tuple[str | None, ...]]:
@@ -248,6 +277,13 @@ class _TensorAxis:
                               f"parallelize_module has no style for this module")
         if op.kind not in STYLE_KINDS or not op.params:
             return None
+        mod = self.mods.by_name[op.module]
+        if op.kind == "embedding" and not op.inputs and type(mod).forward is not nn.Embedding.forward:
+            # BART's learned positions: the style's input hook converts the module's arguments,
+            # but the indices this lookup reads are made inside its forward, and stay plain tensors
+            raise Unsupported(f"op {op.name!r} (embedding) splits {lab!r} on tensor axis {self.axis!r}: its module "
+                              f"{type(mod).__name__} makes the indices it looks up inside its own forward, where "
+                              f"no parallel style can turn them into DTensors")
         w = op.params[0]
         wp = self.params(op, w)[k]
         x = op.inputs[0].dims if op.inputs else ()
@@ -517,11 +553,11 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     axis takes one role and at most one is a tensor axis; the batch splits over the data ranks and
     micro-batches; the tensor axis maps onto parallelize_module styles; tied parameters are placed
     alike; the recomputed modules exist."""
-    spec = model_spec(plan.model)
+    spec = model_spec(plan.model, plan.source)
     _check_device_count(plan)
     pipe = _pipeline(plan, spec)
     if graph is None:
-        graph = _captured(plan.model, plan.global_batch, plan.seq_len)
+        graph = _captured(plan.model, source_key(plan.model), plan.global_batch, plan.seq_len)
     cfgs = op_configs(plan, graph)
     _check_experts(plan, graph, cfgs)
     _check_context(plan, graph, cfgs)
@@ -555,7 +591,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
         notes.append(f"{plan.precision}: FSDP2 MixedPrecisionPolicy when FSDP shards, torch.autocast otherwise "
                      f"(fp32 master weights either way)")
     return ExecSpec(
-        model=plan.model, kind=spec.kind, global_batch=plan.global_batch, seq_len=plan.seq_len,
+        model=plan.model, source=plan.source, kind=spec.kind, global_batch=plan.global_batch, seq_len=plan.seq_len,
         precision=plan.precision, num_devices=plan.num_devices, mesh=mesh, data_parallel=mode,
         reshard_after_forward=reshard, zero_stage=plan.zero_stage, styles=styles, ties=ties,
         recompute=list(plan.recompute), pipeline=pipe, expected_comms=expected, notes=notes,
@@ -837,8 +873,9 @@ def _batchnorm_notes(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | Non
 
 
 @lru_cache(maxsize=16)
-def _captured(model: str, batch: int, seq_len: int | None) -> OpGraph:
-    """The model's graph, captured as the search captured it (deterministic; cached per process)."""
+def _captured(model: str, key: str, batch: int, seq_len: int | None) -> OpGraph:
+    """The model's graph, captured as the search captured it (deterministic; cached per process
+    and per source `key`: two HF configs may share a name)."""
     from search.models.capture import capture_model
 
     return capture_model(model_spec(model), batch, seq_len)
@@ -885,6 +922,8 @@ def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
         raise Unsupported(f"plan has {pl.stages} pipeline stages but schedule {pl.schedule!r}")
     if v > 1 and pl.schedule != "1f1b":
         raise Unsupported(f"{v} virtual stages are interleaved 1F1B; the plan's schedule is {pl.schedule!r}")
+    if spec.kind == SEQ2SEQ_KIND:
+        raise Unsupported(PIPELINE_REFUSAL)
     with torch.device("meta"):
         model = spec.build()
     if spec.blocks_attr is None or split_of(model) is None:

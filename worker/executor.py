@@ -77,7 +77,8 @@ def materialize(module: nn.Module, name: str, seed: int, device: torch.device, t
 
     module.to_empty(device=device)
     retie(module, ties)
-    ref = reference_model(name, seed).state_dict()
+    reference = reference_model(name, seed)
+    ref = reference.state_dict()
     wanted = module.state_dict().keys()
     rows = rows or {}
     full = {k: ref[canonical(k)] for k in wanted}
@@ -86,6 +87,25 @@ def materialize(module: nn.Module, name: str, seed: int, device: torch.device, t
             first, end = rows[canonical(k)]
             full[k] = full[k][first:end]
     set_model_state_dict(module, full, options=StateDictOptions(full_state_dict=True, strict=True))
+    _copy_transient_buffers(module, reference)
+
+
+def _has_transient_buffers(module: nn.Module) -> bool:
+    persistent = set(module.state_dict())
+    return any(n not in persistent for n, _ in module.named_buffers())
+
+
+@torch.no_grad()
+def _copy_transient_buffers(module: nn.Module, reference: nn.Module) -> None:
+    """Non-persistent buffers (rotary frequencies, Gemma's embedding scale) are in no state dict,
+    and `to_empty` left them uninitialised: copy them from the reference by name (no parallel
+    style distributes a buffer)."""
+    ref = {canonical(n): b for n, b in reference.named_buffers()}
+    persistent = {canonical(k) for k in module.state_dict()}
+    for n, b in module.named_buffers():
+        key = canonical(n)
+        if key not in persistent and key in ref and ref[key].shape == b.shape:
+            b.copy_(ref[key])
 
 
 def _made(mesh: DeviceMesh | None) -> DeviceMesh:
@@ -102,7 +122,7 @@ def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: i
     and materialised on its own), and the pipeline schedule or None. `initialise` False: the
     shards are allocated but not filled (a checkpoint is loaded into them next: building the
     reference model would only be thrown away)."""
-    zs = model_spec(spec.model)
+    zs = model_spec(spec.model, spec.source)
     with torch.device("meta"):
         model = zs.build()
     parts: list[nn.Module] = [model]
@@ -150,6 +170,8 @@ def _parallelize(module: nn.Module, spec: ExecSpec, mesh: DeviceMesh | None, dev
     else:
         module.to_empty(device=device)
         retie(module, spec.ties)
+        if _has_transient_buffers(module):  # a checkpoint holds no non-persistent buffer: rebuild them
+            _copy_transient_buffers(module, reference_model(spec.model, seed))
     reduce_partial_grads(module)
     if spec.dim("data"):
         module = wrap_ddp(module, spec, _made(mesh).get_group("dp"))
@@ -212,7 +234,7 @@ class Runner:
         self.is_last = self.stage == self.n_stages - 1
         # the rank whose loss stands for its data shard: last stage, first of its tensor/replica group
         self.reporter = self.is_last and coord.get("tp", 0) == coord.get("tp2", 0) == coord.get("rep", 0) == 0
-        self.zs = model_spec(spec.model)
+        self.zs = model_spec(spec.model, spec.source)
         resuming = self.st.checkpoint is not None and self.st.checkpoint.resume is not None
         self.module, self.parts, self.schedule = build(spec, self.mesh, device, self.st.seed, initialise=not resuming)
         dp_group = _made(self.mesh).get_group("dp") if spec.dim("data") else None

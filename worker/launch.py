@@ -59,7 +59,7 @@ def check_capacity(spec: ExecSpec, device: str, max_procs: int | None = None) ->
         if need > total:
             raise Unsupported(f"plan needs {format_size(need)} per GPU (predicted), the GPU has {format_size(total)}")
         return
-    blocker = cpu_host_blocker(n, need, model_spec(spec.model).param_count(), max_procs)
+    blocker = cpu_host_blocker(n, need, model_spec(spec.model, spec.source).param_count(), max_procs)
     if blocker is not None:
         raise Unsupported(blocker)
 

@@ -26,7 +26,6 @@ from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    PrepareModuleInput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -63,6 +62,55 @@ def placements(text: str | None) -> tuple[Placement, ...] | None:
     return tuple(out)
 
 
+def _first_key(args: tuple, kwargs: dict) -> int | str | None:
+    """Where a module's first input is: its first positional argument, else its first tensor
+    keyword argument (transformers calls its attention as `self_attn(hidden_states=..., ...)`)."""
+    if args:
+        return 0
+    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+        return "hidden_states"
+    return next((k for k, v in kwargs.items() if isinstance(v, torch.Tensor)), None)
+
+
+def first_input(mod: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
+    key = _first_key(args, kwargs)
+    if key is None:
+        raise RuntimeError(f"{type(mod).__name__} was called without a tensor input to redistribute")
+    return args[0] if key == 0 else kwargs[str(key)]
+
+
+def with_first_input(args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict]:
+    key = _first_key(args, kwargs)
+    if key == 0:
+        return (x, *args[1:]), kwargs
+    return args, {**kwargs, str(key): x}
+
+
+class PrepareFirstInput(ParallelStyle):
+    """PrepareModuleInput for a module's first input, positional or keyword: torch's style counts
+    positional inputs only, and refuses a module that takes its input by keyword (every attention
+    of transformers). The local shard arrives in `input_layout` and is redistributed to
+    `desired_input_layout` by DTensor."""
+
+    def __init__(self, input_layout: Placement, desired_input_layout: Placement, use_local_output: bool) -> None:
+        super().__init__()
+        self.received, self.wanted, self.local = input_layout, desired_input_layout, use_local_output
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        from torch.distributed.tensor import DTensor
+
+        def enter(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            x = first_input(mod, args, kwargs)
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, device_mesh, (self.received,), run_check=False)
+            if x.placements != (self.wanted,):
+                x = x.redistribute(device_mesh, (self.wanted,))
+            return with_first_input(args, kwargs, x.to_local() if self.local else x)
+
+        module.register_forward_pre_hook(enter, with_kwargs=True)
+        return module
+
+
 class Placed(ParallelStyle):
     """A module's placements on several tensor mesh dimensions at once (2-D tensor parallelism):
     parallelize_module's styles place one dimension (a 2-D mesh is refused: "placements must have
@@ -90,15 +138,15 @@ class Placed(ParallelStyle):
         received, wanted = placements(st.input_layout), placements(st.desired_input_layout)
         local_in = not self.own and st.use_local_output
         if received is not None and wanted is not None:
-            def enter(mod: nn.Module, inputs: tuple) -> tuple:
-                x = inputs[0]
+            def enter(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+                x = first_input(mod, args, kwargs)
                 if not isinstance(x, DTensor):
                     x = DTensor.from_local(x, device_mesh, received, run_check=False)
                 if x.placements != wanted:
                     x = x.redistribute(device_mesh, wanted)
-                return (x.to_local() if local_in else x, *inputs[1:])
+                return with_first_input(args, kwargs, x.to_local() if local_in else x)
 
-            module.register_forward_pre_hook(enter)
+            module.register_forward_pre_hook(enter, with_kwargs=True)
         produced = placements(st.output_layout)
         leaving = placements(st.desired_output_layout) if not self.own else produced
         if self.own or st.style == "prepare_output":
@@ -125,7 +173,8 @@ def parallel_style(st: StyleSpec) -> ParallelStyle:
         return SequenceParallel(sequence_dim=st.sequence_dim if st.sequence_dim is not None else 1,
                                 use_local_output=st.use_local_output)
     if st.style == "prepare_input":
-        return PrepareModuleInput(input_layouts=(i,), desired_input_layouts=(di,), use_local_output=st.use_local_output)
+        assert i is not None and di is not None, "analyze gives a prepare_input both of its layouts"
+        return PrepareFirstInput(i, di, st.use_local_output)
     assert o is not None and do is not None, "analyze gives a prepare_output both of its layouts"
     return PrepareModuleOutput(output_layouts=(o,), desired_output_layouts=(do,), use_local_output=st.use_local_output)
 

@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import torch
 
+from search.models.source import ModelSource
 from worker.analyze import model_spec
 from worker.data import global_batch
 from worker.executor import reference_model
 
 
 def reference_losses(model: str, steps: int, global_batch_size: int, seq_len: int | None, *, seed: int = 0,
-                     lr: float = 1e-3, shards: int = 1, stale: bool = False) -> list[float]:
+                     lr: float = 1e-3, shards: int = 1, stale: bool = False,
+                     source: ModelSource | None = None) -> list[float]:
     """Per-step losses of the single-process run. `shards` > 1 runs the batch as that many
     equal chunks and averages (gradient accumulation): the semantics of data parallelism for a
     model whose BatchNorm normalises each shard by its own statistics. `stale`: PipeDream-2BW's
     update rule, W(t + 1) = W(t) - lr * grad f(W(t - 1)): the model holds the newest weights
     W(t) and the optimizer updates them, but each step's forward and backward run on the
-    weights of the step before (W(-1) = W(0))."""
-    spec = model_spec(model)
+    weights of the step before (W(-1) = W(0)). `source`: how to rebuild a model the zoo lacks (the
+    plan's)."""
+    spec = model_spec(model, source)
     m = reference_model(model, seed)
     opt = torch.optim.AdamW(m.parameters(), lr=lr, foreach=False)
     before = _weights(m)  # W(t - 1)

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from search.models.source import ModelSource
+
 PROGRESS = "@@paretoplan "  # the prefix of rank 0's progress lines on stdout, which the launcher reads
 
 Role = Literal["pp", "data", "tensor", "expert", "context", "replicate"]
@@ -76,6 +78,7 @@ class PipelineExec(BaseModel):
 
 class ExecSpec(BaseModel):
     model: str
+    source: ModelSource | None = Field(default=None, description="how each rank rebuilds the model (the plan's)")
     kind: str = Field(description="zoo model kind: lm | mlm | vision")
     global_batch: int
     seq_len: int | None

@@ -19,8 +19,10 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
+from pydantic import BaseModel
 
 from search.algorithm.chain import Chain, after_stack, carry_chains, find_chain, layer_index, layer_outputs, recompute_var
 from search.algorithm.interleave import device_layers, sends
@@ -148,13 +150,13 @@ def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
     def scaled(t: TensorRef) -> TensorRef:
         if lab not in t.dims:
             return t
-        return t.model_copy(update={"shape": tuple(s // m if d == lab else s for s, d in zip(t.shape, t.dims, strict=True))})
+        return _updated(t, shape=tuple(s // m if d == lab else s for s, d in zip(t.shape, t.dims, strict=True)))
 
     ops = []
     for op in graph.ops:
         batched = lab in op.output.dims or any(lab in t.dims for t in op.inputs)
-        ops.append(op.model_copy(update={"inputs": tuple(scaled(t) for t in op.inputs), "output": scaled(op.output),
-                                         "flops": op.flops / m if batched else op.flops}))
+        ops.append(_updated(op, inputs=tuple(scaled(t) for t in op.inputs), output=scaled(op.output),
+                            flops=op.flops / m if batched else op.flops))
     meta = dict(graph.meta)
     if "global_batch" in meta:
         meta["global_batch"] = int(meta["global_batch"]) // m
@@ -162,6 +164,25 @@ def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
     out.__dict__.pop("_op_index", None)  # model_copy copies the name -> op cache of the full-batch graph
     carry_chains(graph, out)
     return out
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _updated(model: _M, **fields: object) -> _M:
+    """`model.model_copy(update=fields)` without its generic machinery: a micro-batch graph
+    copies thousands of tensors and ops, and pydantic's copy took most of the pipeline search's
+    graph building. The same shallow copy (fields set, extras and private state shared), the
+    updated fields replaced; like model_copy, nothing is validated (the values come from a
+    validated graph, scaled)."""
+    new = model.__class__.__new__(model.__class__)
+    state = model.__dict__.copy()
+    state.update(fields)
+    object.__setattr__(new, "__dict__", state)
+    object.__setattr__(new, "__pydantic_fields_set__", model.__pydantic_fields_set__ | fields.keys())
+    object.__setattr__(new, "__pydantic_extra__", model.__pydantic_extra__)
+    object.__setattr__(new, "__pydantic_private__", model.__pydantic_private__)
+    return new
 
 
 def unsupported(graph: OpGraph, chain: Chain | None, min_layers: int = 3) -> str | None:

@@ -191,6 +191,10 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
     Pairs are formed in chunks of at most CHUNK_PAIRS and reduced as they go, so memory stays
     bounded however large the two frontiers are (the reduction is associative). `admit(t, m,
     keys)` may veto pairs before the reduction (exact bounds from the caller)."""
+    if admit is None and eps == 0.0 and a.m2 is None and b.m2 is None and len(a) * len(b) <= SMALL_PAIRS:
+        small = _join_small(a, b, drop, domain or {}, stats)
+        if small is not None:
+            return small
     shared = [v for v in a.scope if v in b.scope]
     dom = domain or {}
     if shared:
@@ -254,6 +258,70 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
                m2=a.m2[ia] + b.m2[ib] if a.m2 is not None and b.m2 is not None else None)
     if stats is not None:
         stats.max_factor_points = max(stats.max_factor_points, len(f))
+    return f
+
+
+SMALL_PAIRS = 256  # at most this many point pairs: `_join_small` (numpy's per-call overhead dominates)
+
+
+def _join_small(a: Factor, b: Factor, drop: tuple[str, ...], domain: dict[str, int], stats: Stats | None
+                ) -> Factor | None:
+    """`join` of two small factors in plain Python: most joins of a layer's elimination pair a
+    few points with a few, where numpy's per-call overhead costs several times the arithmetic.
+    The result is `join`'s to the bit - the same sums, the same points kept in the same order -
+    whenever no two pairs of one group have times equal within RTOL (the order is then the
+    group's time order, which both paths sort by); otherwise None, and `join` reduces them
+    (which of two equal-time pairs survives follows numpy's sort there)."""
+    a_scope, b_scope = a.scope, b.scope
+    shared_a = [a_scope.index(v) for v in a_scope if v in b_scope]
+    shared_b = [b_scope.index(v) for v in a_scope if v in b_scope]
+    out_scope = tuple(v for v in a_scope if v not in drop) + tuple(
+        v for v in b_scope if v not in a_scope and v not in drop)
+    take_a = [a_scope.index(v) for v in out_scope if v in a_scope]
+    take_b = [b_scope.index(v) for v in out_scope if v not in a_scope]
+    a_keys, b_keys = a.keys.tolist(), b.keys.tolist()
+    at, am, bt, bm = a.t.tolist(), a.m.tolist(), b.t.tolist(), b.m.tolist()
+    by_key: dict[tuple[int, ...], list[int]] = {}
+    for j, k in enumerate(b_keys):
+        by_key.setdefault(tuple(k[c] for c in shared_b), []).append(j)
+    # (out keys, time, memory, i, j); out keys order as their group ids do (each key < its domain)
+    pairs = []
+    for i, k in enumerate(a_keys):
+        js = by_key.get(tuple(k[c] for c in shared_a))
+        if not js:
+            continue
+        ka = [k[c] for c in take_a]
+        ti, mi = at[i], am[i]
+        for j in js:
+            kb = b_keys[j]
+            pairs.append((tuple(ka + [kb[c] for c in take_b]), ti + bt[j], mi + bm[j], i, j))
+    total = len(pairs)
+    pairs.sort(key=lambda x: (x[0], x[1]))
+    kept = []
+    group: tuple[int, ...] | None = None
+    prev_t = least = 0.0
+    for p in pairs:
+        g, t, m = p[0], p[1], p[2]
+        if g != group:
+            group, least = g, np.inf
+            kept.append(p)
+        else:
+            if t <= prev_t * (1.0 + RTOL) + 1e-300:
+                return None  # a cluster of equal times: numpy's tie order decides, `join` reduces it
+            if m < least * (1.0 - RTOL):
+                kept.append(p)
+        prev_t = t
+        least = min(least, m)
+    if stats is not None:
+        stats.joins += 1
+        stats.pairs += total
+    n = len(kept)
+    keys = np.array([p[0] for p in kept], dtype=np.result_type(a.keys, b.keys)).reshape(n, len(out_scope))
+    f = Factor(scope=out_scope, keys=keys, t=np.array([p[1] for p in kept], dtype=np.float64),
+               m=np.array([p[2] for p in kept], dtype=np.float64), parents=(a, b),
+               parent_idx=(np.array([p[3] for p in kept], dtype=np.int64), np.array([p[4] for p in kept], dtype=np.int64)))
+    if stats is not None:
+        stats.max_factor_points = max(stats.max_factor_points, n)
     return f
 
 

@@ -53,8 +53,10 @@ from search.algorithm.chain import find_chain
 from search.algorithm.evaluate import mesh_costs
 from search.algorithm.factor_graph import MeshProblem, eliminate_all, prepare_mesh
 from search.algorithm.frontier import RTOL, Factor, Stats, join, least_memory, pareto_mask, select, staircase
+from search.algorithm.gc_pause import gc_paused
 from search.algorithm.pipeline import search_pipelines
 from search.algorithm.results import FrontierPoint, MeshSolution, SearchResult, Solution
+from search.algorithm.stacks import is_multi_stack, search_stacks
 from search.models.graph import OpGraph
 from search.prices.boundaries import INFEASIBLE
 from search.prices.cluster import Cluster
@@ -93,6 +95,12 @@ def search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOp
     """The Pareto frontier of (iteration time, peak memory per device) over every mesh and ZeRO
     stage (and pipeline shape), as `options` say. `progress` hears (fraction done, "<mesh>: N
     frontier points so far") after every mesh."""
+    with gc_paused():  # nothing the search allocates is cyclic garbage (gc_pause.py)
+        return _search(graph, cluster, job, options, progress)
+
+
+def _search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchOptions,
+            progress: Progress | None) -> SearchResult:
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job, profile=options.profile)
     problems = _mesh_problems(graph, cm, options)
@@ -186,6 +194,10 @@ def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: li
                options: SearchOptions, counts: dict[str, int]) -> list[Solution]:
     """A frontier per pipeline shape; the plans without a pipeline bound what a pipeline stage
     may cost and still matter."""
+    if is_multi_stack(graph):  # encoder-decoder: pipelines and accumulation across both stacks
+        return list(search_stacks(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
+                                  options.eps, profile=options.profile, pipelines=options.pipeline,
+                                  accumulate=options.accumulate, counts=counts))
     known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
     return list(search_pipelines(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
                                  options.eps, profile=options.profile, envelope=known if options.prune else None,

@@ -472,9 +472,17 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     # the fewest micro-batches), and what a middle stage sends: bounds on the stages not yet taken
     layer_t, layer_m = S.layer_floor(b)
     rows = np.arange(n + 1)
+    seen: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def points(s: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Stage s's points holding k layers as the DP sees them (its transfer added), found once
+        for the DP and the read-back of every split."""
+        if (s, k) not in seen:
+            seen[(s, k)] = _stage_points(S, s, k, b, weights[s].slots * S.sends[s] * p2p[b], lower)
+        return seen[(s, k)]
+
     for i, s in enumerate(order):
         left_after = p - 1 - i
-        send = weights[s].slots * S.sends[s] * p2p[b]
         # what the stage not yet taken that holds the most layers sends, at least
         send_ahead = weights[0].slots * min(S.sends[r] for r in order[i + 1:]) * p2p[b] if left_after else 0.0
         live = np.flatnonzero(np.isfinite(F).any(axis=1))
@@ -484,7 +492,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             # the stages after this one must cover the rest inside the band
             if not np.any((jj + left_after * band.start <= n) & (jj + left_after * (band.stop - 1) >= n)):
                 continue
-            st, sm, idx = _stage_points(S, s, k, b, send, lower)
+            st, sm, idx = points(s, k)
             if len(st):
                 stairs[k] = (st, sm, idx)
         if not stairs:
@@ -543,7 +551,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             k = int(K_i[j, col])
             _, pt = picks_i[k]
             s = order[i]
-            st, sm, idx = _stairs_of(S, s, k, b, weights, p2p, lower)
+            st, sm, idx = points(s, k)
             q = int(np.flatnonzero(idx == pt[col])[0])
             t_max, m_max = max(t_max, float(st[q])), max(m_max, float(sm[q]))
             back.append((k, int(pt[col])))
@@ -557,13 +565,6 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         return None
     place = np.argsort(order)  # stage s was taken place[s]-th
     return out_t[keep], out_m[keep], [[backs[int(a)][int(place[s])] for s in range(p)] for a in keep]
-
-
-def _stairs_of(S: _Stages, s: int, k: int, b: int, weights: list[Weights], p2p: np.ndarray, lower: bool
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Stage s's points as the DP saw them (its transfer added)."""
-    send = weights[s].slots * S.sends[s] * p2p[b]
-    return _stage_points(S, s, k, b, send, lower)
 
 
 def _read_back(S: _Stages, maps: list[dict[str, str]], backs: list[list[tuple[int, int]]]
@@ -625,12 +626,22 @@ def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.
     t = np.concatenate(out_t)
     mem = np.concatenate(out_m) + tables.buffers
     keep = pareto_mask(np.zeros(len(t), dtype=np.int64), t, mem, eps)
-    splits, assigns = _read_back(S, chain.layer_maps(), [out_back[g] for g in keep])
-    assigns = to_model_order(assigns, chain, splits, shape.virtual_stages)  # each device's layers, interleaved
-    for layer in chain.layers:  # every layer's output takes the tied boundary layout
-        assigns.setdefault(layer[-1], np.zeros(len(keep), dtype=np.int64))[:] = np.array(out_b)[keep]
+    backs = [out_back[g] for g in keep]
+    splits: list[Split] = [tuple(k for k, _ in back) for back in backs]
+    boundary = np.array(out_b, dtype=np.int64)[keep]
+    maps = chain.layer_maps()
+
+    def reader(rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The points `rows`' configurations, read back through the stage factors' provenance
+        (each point's read alone of the others: any rows, the same answer)."""
+        _, assigns = _read_back(S, maps, [backs[int(r)] for r in rows])
+        assigns = to_model_order(assigns, chain, [splits[int(r)] for r in rows], shape.virtual_stages)
+        for layer in chain.layers:  # every layer's output takes the tied boundary layout
+            assigns.setdefault(layer[-1], np.zeros(len(rows), dtype=np.int64))[:] = boundary[rows]
+        return assigns
+
     root = Factor(scope=(), keys=np.zeros((len(keep), 0), dtype=np.int32), t=t[keep], m=mem[keep])
-    return PipeSolution.of(with_edges(tables, cm), root, splits, assigns, S.stats)
+    return PipeSolution.of(with_edges(tables, cm), root, splits, stats=S.stats, reader=reader)
 
 # ---- the whole pipeline pass --------------------------------------------------------------------
 def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stages: tuple[int, ...],
@@ -646,7 +657,9 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     shape's - beats; without one, each shape's complete frontier. `counts` hears how many shapes
     there were and how many their bound ruled out."""
     chain = find_chain(graph)
-    if chain is None or unsupported(graph, chain) is not None:
+    # several block stacks (an encoder-decoder) pipeline through stacks.py: a chain here is the
+    # first stack alone, and a cut of it alone would leave the other stack's inputs unpriced
+    if chain is None or unsupported(graph, chain) is not None or len(graph.blocks) > 1:
         return []
     if shapes is None:
         shapes = pipeline_shapes(cluster, job, len(chain.layers), zero_stages, allow_async, pipelines=pipelines,
@@ -805,6 +818,37 @@ class ShapeBound:
         return bool(np.all(g >= sm[i0:len(st) - 1]) and m0 >= sm[-1])
 
 
+class _Cheapest:
+    """Some ops' cost tables stacked, so the sum over the ops of each one's cheapest weighed
+    configuration is a few numpy sweeps, not a dozen calls per op (`shape_bound` bounds every
+    shape this way). Bit for bit what weighing each op (`weigh_op`) and adding up its minima in
+    op order gives: the same elementwise arithmetic, minima per op, and a sequential sum."""
+
+    def __init__(self, base: dict[str, OpCosts], names: list[str]) -> None:
+        ocs = [base[name] for name in names]
+        steps = [oc.step if oc.step is not None else np.zeros_like(oc.time) for oc in ocs]
+        self.ops = len(ocs)
+        self.time = np.concatenate([x for oc in ocs for x in (oc.time, oc.time_rc)]) if ocs else np.zeros(0)
+        self.step = np.concatenate([x for st in steps for x in (st, st)]) if ocs else np.zeros(0)
+        self.parts = np.concatenate([x for oc in ocs for x in (oc.parts, oc.parts_rc)]) if ocs else np.zeros((0, 4))
+        sizes = [len(oc.time) + len(oc.time_rc) for oc in ocs]
+        self.starts = np.cumsum([0, *sizes[:-1]]) if ocs else np.zeros(0, dtype=np.int64)
+
+    def least(self, w: Weights, lams: np.ndarray, time_scale: float = 1.0) -> np.ndarray:
+        """Summed over the ops: the least time, the least memory and, per slope lam_j, the least
+        time_scale * time + lam_j * memory, each op under weights w."""
+        L = len(lams)
+        if not self.ops:
+            return np.zeros(2 + L)
+        t = w.slots * (self.time - self.step) + self.step
+        m = (self.parts * np.array([w.copies, 1.0, 1.0, w.inflight])).sum(axis=1)
+        cols = [np.minimum.reduceat(t, self.starts)[:, None], np.minimum.reduceat(m, self.starts)[:, None]]
+        if L:
+            cols.append(np.minimum.reduceat(time_scale * t[:, None] + lams[None, :] * m[:, None], self.starts, axis=0))
+        # in op order, one op at a time, as a running sum from zero would add them
+        return np.add.accumulate(np.concatenate(cols, axis=1), axis=0)[-1]
+
+
 def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, base: dict[str, OpCosts],
                 lams: np.ndarray, tail: set[str] | None = None) -> ShapeBound:
     """Lower bounds on every plan of a shape from its op tables (`mesh_costs` on the stage
@@ -824,30 +868,23 @@ def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, b
     head = [name for name in base if name not in covered and name not in chain.template and name not in tail]
     tail_ops = [name for name in base if name in tail]
     L = len(lams)
+    ops_of = {"head": _Cheapest(base, head), "template": _Cheapest(base, template), "tail": _Cheapest(base, tail_ops)}
 
-    def least(w: Weights, names: list[str], time_scale: float = 1.0) -> np.ndarray:
-        """Per column: the summed cheapest time, memory, and time_scale * time + lam_j * memory."""
-        out = np.zeros(2 + L)
-        for name in names:
-            oc = weigh_op(base[name], w)
-            t = np.concatenate([oc.time, oc.time_rc])
-            m = np.concatenate([oc.mem, oc.mem_rc])
-            out[0] += t.min()
-            out[1] += m.min()
-            if L:
-                out[2:] += (time_scale * t[:, None] + lams[None, :] * m[:, None]).min(axis=0)
-        return out
+    def least(w: Weights, part: str, time_scale: float = 1.0) -> np.ndarray:
+        """Per column: the summed cheapest time, memory, and time_scale * time + lam_j * memory
+        of the ops of `part` (the head, the template layer or the tail)."""
+        return ops_of[part].least(w, lams, time_scale)
 
     first, last = weights[0], weights[-1]
     if p == 1:
-        whole = least(first, head) + (n - 1) * least(first, template) + least(first, tail_ops)
+        whole = least(first, "head") + (n - 1) * least(first, "template") + least(first, "tail")
         return ShapeBound(float(whole[0]), buffers + float(whole[1]), lams, whole[2:] + lams * buffers)
     band = stage_band(n, p, shape.virtual_stages, shape.spread)
     k = max(band.start, n - (p - 1) * (band.stop - 1))  # the fewest layers an end stage holds
-    s0 = least(first, head) + (k - 1) * least(first, template)      # first stage: ops before the stack, layer 0
-    sl = least(last, tail_ops) + k * least(last, template)          # last stage
-    t_avg = (least(first, head)[0] + least(last, tail_ops)[0] + (n - 1) * least(first, template)[0]) / p
-    mid = least(weights[1], template)[1] * band.start if p > 2 else 0.0
+    s0 = least(first, "head") + (k - 1) * least(first, "template")      # first stage: ops before the stack, layer 0
+    sl = least(last, "tail") + k * least(last, "template")          # last stage
+    t_avg = (least(first, "head")[0] + least(last, "tail")[0] + (n - 1) * least(first, "template")[0]) / p
+    mid = least(weights[1], "template")[1] * band.start if p > 2 else 0.0
     t_lb = max(t_avg, s0[0], sl[0])
     m_lb = buffers + max(s0[1], sl[1], mid)
     # t + lam m: the first stage's or the last stage's own time and memory, or the average time
@@ -856,9 +893,9 @@ def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, b
     b = np.maximum(s0[2:], sl[2:]) if L else np.zeros(0)
     if L:
         rest_t = t_avg  # every op's cheapest time, averaged
-        for w_, names, layers in ((first, head, k - 1), (last, tail_ops, k)):
-            own = least(w_, names, 1.0 / p) + layers * least(w_, template, 1.0 / p)
-            own_t = (least(w_, names)[0] + layers * least(w_, template)[0]) / p
+        for w_, names, layers in ((first, "head", k - 1), (last, "tail", k)):
+            own = least(w_, names, 1.0 / p) + layers * least(w_, "template", 1.0 / p)
+            own_t = (least(w_, names)[0] + layers * least(w_, "template")[0]) / p
             b = np.maximum(b, own[2:] + (rest_t - own_t))
         b = b + lams * buffers
     return ShapeBound(t_lb, m_lb, lams, b)

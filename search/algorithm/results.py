@@ -10,6 +10,7 @@ read either the same way:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -137,28 +138,53 @@ class MeshSolution:
         return op_map, edge_map
 
 
+# rows of a pipeline solution's points -> every op's configuration for them (PipeSolution.reader)
+Reader = Callable[[np.ndarray], dict[str, np.ndarray]]
+
+
 @dataclass
 class PipeSolution(PipeTables):
-    """One pipeline shape's frontier, with the tables plan building and re-costing need."""
+    """One pipeline shape's frontier, with the tables plan building and re-costing need.
+
+    Its points' configurations are read back on demand (`reader`): a search solves many shapes
+    whose points later shapes beat, and reading every point's plan back through the stage
+    factors took a tenth of the search; only the final frontier's points are read (ft.py)."""
 
     root: Factor
     partitions: list[Split]                      # per point: layers per stage
-    assigns: dict[str, np.ndarray]               # per point: every op's configuration, recompute vars
     stats: Stats = field(default_factory=Stats)
+    reader: Reader | None = None                 # per point rows: every op's configuration, recompute vars
+    _assigns: dict[str, np.ndarray] | None = None
 
     @classmethod
-    def of(cls, tables: PipeTables, root: Factor, partitions: list[Split], assigns: dict[str, np.ndarray],
-           stats: Stats | None = None) -> PipeSolution:
+    def of(cls, tables: PipeTables, root: Factor, partitions: list[Split], assigns: dict[str, np.ndarray] | None = None,
+           stats: Stats | None = None, reader: Reader | None = None) -> PipeSolution:
+        """Given every point's `assigns`, or a `reader` of any points' (one of the two)."""
+        assert (assigns is None) != (reader is None)
         return cls(shape=tables.shape, graph=tables.graph, chain=tables.chain, op_costs=tables.op_costs,
                    edge_costs=tables.edge_costs, buffers=tables.buffers, p2p=tables.p2p, p2p_bytes=tables.p2p_bytes,
-                   root=root, partitions=partitions, assigns=assigns, stats=stats if stats is not None else Stats())
+                   root=root, partitions=partitions, stats=stats if stats is not None else Stats(), reader=reader,
+                   _assigns=assigns)
+
+    @property
+    def assigns(self) -> dict[str, np.ndarray]:
+        """Every point's configuration of every op (and recompute variable), read back once."""
+        if self._assigns is None:
+            assert self.reader is not None
+            self._assigns = self.reader(np.arange(len(self.root)))
+        return self._assigns
 
     @property
     def pipeline(self) -> PipeShape | None:
         return self.shape
 
     def read_back(self, rows: np.ndarray) -> tuple[dict[str, np.ndarray], list[Split | None]]:
-        return {name: v[rows] for name, v in self.assigns.items()}, [self.partitions[int(r)] for r in rows]
+        rows = np.asarray(rows, dtype=np.int64)
+        if self._assigns is None and self.reader is not None:
+            configs = self.reader(rows)
+        else:
+            configs = {name: v[rows] for name, v in self.assigns.items()}
+        return configs, [self.partitions[int(r)] for r in rows]
 
     def configured_graph(self, graph: OpGraph) -> OpGraph:
         return self.graph

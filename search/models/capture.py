@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from search.errors import InputError, invalid
 from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, SaveKind, TensorRef, label_size
 from search.models.moe import EXPERT_LABEL, LOAD_ASSUMPTION, balanced_experts
+from search.models.seq2seq import annotate_stacks
 
 if TYPE_CHECKING:
     from search.models.zoo import ModelSpec
@@ -160,6 +161,7 @@ _VIEW_OPS = {
     aten.squeeze.default, aten.contiguous.default, aten.clone.default, aten.alias.default,
     aten.detach.default, aten.slice.Tensor, aten.select.int, aten.lift_fresh_copy.default,
     aten.repeat_interleave.self_int, aten.expand_as.default, aten.view_as.default,
+    aten.numpy_T.default,  # `x @ self.weight.T` (Falcon's linear): the weight, transposed, is still the parameter
 }
 _SPLIT_OPS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int}
 _LINEAR_OPS = {aten.linear.default, aten.addmm.default, aten.mm.default, aten.matmul.default, aten.bmm.default}
@@ -436,6 +438,8 @@ class _Capture:
             return self.loss(node, self.first_act(node, acts), acts[1:], _first_tensor(out_val))
         if t is aten.cat.default:
             return self.cat(node, args, _first_tensor(out_val))
+        if t is aten.stack.default:
+            return self.stack(node, args, _first_tensor(out_val))
         if t is torch.ops.paretoplan.moe_dispatch.default:
             return self.moe_dispatch(node, args, _first_tensor(out_val))
         if t is torch.ops.paretoplan.moe_combine.default:
@@ -477,7 +481,7 @@ class _Capture:
             d0, d1 = _int_arg(node, 1) % rank, _int_arg(node, 2) % rank
             labels = list(src.labels)
             labels[d0], labels[d1] = labels[d1], labels[d0]
-        elif t is aten.t.default:
+        elif t in (aten.t.default, aten.numpy_T.default):
             labels = list(reversed(src.labels))
         elif t in (aten.slice.Tensor,):
             labels = list(src.labels)
@@ -495,6 +499,9 @@ class _Capture:
                 labels.append(lab if same else L.new(f"{tag}/x{pad + k}"))
         elif t is aten.repeat_interleave.self_int:
             labels = list(src.labels)  # repeats within each shard of the outer dim keep it sharded
+            for d in range(min(rank, len(out_shape))):
+                if out_shape[d] != src.shape[d]:  # the repeated dim is another size: another dimension
+                    labels[d] = L.new(f"{tag}/r{d}")
         elif t in (aten.contiguous.default, aten.clone.default, aten.alias.default, aten.detach.default,
                    aten.lift_fresh_copy.default):
             labels = list(src.labels)
@@ -621,10 +628,16 @@ class _Capture:
             out_labels = list(ids.labels) + [w.labels[1]]
             inputs = [ids]
             split = [ids.labels[0], w.labels[1], w.labels[0]]
-        else:  # positions from arange: a lookup of constant rows
+        else:  # positions from arange (or a buffer of token types): a lookup of constant rows
             out_labels = [self.b.labels.new(f"{node.name}/d{d}") for d in range(out_val.dim() - 1)] + [w.labels[1]]
             inputs = []
             split = [w.labels[1]]
+            if out_val.dim() >= 3 and out_val.shape[0] > 1:
+                # ids broadcast over the batch (OPT's positions, BERT's token types, BART's learned
+                # positions expanded over the batch first): the leading
+                # dimension joins the batch later, so it splits as the batch does (every rank has
+                # the ids at hand); it must not stop data parallelism
+                split.insert(0, out_labels[0])
         return self.emit(node, "embedding", inputs, tuple(out_val.shape), out_labels, _dtype(out_val), [w],
                          split, 0.0, "none")
 
@@ -750,6 +763,32 @@ class _Capture:
             for k in range(len(out_shape)):
                 if k != d and p.shape[k] == out_shape[k]:
                     labels[k] = L.union(labels[k], p.labels[k])
+        acts = [p for p in parts if isinstance(p, _Act)]
+        prms = [p for p in parts if isinstance(p, _Param)]
+        split = [lab for k, lab in enumerate(labels) if k != d and out_shape[k] > 1]
+        return self.emit(node, "elementwise", acts, out_shape, labels, _dtype(out_val), prms, split,
+                         0.0, "none")
+
+    def stack(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> _Act:
+        """Stacking inserts a new dimension at `dim`: each input dimension keeps its place around
+        it (right-aligned broadcasting would pair them wrongly, Cohere's interleaved rotary
+        stacking on the last dimension, say, would merge the heads with the batch)."""
+        L = self.b.labels
+        tensors = args[0]
+        assert isinstance(tensors, list)  # stack's first argument is a list of tensors
+        parts = [p for p in tensors if isinstance(p, (_Act, _Param))]
+        d = _int_arg(node, 1, 0) % out_val.dim()
+        out_shape = tuple(out_val.shape)
+        labels = [L.new(f"{node.name}/d{k}") for k in range(len(out_shape))]
+        # stacked as the last dimension, pairs are interleaved (rotate_half of an interleaved
+        # rotary embedding) and flattened next: the dimension before it becomes one twice its
+        # size, which must not carry the inputs' label (a label names one size)
+        interleaved = d == len(out_shape) - 1
+        for p in parts:
+            for k in range(len(out_shape)):
+                j = k if k < d else k - 1
+                if k != d and p.shape[j] == out_shape[k] and not (interleaved and k == d - 1):
+                    labels[k] = L.union(labels[k], p.labels[j])
         acts = [p for p in parts if isinstance(p, _Act)]
         prms = [p for p in parts if isinstance(p, _Param)]
         split = [lab for k, lab in enumerate(labels) if k != d and out_shape[k] > 1]
@@ -907,6 +946,13 @@ def _get_attr(root: nn.Module, dotted: str) -> nn.Module:
     return mod
 
 
+def _stack(root: nn.Module, dotted: str) -> nn.ModuleList:
+    stack = _get_attr(root, dotted)
+    if not isinstance(stack, nn.ModuleList):
+        raise TypeError(f"stack {dotted!r} is a {type(stack).__name__}, not an nn.ModuleList")
+    return stack
+
+
 def _set_attr(root: nn.Module, dotted: str, value: nn.Module) -> None:
     parent, _, last = dotted.rpartition(".")
     setattr(_get_attr(root, parent) if parent else root, last, value)
@@ -1041,6 +1087,7 @@ def _rename_op(op: Op, r: Callable[[str], str], source_map: dict[str, str]) -> O
 _INPUT_LABELS = {
     "lm": [["batch", "seq"], ["batch", "seq"]],
     "mlm": [["batch", "seq"], ["batch", "seq"]],
+    "seq2seq": [["batch", "seq"], ["batch", "seq"]],
     "vision": [["batch", "channels", "height", "width"], ["batch"]],
 }
 
@@ -1057,6 +1104,10 @@ def capture_model(spec: ModelSpec, batch: int, seq_len: int | None = None) -> Op
     meta: GraphMeta = {"model": spec.name, "global_batch": batch, "params": spec.param_count()}
     if seq is not None and spec.kind != "vision":
         meta["seq_len"] = seq
+    if spec.stacks:  # an encoder-decoder: two block families (search/models/seq2seq.py)
+        sizes = tuple(len(_stack(module, attr)) for attr in spec.stacks)
+        g = capture_module(module, args, spec.name, _INPUT_LABELS.get(spec.kind, []), meta)
+        return annotate_stacks(g, spec.stacks, sizes)
     return capture_with_blocks(module, args, spec.blocks_attr, name=spec.name,
                                input_labels=_INPUT_LABELS.get(spec.kind, []), meta=meta)
 

@@ -77,7 +77,7 @@ class ModelSpec:
 
     name: str
     family: str
-    kind: str  # "lm" | "mlm" | "vision"
+    kind: str  # "lm" | "mlm" | "vision" | "seq2seq"
     build: Callable[[], nn.Module]
     default_seq_len: int | None
     image_size: int | None
@@ -87,6 +87,8 @@ class ModelSpec:
     # Extensions beyond the core fields (all optional):
     num_classes: int | None = None  # vision: size of the label space
     max_seq_len: int | None = None  # learned position tables: longest sequence accepted
+    # seq2seq: the encoder's and the decoder's layer lists, the block families (search/models/seq2seq.py)
+    stacks: tuple[str, ...] = ()
     _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def example_inputs(
@@ -97,7 +99,7 @@ class ModelSpec:
         *,
         seed: int | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        """Positional args of ``forward``: ``(input_ids, targets)`` for lm/mlm, ``(images, labels)`` for vision.
+        """Positional args of ``forward``: ``(input_ids, targets)`` for lm/mlm/seq2seq, ``(images, labels)`` for vision.
 
         ``seed`` (ignored on meta) makes real inputs reproducible, e.g. identical on every rank.
         """
@@ -110,7 +112,7 @@ class ModelSpec:
             gen_device = torch.device("cpu")
             gen = torch.Generator(device="cpu").manual_seed(seed)
 
-        if self.kind in ("lm", "mlm"):
+        if self.kind in ("lm", "mlm", "seq2seq"):  # seq2seq: source ids, target ids of one length
             seq = self.default_seq_len if seq_len is None else seq_len
             if seq is None or seq < 1:
                 raise InputError(f"model '{self.name}' needs a positive seq_len, got {seq}")
@@ -920,6 +922,47 @@ def _lstm(name: str, title: str, n_layers: int, dim: int, *, vocab: int, seq: in
     )
 
 
+def _seq2seq_build(model_type: str, fields: tuple[tuple[str, Any], ...]) -> nn.Module:
+    from transformers import AutoConfig
+
+    from search.models.seq2seq import build_hf_seq2seq
+
+    return build_hf_seq2seq(AutoConfig.for_model(model_type, **dict(fields)))
+
+
+def _seq2seq(name: str, title: str, model_type: str, *, layers: int, dim: int, heads: int, ffn: int, vocab: int,
+             seq: int, positions: int | None = None, tiny: bool = False) -> ModelSpec:
+    """T5 (Raffel et al. 2020) or BART (Lewis et al. 2020) from transformers' own config class,
+    `layers` in each stack; the test models train without dropout (the executor's loss parity)."""
+    if model_type == "t5":
+        fields: dict[str, Any] = dict(d_model=dim, d_kv=dim // heads, d_ff=ffn, num_layers=layers,
+                                      num_decoder_layers=layers, num_heads=heads, vocab_size=vocab,
+                                      decoder_start_token_id=0, pad_token_id=0)
+        if tiny:
+            fields.update(dropout_rate=0.0, relative_attention_num_buckets=8, relative_attention_max_distance=16)
+        stacks = ("model.encoder.block", "model.decoder.block")
+    else:
+        fields = dict(d_model=dim, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
+                      decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, vocab_size=vocab,
+                      max_position_embeddings=positions or 1024)
+        if tiny:
+            fields.update(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+        stacks = ("model.model.encoder.layers", "model.model.decoder.layers")
+    return ModelSpec(
+        name=name,
+        family=model_type,
+        kind="seq2seq",
+        build=partial(_seq2seq_build, model_type, tuple(sorted(fields.items()))),
+        default_seq_len=seq,
+        image_size=None,
+        vocab_size=vocab,
+        description=f"{title}: encoder-decoder, {layers}+{layers} layers, d={dim}, {heads} heads, vocab {vocab}",
+        blocks_attr=None,
+        max_seq_len=positions,
+        stacks=stacks,
+    )
+
+
 def _wrn(name: str, depth_layers: list[int], widen: int, title: str, *, image_size: int = 224,
          num_classes: int = 1000, base: int = 64) -> ModelSpec:
     # widening k as torchvision's wide_resnet50_2 reads it: every bottleneck's inner width x k
@@ -985,6 +1028,17 @@ ZOO: dict[str, ModelSpec] = _register(
     _lstm("lstm-lm", "LSTM LM 8x8192 (Tofu)", 8, 8192, vocab=10000, seq=20),
     _lstm("lstm-lm-6x4k", "LSTM LM 6x4096 (Tofu)", 6, 4096, vocab=10000, seq=20),
     _lstm("lstm-tiny", "LSTM LM tiny (test model)", 2, 64, vocab=512, seq=4),
+    # T5 (Raffel et al. 2020, section 3.1 and the released configs): vocab 32128, relative positions.
+    _seq2seq("t5-small", "T5-Small", "t5", layers=6, dim=512, heads=8, ffn=2048, vocab=32128, seq=512),
+    _seq2seq("t5-base", "T5-Base", "t5", layers=12, dim=768, heads=12, ffn=3072, vocab=32128, seq=512),
+    # BART (Lewis et al. 2020, section 2.1 and the released configs): vocab 50265, 1024 learned positions.
+    _seq2seq("bart-base", "BART-base", "bart", layers=6, dim=768, heads=12, ffn=3072, vocab=50265, seq=1024,
+             positions=1024),
+    _seq2seq("bart-large", "BART-large", "bart", layers=12, dim=1024, heads=16, ffn=4096, vocab=50265, seq=1024,
+             positions=1024),
+    _seq2seq("t5-tiny", "T5 tiny (test model)", "t5", layers=2, dim=64, heads=4, ffn=128, vocab=512, seq=16, tiny=True),
+    _seq2seq("bart-tiny", "BART tiny (test model)", "bart", layers=2, dim=64, heads=4, ffn=128, vocab=512, seq=16,
+             positions=64, tiny=True),
     _vision("vgg16", "vgg", VGG,
             "VGG-16 (config D): 13 conv layers, 4096-wide classifier, 1000 classes"),
     _vision("cnn-tiny", "cnn", TinyCNN,
@@ -1062,13 +1116,16 @@ class HFLossAdapter(nn.Module):
 
 
 def _hf_kind(config: object) -> str:
-    """Pick lm / mlm / vision from ``architectures``, else from which auto mapping knows the config."""
+    """Pick lm / mlm / vision / seq2seq (encoder-decoder) from ``architectures``, else from the auto mappings."""
     from transformers import (
         MODEL_FOR_CAUSAL_LM_MAPPING,
         MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING,
         MODEL_FOR_MASKED_LM_MAPPING,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING,
     )
 
+    if getattr(config, "is_encoder_decoder", False) and type(config) in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING:
+        return "seq2seq"  # T5, BART: before the architectures, which name T5's LM head "T5WithLMHeadModel"
     for arch in getattr(config, "architectures", None) or []:
         if arch.endswith(("ForCausalLM", "LMHeadModel")):
             return "lm"
@@ -1084,12 +1141,16 @@ def _hf_kind(config: object) -> str:
         if type(config) in mapping:
             return kind
     raise InputError(
-        f"HF model type '{getattr(config, 'model_type', '?')}' is neither a causal LM, a masked LM "
-        "nor an image classifier"
+        f"HF model type '{getattr(config, 'model_type', '?')}' is neither a causal LM, a masked LM, "
+        "an encoder-decoder (seq2seq) LM nor an image classifier"
     )
 
 
 def _hf_build(config: object, kind: str) -> nn.Module:
+    if kind == "seq2seq":
+        from search.models.seq2seq import build_hf_seq2seq
+
+        return build_hf_seq2seq(config)
     from transformers import (
         AutoModelForCausalLM,
         AutoModelForImageClassification,
@@ -1228,15 +1289,26 @@ def spec_from_hf_config(raw: Any, label: str = "config", origin: str = "config")
     except Exception as e:  # noqa: BLE001 - e.g. hidden size not divisible by the head count
         raise InputError(f"cannot build a model from HF config '{p}': {e}") from None
 
-    blocks = find_blocks_attr(model)
+    stacks: tuple[str, ...] = ()
+    if kind == "seq2seq":
+        from search.models.seq2seq import find_stacks
+
+        found = find_stacks(model)
+        if found is None:
+            raise InputError(f"HF config '{p}': the {model_type} model has no encoder and decoder layer lists to "
+                             "capture as two block stacks")
+        stacks = found
+    blocks = None if stacks else find_blocks_attr(model)
     vocab = _first_int(config, "vocab_size") if kind != "vision" else None
     max_pos = _first_int(config, "max_position_embeddings", "n_positions", "n_ctx")
     image_size = _first_int(config, "image_size") if kind == "vision" else None
     if kind == "vision" and image_size is None:
         image_size = 224
-    stack = model.get_submodule(blocks) if blocks else None
+    stack = model.get_submodule(blocks or (stacks[0] if stacks else "")) if blocks or stacks else None
     assert stack is None or isinstance(stack, nn.ModuleList)  # find_blocks_attr picks ModuleLists only
-    n_layers = len(stack) if stack is not None else None
+    n_layers: int | str | None = len(stack) if stack is not None else None
+    if stacks:
+        n_layers = "+".join(str(len(_module_list(model, s))) for s in stacks)
     arch = type(model.model).__name__
     dim = _first_int(config, "hidden_size", "n_embd", "d_model")
 
@@ -1252,6 +1324,7 @@ def spec_from_hf_config(raw: Any, label: str = "config", origin: str = "config")
         blocks_attr=blocks,
         num_classes=getattr(config, "num_labels", None) if kind == "vision" else None,
         max_seq_len=max_pos if kind != "vision" and _has_learned_positions(model) else None,
+        stacks=stacks,
     )
     spec._cache["params"] = sum(q.numel() for q in model.parameters())
     return spec
@@ -1263,3 +1336,9 @@ def _has_learned_positions(model: nn.Module) -> bool:
         isinstance(m, nn.Embedding) and ("pos" in n.rsplit(".", 1)[-1] or n.endswith("wpe"))
         for n, m in model.named_modules()
     )
+
+
+def _module_list(model: nn.Module, path: str) -> nn.ModuleList:
+    stack = model.get_submodule(path)
+    assert isinstance(stack, nn.ModuleList)  # find_stacks picks ModuleLists only
+    return stack

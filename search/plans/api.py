@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from search.errors import InputError
 from search.plans.reports import BaselineEntry, FrontierEntry, FrontierReport
@@ -68,6 +68,9 @@ class SearchRequest(JobRequest):
     baselines: bool = True
     exhaustive: bool = False
     reuse_blocks: bool = True
+    time_target: float | str | None = Field(default=None, description="seconds per iteration or a time such as "
+                                            "'250ms': pick the leanest plan that fits the memory budget and runs "
+                                            "within it, instead of the fastest that fits (a resize keeps the rule)")
 
     @model_validator(mode="after")
     def _check(self) -> SearchRequest:
@@ -75,6 +78,13 @@ class SearchRequest(JobRequest):
             raise ValueError(f"zero_stages must be among 0-3, got {self.zero_stages}")
         self.zero_stages = sorted(set(self.zero_stages))
         return self
+
+    @field_validator("time_target")
+    @classmethod
+    def _seconds(cls, v: float | str | None) -> float | None:
+        from search.prices.cluster import parse_duration
+
+        return parse_duration(v) if v is not None else None
 
 
 def request_cluster(req: JobRequest, check_batch: bool = True):
@@ -177,9 +187,11 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
         result = search(graph, cluster, job, options, progress=searched)
     if progress:
         progress("plans", 0.8)
-    best = pick(result.points, budget)
+    target = float(req.time_target) if req.time_target is not None else None
+    best = pick(result.points, budget, target)
     bases = baseline_points(result, budget, profile) if req.baselines else []
-    plans = mark_estimated(result, build_plans(result), profile)
+    source = request_source(req, graph)
+    plans = with_source(mark_estimated(result, build_plans(result), profile), source)
     if profile is not None:
         result.stats["profile"] = profile.summary()
     if progress:
@@ -188,13 +200,13 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
         model=graph.meta.get("model", graph.name) if graph.meta else graph.name,
         params=graph.param_count(), cluster=cluster.describe(), device=cluster.device.name,
         num_devices=cluster.num_devices, memory_per_device=int(cluster.memory_per_device),
-        job=job.model_dump(), memory_budget_bytes=int(budget), search_seconds=result.search_seconds,
+        job=job.model_dump(), memory_budget_bytes=int(budget), time_target_s=target, search_seconds=result.search_seconds,
         capture_seconds=capture_s, eps=result.eps, stats=result.stats,
         picked=result.points.index(best) if best is not None else None,
         frontier=[FrontierEntry(time_s=p.time_s, memory_bytes=int(round(p.memory_bytes)), mfu=plan.predicted.mfu,
                                 plan=plan.model_dump())
                   for p, plan in zip(result.points, plans, strict=True)],
-        baselines=baselines_json(result, bases, profile),
+        baselines=baselines_json(result, bases, profile, source),
     )
     if progress:
         progress("done", 1.0)
@@ -208,6 +220,25 @@ def request_profile(req: JobRequest):
     from search.prices.profile import parse_profile
 
     return parse_profile(req.profile, origin="profile")
+
+
+def request_source(req: JobRequest, graph):
+    """How a launcher rebuilds the model the request names (search.models.source)."""
+    from search.models.source import graph_source, hf_source, zoo_source
+
+    if req.model is not None:
+        return zoo_source(req.model)
+    if req.hf_config is not None:
+        return hf_source(req.hf_config, req.name or "config", params=graph.param_count())
+    return graph_source(graph.name, params=graph.param_count())
+
+
+def with_source(plans: list, source) -> list:
+    """The plans, each carrying its model's source (None leaves them as they are)."""
+    if source is not None:
+        for plan in plans:
+            plan.source = source
+    return plans
 
 
 def mark_estimated(result, plans: list, profile=None) -> list:
@@ -253,14 +284,14 @@ def baseline_points(result, budget: float, profile=None) -> list:
     return [b for b in found if b.feasible]
 
 
-def baselines_json(result, bases: list, profile=None) -> list[BaselineEntry]:
+def baselines_json(result, bases: list, profile=None, source=None) -> list[BaselineEntry]:
     if not bases:
         return []
     from search.plans.baselines import against_frontier, as_result
     from search.plans.plan import build_plans
 
     as_res = as_result(result.graph, result.cluster, result.job, bases)
-    plans = mark_estimated(as_res, build_plans(as_res), profile)
+    plans = with_source(mark_estimated(as_res, build_plans(as_res), profile), source)
     return [BaselineEntry(name=b.name, description=b.description, time_s=b.time_s,
                           memory_bytes=int(round(b.memory_bytes)), mfu=plan.predicted.mfu,
                           against_frontier=against_frontier(result.points, b),

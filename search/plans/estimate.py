@@ -27,7 +27,16 @@ from search.algorithm.evaluate import micro_batch_graph, unsupported
 from search.algorithm.results import FrontierPoint
 from search.errors import InputError
 from search.models.graph import OpGraph
-from search.plans.api import JobRequest, SearchRequest, mark_estimated, request_cluster, request_profile, resolve
+from search.plans.api import (
+    JobRequest,
+    SearchRequest,
+    mark_estimated,
+    request_cluster,
+    request_profile,
+    request_source,
+    resolve,
+    with_source,
+)
 from search.plans.baselines import (
     AdjustTables,
     Baseline,
@@ -438,7 +447,7 @@ def estimate(req: EstimateRequest, frontier: Sequence[Priced] | None = None,
                          "so no program runs it as priced"
                          + ("; try without --sequence-parallel" if sp else ""))
     as_res = as_result(graph, cluster, job, [b])
-    plan = mark_estimated(as_res, build_plans(as_res), profile)[0]
+    plan = with_source(mark_estimated(as_res, build_plans(as_res), profile), request_source(req, graph))[0]
     if req.recompute == "selective":
         plan.summary += " | selective recompute: attention core"
     blockers = _launch_blockers(req, shape, schedule) + _tied_across_stages(plan)

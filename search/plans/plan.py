@@ -21,6 +21,7 @@ from search.algorithm.evaluate import PipeShape
 from search.algorithm.interleave import chunk_layers
 from search.algorithm.results import FrontierPoint, SearchResult, Solution, Split
 from search.models.graph import Op, OpGraph
+from search.models.source import ModelSource
 from search.plans.flops import mfu, model_flops
 from search.prices.accuracy import PricedFrom
 from search.prices.mesh import (
@@ -144,6 +145,9 @@ class PipelineSpec(BaseModel):
 class Plan(BaseModel):
     version: int = PLAN_VERSION
     model: str
+    source: ModelSource | None = Field(default=None, description="how a launcher rebuilds the model (zoo name, HF "
+                                       "config, or an uploaded graph, which cannot be launched); None: a plan written "
+                                       "before sources were recorded, whose model is a zoo name")
     cluster: str
     device: str
     num_devices: int
@@ -362,8 +366,13 @@ def _pipeline_spec(shape: PipeShape, split: Split | None, costs: dict[str, np.nd
                         async_weights=shape.schedule == "2bw", virtual_stages=shape.virtual_stages)
 
 
-def pick(points: list[FrontierPoint], budget_bytes: float) -> FrontierPoint | None:
-    """The fastest point whose peak memory per device fits the budget (the leaner of equally
-    fast ones); None if none does."""
+def pick(points: list[FrontierPoint], budget_bytes: float,
+         time_target_s: float | None = None) -> FrontierPoint | None:
+    """The point a job runs: without a time target, the fastest whose peak memory per device fits
+    the budget (the leaner of equally fast ones); with one, the leanest that fits the budget and
+    runs an iteration within the target (the faster of equally lean ones). None if none does."""
     fitting = [p for p in points if p.memory_bytes <= budget_bytes]
-    return min(fitting, key=lambda p: (p.time_s, p.memory_bytes)) if fitting else None
+    if time_target_s is None:
+        return min(fitting, key=lambda p: (p.time_s, p.memory_bytes)) if fitting else None
+    in_time = [p for p in fitting if p.time_s <= time_target_s]
+    return min(in_time, key=lambda p: (p.memory_bytes, p.time_s)) if in_time else None

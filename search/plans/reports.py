@@ -77,6 +77,8 @@ class SearchSummary(_Report):
     memory_per_device: int
     job: dict[str, Any]
     memory_budget_bytes: int
+    time_target_s: float | None = Field(default=None, description="the pick rule's time target: `picked` is the "
+                                        "leanest plan within the budget and this time per iteration")
     search_seconds: float
     capture_seconds: float
     eps: float
@@ -84,7 +86,8 @@ class SearchSummary(_Report):
 
 
 class FrontierReport(SearchSummary):
-    picked: int | None = Field(ge=0, description="index of the fastest plan that fits the budget")
+    picked: int | None = Field(ge=0, description="index of the plan the job runs: the fastest that fits the budget "
+                                     "(or, with `time_target_s`, the leanest within it)")
     frontier: list[FrontierEntry]
     baselines: list[BaselineEntry] = Field(default_factory=list)
 

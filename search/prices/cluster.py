@@ -532,6 +532,29 @@ def parse_size(text: str | int | float) -> int:
     return value
 
 
+_TIME_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min)?\s*$", re.IGNORECASE)
+_TIME_UNITS = {"ms": 1e-3, "s": 1.0, "min": 60.0}
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Parse a time such as ``"250ms"``, ``"1.5s"``, ``"2min"`` or ``0.25`` into seconds (a bare
+    number is seconds). Zero, negative, infinite and unparseable times raise InputError."""
+    if isinstance(text, bool):
+        raise InputError(f"time must be seconds or a string like '250ms', got {text!r}")
+    if isinstance(text, int | float):
+        value = float(text)
+    elif isinstance(text, str):
+        match = _TIME_RE.match(text)
+        if match is None:
+            raise InputError(f"cannot parse time {text!r}; use e.g. '250ms', '1.5s', '2min' or seconds")
+        value = float(match.group(1)) * _TIME_UNITS[(match.group(2) or "s").lower()]
+    else:
+        raise InputError(f"time must be seconds or a string like '250ms', got {type(text).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"time must be positive and finite, got {text!r}")
+    return value
+
+
 _BINARY_PREFIXES: tuple[str, ...] = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 

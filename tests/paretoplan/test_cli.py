@@ -342,6 +342,33 @@ def test_budget_picks_fastest_fitting(where, tiny_doc, tmp_path, capsys):
             assert r["mark"] == ("!" if frontier[i]["memory_bytes"] > budget else " "), r
 
 
+@pytest.mark.parametrize("target", ["mid", "none"])
+def test_time_target_picks_the_leanest_in_time(target, tiny_doc, tmp_path, capsys):
+    times = [p["time_s"] for p in tiny_doc["frontier"]]
+    seconds = sorted(times)[len(times) // 2] if target == "mid" else min(times) / 2
+    out = tmp_path / "out.json"
+    rc = main([*TINY_SEARCH, "--time-target", f"{seconds * 1e3 * (1 + 1e-9)}ms", "--json", str(out)])
+    io = capsys.readouterr()
+    doc = json.loads(out.read_text())
+    assert doc["time_target_s"] == pytest.approx(seconds, rel=1e-6)
+    frontier = doc["frontier"]
+    if target == "none":
+        assert rc == 3 and doc["picked"] is None
+        assert "runs an iteration within" in io.err and "the fastest plan within it takes" in io.err
+        return
+    assert rc == 0
+    in_time = [i for i, p in enumerate(frontier) if p["time_s"] <= doc["time_target_s"]]
+    assert doc["picked"] == min(in_time, key=lambda i: frontier[i]["memory_bytes"])
+    assert "leanest within" in io.out
+
+
+def test_a_time_target_that_is_no_time_is_one_line(capsys):
+    rc = main([*TINY_SEARCH, "--time-target", "soon"])
+    err = capsys.readouterr().err
+    assert_clean_error(rc, err)
+    assert "--time-target" in err and "cannot parse time 'soon'" in err
+
+
 # ---- 7. the README example ------------------------------------------------------------------------
 @pytest.mark.slow
 def test_readme_example_gpt2_medium(tmp_path):

@@ -390,7 +390,7 @@ GPT2_SMALL = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_
     ({"model_type": "gtp2"}, "hf_config.model_type", "is not a model type transformers"),
     ({"model_type": ""}, "hf_config.model_type", "is missing"),
     ({"model_type": "llama", "num_key_value_heads": 3}, "hf_config.num_key_value_heads", "must divide"),
-    ({"model_type": "t5"}, "hf_config.model_type", "cannot be captured"),
+    ({"model_type": "detr"}, "hf_config.model_type", "cannot be captured"),
 ], ids=["negative layers", "zero width", "heads not dividing the width", "unknown model_type", "no model_type",
         "kv heads not dividing the heads", "not a trainable head capture supports"])
 def test_a_bad_hf_config_is_a_422_naming_its_field_and_stores_nothing(client, change, field, words):
@@ -429,6 +429,25 @@ def test_a_strategy_says_whether_this_machine_can_run_it(client, tiny_report):
     assert "processes" in launch_blocker({**plan, "num_devices": 100_000}) or "GPUs" in launch_blocker(
         {**plan, "num_devices": 100_000})
     assert "not in the zoo" in launch_blocker({**plan, "model": "hf:gpt2:mine"})
+    assert "uploaded OpGraph" in launch_blocker({**plan, "source": {"kind": "graph", "name": "mine"}})
+    hf = {**plan, "model": "hf:gpt2:mine", "source": {"kind": "hf_config", "name": "mine", "config": {}, "params": 1000}}
+    assert launch_blocker(hf) is None  # an HF config's plan is rebuilt from its config
     # PipeDream-2BW runs (worker/stale.py): its 1-stale weights are no reason to refuse a launch
     stale = {**plan, "pipeline": {**plan["pipeline"], "schedule": "2bw", "async_weights": True}}
     assert launch_blocker(stale) is None
+
+
+def test_a_time_target_is_the_jobs_pick_rule_and_a_resize_keeps_it(client, tiny_report):
+    """`time_target` travels in the job's request: the search it queues and a resize's search for
+    other resources pick by it (the worker reads `picked` off what it searched)."""
+    job = submit(client, global_batch=8, time_target="250ms")
+    task = claim(client, "w1")
+    assert task["request"]["time_target"] == 0.25
+    post_result(client, task, tiny_report)
+    r = client.post(f"/api/jobs/{job['id']}/resize", json={"devices": 4})
+    assert r.status_code in (200, 202), r.text
+    ahead = claim(client, "w1")
+    assert ahead["request"]["devices"] == 4 and ahead["request"]["time_target"] == 0.25
+    bad = client.post("/api/jobs", json={**TINY, "time_target": "soon"})
+    assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == ["body", "time_target"], bad.text
+    assert "cannot parse time 'soon'" in bad.json()["detail"]

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from search.errors import InputError
+from search.models.seq2seq import find_stacks
 from search.models.zoo import (
     TEST_MODELS,
     ZOO,
@@ -48,6 +49,11 @@ PUBLISHED: dict[str, float] = {
     "vit-base": 86e6,
     "vit-large": 307e6,
     "vit-huge": 632e6,
+    # the released checkpoints (HF hub model cards): T5 paper's "60M" / "220M", BART's 140M / 400M
+    "t5-small": 60.5e6,
+    "t5-base": 222.9e6,
+    "bart-base": 139.4e6,
+    "bart-large": 406.3e6,
     "resnet50": 25.6e6,
     "resnet152": 60.2e6,
     "wrn50-2": 68.9e6,
@@ -118,12 +124,14 @@ def _meta_build(spec: ModelSpec) -> nn.Module:
 
 def test_zoo_names() -> None:
     expected = set(PUBLISHED) | {"gpt2-tiny", "gpt2-mini", "llama-tiny", "cnn-tiny", "moe-tiny", "lstm-lm", "lstm-lm-6x4k",
-                                 "lstm-tiny", "wrn152-4", "wrn152-6", "wrn152-8", "wrn152-10", "wrn-tiny"}
+                                 "lstm-tiny", "wrn152-4", "wrn152-6", "wrn152-8", "wrn152-10", "wrn-tiny",
+                                 "t5-tiny", "bart-tiny"}
     assert set(ZOO) == expected
     for name, spec in ZOO.items():
         assert spec.name == name
-        assert spec.kind in ("lm", "mlm", "vision")
-        assert spec.family in ("gpt2", "gpt3", "bert", "llama", "moe", "vit", "resnet", "vgg", "wrn", "cnn", "lstm")
+        assert spec.kind in ("lm", "mlm", "vision", "seq2seq")
+        assert spec.family in ("gpt2", "gpt3", "bert", "llama", "moe", "vit", "resnet", "vgg", "wrn", "cnn", "lstm",
+                               "t5", "bart")
         assert spec.description
         if spec.kind == "vision":
             assert spec.image_size and spec.num_classes and spec.default_seq_len is None
@@ -243,6 +251,10 @@ def test_blocks_attr(name: str) -> None:
     model = _meta_build(spec)
     if spec.family in ("resnet", "wrn", "vgg", "cnn"):
         assert spec.blocks_attr is None
+        return
+    if spec.kind == "seq2seq":  # two block families, the encoder's first
+        assert spec.blocks_attr is None and find_stacks(model) == spec.stacks
+        assert [len(model.get_submodule(s)) for s in spec.stacks] == [len(model.get_submodule(spec.stacks[0]))] * 2
         return
     blocks = model.get_submodule(spec.blocks_attr)
     assert isinstance(blocks, nn.ModuleList) and len(blocks) > 0

@@ -58,6 +58,18 @@ def test_pick_fastest_fitting():
     assert pick(pts, min(p.memory_bytes for p in pts) - 1) is None
 
 
+def test_pick_with_a_time_target_takes_the_leanest_in_time():
+    pts = result().points
+    times = sorted(p.time_s for p in pts)
+    target = times[len(times) // 2]
+    lean = pick(pts, float("inf"), target)
+    assert lean is not None and lean.time_s <= target
+    assert all(p.memory_bytes >= lean.memory_bytes for p in pts if p.time_s <= target)
+    assert lean.memory_bytes < pick(pts, float("inf")).memory_bytes  # not the fastest: a leaner one is in time
+    assert pick(pts, float("inf"), times[0] * 0.99) is None
+    assert pick(pts, lean.memory_bytes - 1, target) is None  # the budget still holds
+
+
 def test_every_plan_carries_model_flops_and_mfu():
     """Model FLOPs: 3 x the forward FLOPs of every op of every layer (block reuse solves the stack
     once but the graph keeps all 12 layers); MFU = model FLOPs / (time x devices x peak)."""

@@ -1,0 +1,457 @@
+"""Pipelines and gradient accumulation over several block stacks: encoder-decoder models.
+
+An encoder-decoder graph (search/models/seq2seq.py) has two block families; the decoder's layers
+all read the encoder's output (cross-attention), and T5's layers all read their stack's position
+bias. The single-stack pipeline search (pipeline.py) cuts one chain of identical layers whose
+only link across a cut is the residual stream; here a cut may fall anywhere in the sequence
+*units* = the encoder's layers, then the decoder's, and a stage may hold encoder layers, decoder
+layers or both.
+
+Where the other ops go. An op outside the layers sits with the unit it follows when it reads
+some layer (the encoder's final norm with the last encoder layer, the LM head and loss with the
+last decoder layer), else with the first unit that reads it (the decoder's embedding with the
+first decoder layer, a position bias with the first layer of its stack).
+
+What crosses a cut. Every tensor produced on one stage and read on another - the residual
+stream at the cut, and the encoder output, which every stage holding decoder layers needs - is
+sent point-to-point once per micro-batch to each stage that reads it (forward activation and its
+gradient back, on the pp link), in the producer's layout; the receiving stage pays it within its
+slots. Reading it is an edge like any other, priced on the reader's stage; so is a pair
+constraint between ops on two stages (a tied parameter's layouts: T5's and BART's shared
+embedding, read by the encoder, the decoder and the head). A tied parameter's copy on a second
+stage is not counted, as in pipeline.py.
+
+Exact search. Fix the shape (p, m, sub-mesh, ZeRO stage, schedule) and the cut. Each stage's cost
+is a sum over its ops, edges and received tensors under its weights (evaluate.stage_weights), so
+FT's elimination solves it down to a factor over its *interface*: the ops whose outputs cross a
+cut into or out of it. Stages share no variable but the interface, so for every joint interface
+configuration the pipeline's frontier is the Pareto set of (max stage time, max stage memory)
+over one point per stage - the pointwise maximum of the stages' staircases (`_max_frontier`).
+The union over interface configurations and cuts, Pareto-reduced, is the shape's frontier:
+exact, and equal to the enumeration of every assignment and cut (`exhaustive_stacks`).
+
+Gradient accumulation is the one-stage case: every unit on one stage, m micro-batches as m slots,
+one micro-batch's activations held, no interface.
+
+Left out on purpose: interleaved 1F1B (virtual stages of a two-stack sequence have no executor
+either), and the block reuse of the single-stack search (each stage is solved op by op).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from search.algorithm.chain import Chain, layer_index, recompute_var
+from search.algorithm.evaluate import (
+    Assignment,
+    PipeShape,
+    evaluate,
+    micro_batch_graph,
+    stage_weights,
+    weigh_edge,
+    weigh_op,
+)
+from search.algorithm.factor_graph import _edge_factor, _op_factor, eliminate_all
+from search.algorithm.frontier import Factor, Stats, assignments, leaf, pareto_mask
+from search.algorithm.pipeline import STAGE_BAND, partitions, pipeline_shapes
+from search.algorithm.results import Split
+from search.models.graph import OpGraph
+from search.prices.cluster import Cluster
+from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, TrainingJob
+from search.prices.mesh import Mesh, op_configs, output_placement, shard_factor, unplaceable_op
+from search.prices.profile import DeviceProfile, ProfileLookup
+
+# a stage holds within this many units of n / p: decoder layers weigh about 1.5 encoder layers,
+# and the embeddings and the head sit on the end stages, so balanced cuts stray further than
+# in one stack of identical layers
+STACKS_BAND = STAGE_BAND + 1
+# joint interface configurations of one cut beyond which a shape is left out (never reached by
+# the models of the zoo on the meshes the search offers: a stage's interface is a handful of ops)
+MAX_INTERFACE = 200_000
+
+
+def is_multi_stack(graph: OpGraph) -> bool:
+    """More than one block family: the graph pipelines through this module, not pipeline.py."""
+    return len(graph.blocks) > 1
+
+
+def units(graph: OpGraph) -> list[tuple[str, ...]]:
+    """The layers of every block stack, in graph order (the encoder's, then the decoder's)."""
+    return [layer for b in graph.blocks for layer in b.layers]
+
+
+def anchors(graph: OpGraph) -> dict[str, int]:
+    """Per op, the unit whose stage holds it (module docstring: where the other ops go)."""
+    unit_of = {name: i for i, layer in enumerate(units(graph)) for name in layer}
+    last = len(units(graph)) - 1
+    out: dict[str, int] = dict(unit_of)
+    for op in graph.topological():  # ops reading some layer: with the last unit they read
+        if op.name in out:
+            continue
+        got = [out[t.source] for t in op.inputs if t.source is not None and t.source in out]
+        if got:
+            out[op.name] = max(got)
+    consumers = graph.consumers()
+    for op in reversed(graph.topological()):  # the rest: with the first unit that reads them
+        if op.name not in out:
+            readers = [out[c] for c, _ in consumers[op.name] if c in out]
+            out[op.name] = min(readers) if readers else 0
+    for op in graph.topological():  # nothing sits before what it reads
+        for t in op.inputs:
+            if t.source is not None and out[t.source] > out[op.name]:
+                assert op.name not in unit_of, f"layer op {op.name} reads {t.source} from a later unit"
+                out[op.name] = out[t.source]
+    return {k: min(v, last) for k, v in out.items()}
+
+
+@dataclass
+class StackTables:
+    """One shape's unweighted tables for one micro-batch on the stage sub-mesh, and the sizes of
+    the tensors that may cross a cut."""
+
+    shape: PipeShape
+    graph: OpGraph                               # the micro-batch graph
+    cm: CostModel
+    op_costs: dict[str, OpCosts]
+    edge_costs: dict[tuple[str, str], EdgeCosts]
+    buffers: float
+    anchor: dict[str, int]
+    n_units: int
+    p2p: dict[str, np.ndarray] = field(default_factory=dict)        # seconds per micro-batch, both ways
+    p2p_bytes: dict[str, np.ndarray] = field(default_factory=dict)  # bytes per micro-batch, one way
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.shape.mesh
+
+    def stage_of(self, split: Split) -> dict[str, int]:
+        bounds = np.cumsum(split)
+        return {name: int(np.searchsorted(bounds, u, side="right")) for name, u in self.anchor.items()}
+
+    def received(self, stage_of: dict[str, int], s: int) -> list[str]:
+        """The ops whose outputs stage s reads from other stages, each once."""
+        out: dict[str, None] = {}
+        for op in self.graph.ops:
+            if stage_of[op.name] == s:
+                for t in op.inputs:
+                    if t.source is not None and stage_of[t.source] != s:
+                        out[t.source] = None
+        return list(out)
+
+
+def stack_tables(graph: OpGraph, cm: CostModel, shape: PipeShape) -> StackTables | None:
+    """The tables of one shape on its micro-batch graph `graph` (None where an op cannot run on
+    the stage's sub-mesh)."""
+    sub = Mesh(pp=1, axes=shape.mesh.axes)
+    if unplaceable_op(list(graph.ops), sub, graph.batch_label) is not None:
+        return None
+    outputs = {layer[-1] for layer in units(graph)}
+    ops = {op.name: cm.op_costs(op, sub, shape.zero, checkpoint=op.name in outputs) for op in graph.ops}
+    edges: dict[tuple[str, str], EdgeCosts] = {}
+    for op in graph.ops:
+        for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
+            edges[(src, op.name)] = cm.edge_costs(graph.op(src), op, sub, ops[src].configs, ops[op.name].configs)
+    cm.add_pair_edges(edges, sub, lambda name: ops[name].configs, cm.bounds.pairs)
+    tabs = StackTables(shape=shape, graph=graph, cm=cm, op_costs=ops, edge_costs=edges,
+                       buffers=cm.buffers(sub, list(graph.ops), shape.zero), anchor=anchors(graph),
+                       n_units=len(units(graph)))
+    if shape.stages > 1:
+        alpha, beta = cm.p2p_coefficients(shape.stages, shape.mesh.num_devices // shape.stages)
+        for op in graph.ops:
+            nbytes = np.array([op.output.numel * cm.esize(op.output) / shard_factor(output_placement(c, op), sub)
+                               for c in op_configs(op, sub, graph.batch_label)])
+            tabs.p2p[op.name], tabs.p2p_bytes[op.name] = 2.0 * (alpha + beta * nbytes), nbytes
+    return tabs
+
+
+# ---- the exact price of given assignments (the reference and the plans' re-costing) -------------
+def evaluate_stacks(tabs: StackTables, assignment: Assignment, split: Split) -> dict[str, np.ndarray]:
+    """Time, memory and their parts for many assignments of one cut, stage by stage."""
+    shape = tabs.shape
+    p = shape.stages
+    weights = stage_weights(p, shape.micro_batches, shape.schedule)
+    stage_of = tabs.stage_of(split)
+    layer_of = layer_index(tabs.graph)
+    n = np.size(next(iter(assignment.values())))
+    per_t, per_m, per_parts, per_comm = [], [], [], []
+    pp_bytes = np.zeros(n)
+    for s in range(p):
+        w = weights[s]
+        ops = {k: weigh_op(oc, w) for k, oc in tabs.op_costs.items() if stage_of[k] == s}
+        edges = {k: weigh_edge(ec, w) for k, ec in tabs.edge_costs.items() if stage_of[k[1]] == s}
+        res = evaluate(ops, edges, tabs.buffers, assignment, layer_of)
+        t = res["time"]
+        for src in tabs.received(stage_of, s):
+            c = np.asarray(assignment[src]).reshape(-1)
+            t = t + w.slots * tabs.p2p[src][c]
+            pp_bytes += 2.0 * shape.micro_batches * tabs.p2p_bytes[src][c]
+        per_t.append(t)
+        per_m.append(res["memory"])
+        per_parts.append(res["parts"])
+        per_comm.append(res["comm"])
+    T, M = np.stack(per_t), np.stack(per_m)
+    worst = np.argmax(M, axis=0)
+    return {"time": T.max(axis=0), "memory": M.max(axis=0), "stage_time": T.T, "stage_memory": M.T,
+            "parts": np.stack(per_parts)[worst, np.arange(n)], "buffers": np.full(n, tabs.buffers),
+            "comm": np.stack(per_comm).max(axis=0), "pp_bytes": pp_bytes}
+
+
+# ---- the search ----------------------------------------------------------------------------------
+class _Stages:
+    """Each stage's factor over its interface, per (stage, first unit, units held), made once."""
+
+    def __init__(self, tabs: StackTables, eps: float, recompute: bool) -> None:
+        self.tabs, self.eps = tabs, eps
+        shape = tabs.shape
+        self.weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule)
+        self.layer_of = layer_index(tabs.graph) if recompute else {}
+        self.memo: dict[tuple[int, int, int], Factor] = {}
+        self.stats = Stats()
+        self.consumers = tabs.graph.consumers()
+        self.layer_of = layer_index(tabs.graph) if recompute else {}
+
+    def __call__(self, s: int, split: Split) -> Factor:
+        start = sum(split[:s])
+        key = (s, start, split[s])
+        if key not in self.memo:
+            self.memo[key] = self._solve(s, split)
+        return self.memo[key]
+
+    def _solve(self, s: int, split: Split) -> Factor:
+        """Stage s's ops, the edges into them and the tensors it receives, eliminated down to its
+        interface: the received producers and its own ops read on other stages."""
+        tabs, w = self.tabs, self.weights[s]
+        stage_of = tabs.stage_of(split)
+        mine = [op.name for op in tabs.graph.ops if stage_of[op.name] == s]
+        domain = {name: len(oc.configs) for name, oc in tabs.op_costs.items()}
+        domain.update({recompute_var(i): 2 for i in set(self.layer_of.values())})
+
+        def rc(name: str) -> str | None:
+            return recompute_var(self.layer_of[name]) if name in self.layer_of else None
+
+        factors = [_op_factor(name, weigh_op(tabs.op_costs[name], w), rc(name)) for name in mine]
+        factors += [_edge_factor(weigh_edge(ec, w), src, dst, rc(dst))
+                    for (src, dst), ec in tabs.edge_costs.items() if stage_of[dst] == s]
+        for src in tabs.received(stage_of, s):
+            c = np.arange(domain[src])
+            factors.append(leaf((src,), c[:, None], w.slots * tabs.p2p[src], np.zeros(len(c)), note=f"recv {src}"))
+        # the interface: every op on one side of an edge (a read, or a pair constraint such as a
+        # tied parameter's layouts) whose other side is on another stage
+        keep = tuple(dict.fromkeys(src for (src, dst) in tabs.edge_costs
+                                   if (stage_of[dst] == s) != (stage_of[src] == s)))
+        return eliminate_all(factors, domain, keep=keep, eps=self.eps, stats=self.stats)
+
+
+def _max_frontier(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Pareto set of (max_s t, max_s m) over one point per stage: for each candidate time,
+    every stage's leanest point within it. Returns t, m and the chosen point of each stage."""
+    order = [np.argsort(t, kind="stable") for t, _ in parts]
+    sorted_t = [t[o] for (t, _), o in zip(parts, order, strict=True)]
+    run_min = []
+    for (_, m), o in zip(parts, order, strict=True):
+        mm = m[o]
+        idx = np.zeros(len(mm), dtype=np.int64)
+        best = 0
+        for i in range(len(mm)):  # the leanest point among the first i + 1 (stage frontiers are small)
+            if mm[i] < mm[best]:
+                best = i
+            idx[i] = best
+        run_min.append(idx)
+    floor = max(st[0] for st in sorted_t)
+    taus = np.unique(np.concatenate([st[st >= floor] for st in sorted_t]))
+    chosen = []
+    T = np.zeros(len(taus))
+    M = np.zeros(len(taus))
+    for st, o, rm, (t, m) in zip(sorted_t, order, run_min, parts, strict=True):
+        k = np.searchsorted(st, taus, side="right") - 1
+        pick = o[rm[k]]
+        chosen.append(pick)
+        T = np.maximum(T, t[pick])
+        M = np.maximum(M, m[pick])
+    keep = pareto_mask(np.zeros(len(T), dtype=np.int64), T, M)
+    return T[keep], M[keep], np.stack(chosen, axis=1)[keep]
+
+
+@dataclass
+class StacksSolution:
+    """One shape's frontier over several block stacks: every point's assignment and cut."""
+
+    tables: StackTables
+    root: Factor
+    partitions: list[Split]
+    assigns: dict[str, np.ndarray]
+    stats: Stats = field(default_factory=Stats)
+
+    @property
+    def chain(self) -> Chain | None:
+        return None  # every layer solved op by op
+
+    @property
+    def edge_costs(self) -> dict[tuple[str, str], EdgeCosts]:
+        return self.tables.edge_costs
+
+    @property
+    def buffers(self) -> float:
+        return self.tables.buffers
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.tables.shape.mesh
+
+    @property
+    def zero(self) -> int:
+        return self.tables.shape.zero
+
+    @property
+    def pipeline(self) -> PipeShape:
+        return self.tables.shape
+
+    @property
+    def shape(self) -> PipeShape:
+        return self.tables.shape
+
+    @property
+    def op_costs(self) -> dict[str, OpCosts]:
+        return self.tables.op_costs
+
+    def describe(self) -> str:
+        return self.tables.shape.describe()
+
+    def read_back(self, rows: np.ndarray) -> tuple[dict[str, np.ndarray], list[Split | None]]:
+        return {name: v[rows] for name, v in self.assigns.items()}, [self.partitions[int(r)] for r in rows]
+
+    def configured_graph(self, graph: OpGraph) -> OpGraph:
+        return self.tables.graph
+
+    def recost(self, graph: OpGraph, assignment: dict[str, np.ndarray], splits: list[Split | None]
+               ) -> dict[str, np.ndarray]:
+        rows = []
+        for j, split in enumerate(splits):
+            assert split is not None, "a pipeline point always has its split"
+            rows.append(evaluate_stacks(self.tables, {k: v[j:j + 1] for k, v in assignment.items()}, split))
+        return {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+
+
+def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
+                 cuts: list[Split] | None = None) -> StacksSolution | None:
+    """The exact frontier of one shape over every cut (`cuts`, or those of the band)."""
+    p = tabs.shape.stages
+    cuts = cuts if cuts is not None else partitions(tabs.n_units, p, 1, STACKS_BAND)
+    S = _Stages(tabs, eps, recompute)
+    ts, ms, prov = [], [], []  # prov: (cut index, per-stage factor rows)
+    stage_factors: dict[int, list[Factor]] = {}
+    for ci, split in enumerate(cuts):
+        fs = [S(s, split) for s in range(p)]
+        stage_factors[ci] = fs
+        iface = list(dict.fromkeys(v for f in fs for v in f.scope))
+        sizes = [len(tabs.op_costs[v].configs) for v in iface]
+        if math.prod(sizes) > MAX_INTERFACE:
+            continue
+        groups = [_by_key(f) for f in fs]
+        for combo in itertools.product(*[range(k) for k in sizes]):
+            val = dict(zip(iface, combo, strict=True))
+            found = [g.get(tuple(val[v] for v in f.scope)) for g, f in zip(groups, fs, strict=True)]
+            rows = [r for r in found if r is not None]
+            if len(rows) < len(fs):  # some stage has no plan under this interface
+                continue
+            t, m, chosen = _max_frontier([(f.t[r], f.m[r]) for f, r in zip(fs, rows, strict=True)])
+            ts.append(t)
+            ms.append(m)
+            for j in range(len(t)):
+                prov.append((ci, [int(r[chosen[j, k]]) for k, r in enumerate(rows)]))
+    if not ts:
+        return None
+    t_all, m_all = np.concatenate(ts), np.concatenate(ms)
+    keep = pareto_mask(np.zeros(len(t_all), dtype=np.int64), t_all, m_all, eps)
+    assigns: dict[str, list[np.ndarray]] = {}
+    splits: list[Split] = []
+    for k in keep:
+        ci, picked = prov[int(k)]
+        splits.append(tuple(cuts[ci]))
+        got: dict[str, int] = {}
+        for f, r in zip(stage_factors[ci], picked, strict=True):
+            got.update({v: int(a[0]) for v, a in assignments(f, np.array([r])).items()})
+        for v, c in got.items():
+            assigns.setdefault(v, []).append(np.array([c]))
+    n = len(keep)
+    final = {v: np.concatenate(a) if len(a) == n else np.zeros(n, dtype=np.int64) for v, a in assigns.items()}
+    # every stage holds the mesh's constant buffers (evaluate_stacks adds them per stage)
+    root = Factor(scope=(), keys=np.zeros((n, 0), dtype=np.int32), t=t_all[keep], m=m_all[keep] + tabs.buffers)
+    return StacksSolution(tables=tabs, root=root, partitions=splits, assigns=final, stats=S.stats)
+
+
+def _by_key(f: Factor) -> dict[tuple[int, ...], np.ndarray]:
+    out: dict[tuple[int, ...], list[int]] = {}
+    for i, row in enumerate(f.keys):
+        out.setdefault(tuple(int(x) for x in row), []).append(i)
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def stack_shapes(cluster: Cluster, job: TrainingJob, graph: OpGraph, zero_stages: tuple[int, ...],
+                 allow_async: bool = False, pipelines: bool = True, accumulate: bool = False) -> list[PipeShape]:
+    """The shapes of pipeline.py's space (no virtual stages) over the sequence of units."""
+    n = len(units(graph))
+    return [s for s in pipeline_shapes(cluster, job, n, zero_stages, allow_async, pipelines=pipelines,
+                                       accumulate=accumulate, spread=STACKS_BAND)
+            if s.virtual_stages == 1]
+
+
+def search_stacks(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stages: tuple[int, ...],
+                  recompute: bool = True, allow_async: bool = False, eps: float = 0.0,
+                  profile: DeviceProfile | ProfileLookup | None = None, pipelines: bool = True,
+                  accumulate: bool = False, shapes: list[PipeShape] | None = None,
+                  counts: dict[str, int] | None = None) -> list[StacksSolution]:
+    """Every shape's frontier over the graph's block stacks (pipelines with p >= 2 and gradient
+    accumulation with p = 1, as pipeline.search_pipelines offers them for one stack)."""
+    if not is_multi_stack(graph):
+        return []
+    shapes = shapes if shapes is not None else stack_shapes(cluster, job, graph, zero_stages, allow_async,
+                                                            pipelines, accumulate)
+    models: dict[int, tuple[OpGraph, CostModel]] = {}
+    out: list[StacksSolution] = []
+    solved = 0
+    for shape in shapes:
+        m = shape.micro_batches
+        if m not in models:
+            g = micro_batch_graph(graph, m)
+            models[m] = (g, CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}),
+                                      profile=profile))
+        g, cm = models[m]
+        tabs = stack_tables(g, cm, shape)
+        if tabs is None:
+            continue
+        solved += 1
+        sol = solve_stacks(tabs, eps, recompute)
+        if sol is not None and len(sol.root):
+            out.append(sol)
+    if counts is not None:
+        counts.update(shapes=len(shapes), bounded_out=0, solved=solved)
+    return out
+
+
+def exhaustive_stacks(tabs: StackTables, recompute: bool = True, limit: int = 2_000_000
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """The reference: every cut and every assignment of every op (and recomputation choice),
+    priced by `evaluate_stacks`, Pareto-reduced. Exponential: tiny graphs only."""
+    p = tabs.shape.stages
+    names = [op.name for op in tabs.graph.ops]
+    rc = sorted({recompute_var(i) for i in layer_index(tabs.graph).values()}) if recompute else []
+    dims = [len(tabs.op_costs[v].configs) for v in names] + [2] * len(rc)
+    total = math.prod(dims)
+    if total > limit:
+        raise ValueError(f"{total} assignments: too many for the reference")
+    flat = np.unravel_index(np.arange(total), dims)
+    assign = {v: flat[i] for i, v in enumerate(names + rc)}
+    ts, ms = [], []
+    for split in partitions(tabs.n_units, p, 1, STACKS_BAND):
+        res = evaluate_stacks(tabs, assign, split)
+        ts.append(res["time"])
+        ms.append(res["memory"])
+    t, m = np.concatenate(ts), np.concatenate(ms)
+    keep = pareto_mask(np.zeros(len(t), dtype=np.int64), t, m)
+    order = np.argsort(t[keep], kind="stable")
+    return t[keep][order], m[keep][order]

@@ -1,0 +1,91 @@
+"""The search's fast paths against the general ones they stand in for: each must give the same
+result to the bit (bench/frontier_diff.py checks whole frontiers; these check the parts)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from search.algorithm import frontier
+from search.algorithm.frontier import Factor, Stats, join, leaf
+
+
+def _factor(rng: np.random.Generator, scope: tuple[str, ...], domain: dict[str, int], n: int, ties: bool) -> Factor:
+    keys = np.stack([rng.integers(0, domain[v], n) for v in scope], axis=1) if scope else np.zeros((n, 0), int)
+    # few distinct values make equal sums (and equal-time clusters) common
+    t = rng.integers(1, 6, n).astype(float) if ties else rng.uniform(1.0, 10.0, n)
+    m = rng.integers(1, 6, n).astype(float) if ties else rng.uniform(1.0, 10.0, n)
+    return leaf(scope, keys, t, m)
+
+
+def _same(x: Factor, y: Factor) -> None:
+    assert x.scope == y.scope
+    assert x.keys.dtype == y.keys.dtype and np.array_equal(x.keys, y.keys)
+    assert np.array_equal(x.t, y.t) and np.array_equal(x.m, y.m)
+    assert all(np.array_equal(p, q) for p, q in zip(x.parent_idx, y.parent_idx, strict=True))
+    assert x.parents == y.parents
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_small_join_equals_numpy_join(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(seed)
+    names = ["u", "v", "w", "x"]
+    domain = {v: int(rng.integers(1, 4)) for v in names}
+    a_scope = tuple(v for v in names if rng.random() < 0.6)
+    b_scope = tuple(v for v in names if rng.random() < 0.6)
+    ties = bool(rng.random() < 0.3)
+    a = _factor(rng, a_scope, domain, int(rng.integers(0, 12)), ties)
+    b = _factor(rng, b_scope, domain, int(rng.integers(0, 12)), ties)
+    shared = [v for v in a_scope if v in b_scope]
+    drop = tuple(v for v in shared if rng.random() < 0.5)
+    s_small, s_numpy = Stats(), Stats()
+    small = join(a, b, drop=drop, domain=domain, stats=s_small)
+    monkeypatch.setattr(frontier, "SMALL_PAIRS", -1)  # the numpy path only
+    ref = join(a, b, drop=drop, domain=domain, stats=s_numpy)
+    _same(small, ref)
+    assert s_small == s_numpy
+
+
+def test_small_join_is_taken() -> None:
+    """Without equal times the plain-Python path answers (a test of the path, not of speed)."""
+    domain = {"u": 2}
+    a = leaf(("u",), np.array([[0], [1]]), np.array([1.0, 2.0]), np.array([2.0, 1.0]))
+    b = leaf(("u",), np.array([[0], [1]]), np.array([0.5, 0.25]), np.array([1.0, 3.0]))
+    assert frontier._join_small(a, b, ("u",), domain, None) is not None
+    tied = leaf(("u",), np.array([[0], [0]]), np.array([1.0, 1.0]), np.array([2.0, 1.0]))
+    assert frontier._join_small(tied, b, ("u",), domain, None) is None
+
+
+def test_stacked_cheapest_equals_per_op_weighing() -> None:
+    """`_Cheapest` (shape_bound's stacked tables) equals weighing op by op and summing the
+    minima in op order, bit for bit, on a real graph's tables under several stage weightings."""
+    from search.algorithm.chain import find_chain
+    from search.algorithm.evaluate import Weights, mesh_costs, weigh_op
+    from search.algorithm.pipeline import _Cheapest
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import CostModel, TrainingJob
+    from search.prices.mesh import mesh_candidates
+
+    graph = capture_model(get_model("gpt2-mini"), 8, 64)
+    cluster = make_cluster("h100-80gb", 4)
+    cm = CostModel(graph, cluster, TrainingJob(global_batch=8, seq_len=64, precision="bf16"))
+    chain = find_chain(graph)
+    assert chain is not None
+    lams = np.array([1e-12, 3e-10, 2e-8])
+    for mesh in mesh_candidates(cluster):
+        for zero in (0, 3):
+            base = mesh_costs(graph, cm, mesh, zero, chain)
+            names = [n for n in base if n not in chain.covered]
+            for w in (Weights(7.0, 1, 4.0), Weights(3.0, 2, 1.5), Weights(1.0, 1, 0.0)):
+                for scale in (1.0, 0.25):
+                    ref = np.zeros(2 + len(lams))
+                    for name in names:
+                        oc = weigh_op(base[name], w)
+                        t = np.concatenate([oc.time, oc.time_rc])
+                        m = np.concatenate([oc.mem, oc.mem_rc])
+                        ref[0] += t.min()
+                        ref[1] += m.min()
+                        ref[2:] += (scale * t[:, None] + lams[None, :] * m[:, None]).min(axis=0)
+                    assert np.array_equal(_Cheapest(base, names).least(w, lams, scale), ref)

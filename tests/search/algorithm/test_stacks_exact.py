@@ -1,0 +1,133 @@
+"""Pipelines and gradient accumulation over two block stacks (search/algorithm/stacks.py) equal
+the exhaustive reference on small encoder-decoders: every cut, every assignment."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from search.algorithm.evaluate import micro_batch_graph
+from search.algorithm.stacks import (
+    anchors,
+    exhaustive_stacks,
+    search_stacks,
+    solve_stacks,
+    stack_shapes,
+    stack_tables,
+)
+from search.models.capture import capture_module
+from search.models.seq2seq import annotate_stacks
+from search.prices.cluster import make_cluster
+from search.prices.costmodel import CostModel, TrainingJob
+
+BATCH, DIM = 8, 16
+
+
+class _Cross(nn.Module):
+    """A decoder layer at its smallest: its own stream and a cross edge from the encoder output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.self_proj = nn.Linear(DIM, DIM, bias=False)
+        self.cross_proj = nn.Linear(DIM, DIM, bias=False)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        return self.self_proj(x) + self.cross_proj(memory)
+
+
+class _TinyEncDec(nn.Module):
+    def __init__(self, tied: bool = False) -> None:
+        super().__init__()
+        self.encoder = nn.ModuleList([nn.Linear(DIM, DIM, bias=False) for _ in range(2)])
+        self.decoder = nn.ModuleList([_Cross() for _ in range(2)])
+        if tied:  # one weight read on two stages: its layouts must agree across the cut (a pair constraint)
+            self.decoder[1].self_proj.weight = self.encoder[0].weight
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        h = src
+        for layer in self.encoder:
+            h = layer(h)
+        y = tgt
+        for dec in self.decoder:
+            y = dec(y, h)
+        return (y * y).mean()
+
+
+def _graph(tied: bool = False):
+    with torch.device("meta"):
+        m = _TinyEncDec(tied)
+        x = torch.empty(BATCH, DIM)
+    g = capture_module(m, (x, x), "tiny-encdec", [["batch", "h"], ["batch", "h"]])
+    return annotate_stacks(g, ("encoder", "decoder"), (2, 2))
+
+
+def _job() -> TrainingJob:
+    return TrainingJob(global_batch=BATCH, seq_len=None, precision="fp32")
+
+
+def test_the_tiny_model_has_two_stacks_and_a_cross_edge() -> None:
+    g = _graph()
+    assert [len(b.layers) for b in g.blocks] == [2, 2]
+    a = anchors(g)
+    enc_out = g.blocks[0].layers[-1][-1]
+    readers = [op for op in g.ops if any(t.source == enc_out for t in op.inputs)]
+    assert {a[op.name] for op in readers} == {2, 3}  # both decoder layers read the encoder's output
+
+
+@pytest.mark.parametrize("stages,recompute,tied", [(1, True, False), (2, False, False), (2, False, True)])
+def test_frontier_equals_exhaustive(stages: int, recompute: bool, tied: bool) -> None:
+    g = _graph(tied)
+    cluster = make_cluster("cpu", 2 * stages if stages > 1 else 2, devices_per_node=4)
+    shapes = [s for s in stack_shapes(cluster, _job(), g, (0,), pipelines=stages > 1, accumulate=stages == 1)
+              if s.stages == stages and s.micro_batches == 2]
+    assert shapes
+    checked = 0
+    for shape in shapes:
+        mg = micro_batch_graph(g, shape.micro_batches)
+        cm = CostModel(mg, cluster, _job().model_copy(update={"global_batch": BATCH // shape.micro_batches}))
+        tabs = stack_tables(mg, cm, shape)
+        if tabs is None:
+            continue
+        sol = solve_stacks(tabs, recompute=recompute)
+        assert sol is not None
+        if tied:
+            assert any(p.kind != "reader" for p in cm.bounds.pairs)
+        ref_t, ref_m = exhaustive_stacks(tabs, recompute=recompute)
+        order = np.argsort(sol.root.t, kind="stable")
+        np.testing.assert_allclose(sol.root.t[order], ref_t, rtol=1e-9)
+        np.testing.assert_allclose(sol.root.m[order], ref_m, rtol=1e-9)
+        # each point's assignment and cut, priced again, is the point
+        rows = np.arange(len(sol.root))
+        configs, splits = sol.read_back(rows)
+        again = sol.recost(g, configs, splits)
+        np.testing.assert_allclose(again["time"], sol.root.t, rtol=1e-9)
+        np.testing.assert_allclose(again["memory"], sol.root.m, rtol=1e-9)
+        checked += 1
+    assert checked
+
+
+def test_the_encoder_output_is_sent_to_every_decoder_stage() -> None:
+    """Cut between the two decoder layers: stage 1 receives the decoder stream and the encoder's
+    output; cut between the stacks: stage 1 receives the encoder output only (the decoder's own
+    inputs are graph inputs)."""
+    g = _graph()
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    shape = next(s for s in stack_shapes(cluster, _job(), g, (0,)) if s.stages == 2 and s.micro_batches == 2)
+    mg = micro_batch_graph(g, 2)
+    tabs = stack_tables(mg, CostModel(mg, cluster, _job().model_copy(update={"global_batch": BATCH // 2})), shape)
+    assert tabs is not None
+    enc_out = g.blocks[0].layers[-1][-1]
+    dec0_out = g.blocks[1].layers[0][-1]
+    assert set(tabs.received(tabs.stage_of((3, 1)), 1)) == {enc_out, dec0_out}
+    assert set(tabs.received(tabs.stage_of((2, 2)), 1)) == {enc_out}
+
+
+def test_search_gives_pipelines_and_accumulation() -> None:
+    g = _graph()
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    sols = search_stacks(g, cluster, _job(), (0, 1), pipelines=True, accumulate=True)
+    assert {s.shape.stages for s in sols} >= {1, 2}  # accumulation and 2-stage pipelines (4 stages: 1 unit each)
+    for sol in sols:
+        assert len(sol.root) and all(sum(split) == 4 for split in sol.partitions)

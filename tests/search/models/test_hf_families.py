@@ -1,0 +1,50 @@
+"""Capture follows what transformers builds, family by family: the patterns that once kept a
+model from planning, or priced it wrong, each on a tiny config (2 layers, width 64)."""
+
+from __future__ import annotations
+
+import pytest
+
+from search.models.capture import capture_model
+from search.models.zoo import spec_from_hf_config
+from search.prices.cluster import make_cluster
+from search.prices.mesh import mesh_candidates, placeable_meshes
+
+NARROW = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+          "vocab_size": 256, "max_position_embeddings": 128}
+
+
+def _graph(model_type: str, batch: int = 8, seq: int = 32, **extra):
+    return capture_model(spec_from_hf_config({"model_type": model_type, **NARROW, **extra}, model_type), batch, seq)
+
+
+@pytest.mark.parametrize("model_type", ["opt", "bert"])
+def test_ids_broadcast_over_the_batch_do_not_block_data_parallelism(model_type):
+    """OPT's positions and BERT's token types are looked up from ids made inside the model and
+    broadcast over the batch: their lookup splits the batch as every other op does."""
+    extra = {"ffn_dim": 128, "word_embed_proj_dim": 64} if model_type == "opt" else {}
+    g = _graph(model_type, **extra)
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    meshes = placeable_meshes(g, mesh_candidates(cluster))
+    assert any(m.axes[0].size == 4 and m.axes[0].role == "data" for m in meshes)
+    assert all(g.batch_label in op.splittable for op in g.ops if g.batch_label in op.output.dims)
+
+
+def test_a_weight_used_transposed_is_still_a_parameter_that_zero_shards():
+    """Falcon computes `x @ self.weight.T`: the transposed weight is the parameter (a linear op
+    owning it, whose batch-split gradient ZeRO shards), not an activation of its own."""
+    g = _graph("falcon")
+    owners = [op for op in g.ops if any(p.owner and p.name.endswith("query_key_value.weight") for p in op.params)]
+    assert owners and all(op.kind == "linear" and g.batch_label in op.output.dims for op in owners)
+    assert not [op for op in g.ops if "numpy_T" in op.name]
+
+
+def test_an_interleaved_rotary_embedding_keeps_the_heads_apart_from_the_batch():
+    """Cohere rotates interleaved pairs (stack on the last dimension, then flatten) and repeats
+    its frequencies interleaved: with as many heads as samples, neither may merge the heads'
+    dimension with the batch's (its data axis once replicated instead of splitting the batch)."""
+    g = _graph("cohere", batch=8, seq=48, hidden_size=1024, num_attention_heads=8)
+    q = next(op for op in g.ops if op.name.endswith("q_proj:linear"))
+    assert q.output.dims[0] == g.batch_label and q.output.dims[-1] != g.batch_label
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    assert any(m.axes[0].size == 4 and m.axes[0].role == "data" for m in placeable_meshes(g, mesh_candidates(cluster)))
