@@ -59,12 +59,13 @@ class Limits:
 Progress = Callable[..., None]
 
 
-def _vm_size() -> int:
-    """This process's virtual memory (what RLIMIT_AS counts), from /proc; 0 where there is none."""
+def _vm(field: str = "VmSize") -> int:
+    """This process's virtual memory (what RLIMIT_AS counts; VmPeak: its most), from /proc; 0 where
+    there is none."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmSize:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -77,8 +78,8 @@ def _child(request: dict[str, Any], conn: Connection, memory: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handlers are the parent's
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = 0
+    cap = _vm() + memory
     try:
-        cap = _vm_size() + memory
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
         def progress(stage: str, fraction: float, message: str | None = None) -> None:
@@ -92,6 +93,11 @@ def _child(request: dict[str, Any], conn: Connection, memory: int) -> None:
         conn.send(("memory", ""))
     except BaseException as e:  # noqa: BLE001 - whatever it was, the parent reports it
         try:
+            # out of address space, CPython and its extensions fail in many ways (SystemError, an
+            # ImportError that cannot map a library, OSError ENOMEM): a peak at the cap says why
+            if _vm("VmPeak") >= cap - min(memory // 4, 64 * 2**20):
+                conn.send(("memory", f"{type(e).__name__}: {e}"))
+                return
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}"))
         except BaseException:  # noqa: BLE001 - the pipe is gone: the exit code says it
             code = 1

@@ -498,10 +498,14 @@ class _Capture:
                 same = src.shape[k] == out_shape[pad + k]
                 labels.append(lab if same else L.new(f"{tag}/x{pad + k}"))
         elif t is aten.repeat_interleave.self_int:
-            labels = list(src.labels)  # repeats within each shard of the outer dim keep it sharded
-            for d in range(min(rank, len(out_shape))):
-                if out_shape[d] != src.shape[d]:  # the repeated dim is another size: another dimension
-                    labels[d] = L.new(f"{tag}/r{d}")
+            # repeats within each shard of the outer dim keep it sharded: GQA's key/value heads
+            # repeated to the query heads stay split over the tensor axis as Megatron splits them
+            labels = list(src.labels)
+            last = len(out_shape) - 1
+            if 0 <= last < rank and out_shape[last] != src.shape[last]:
+                # repeated along the last dimension (an interleaved rotary table): its pairs are
+                # another dimension of another size, which must not carry the input's label
+                labels[last] = L.new(f"{tag}/r{last}")
         elif t in (aten.contiguous.default, aten.clone.default, aten.alias.default, aten.detach.default,
                    aten.lift_fresh_copy.default):
             labels = list(src.labels)

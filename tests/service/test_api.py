@@ -390,7 +390,7 @@ GPT2_SMALL = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_
     ({"model_type": "gtp2"}, "hf_config.model_type", "is not a model type transformers"),
     ({"model_type": ""}, "hf_config.model_type", "is missing"),
     ({"model_type": "llama", "num_key_value_heads": 3}, "hf_config.num_key_value_heads", "must divide"),
-    ({"model_type": "t5"}, "hf_config.model_type", "cannot be captured"),
+    ({"model_type": "detr"}, "hf_config.model_type", "cannot be captured"),
 ], ids=["negative layers", "zero width", "heads not dividing the width", "unknown model_type", "no model_type",
         "kv heads not dividing the heads", "not a trainable head capture supports"])
 def test_a_bad_hf_config_is_a_422_naming_its_field_and_stores_nothing(client, change, field, words):
