@@ -89,3 +89,61 @@ def test_stacked_cheapest_equals_per_op_weighing() -> None:
                         ref[1] += m.min()
                         ref[2:] += (scale * t[:, None] + lams[None, :] * m[:, None]).min(axis=0)
                     assert np.array_equal(_Cheapest(base, names).least(w, lams, scale), ref)
+
+
+def _walk(root: Factor, idx: np.ndarray, layer_maps: list[dict[str, str]] | None) -> dict[str, np.ndarray]:
+    """The provenance walk of `frontier.assignments` without its per-layer table: every node
+    of every layer visited."""
+    n = len(idx)
+    out: dict[str, np.ndarray] = {}
+    stack: list[tuple[Factor, np.ndarray, np.ndarray, int, dict[str, str] | None]] = [(root, idx, np.arange(n), 0, None)]
+    while stack:
+        f, ix, pos, offset, mapping = stack.pop()
+        if f.layer_leaf and layer_maps is not None:
+            mapping = layer_maps[offset]
+        for j, v in enumerate(f.scope):
+            out.setdefault(mapping.get(v, v) if mapping else v, np.zeros(n, dtype=np.int64))[pos] = f.keys[ix, j]
+        if f.is_union:
+            which, inner = f.parent_idx
+            for k, p in enumerate(f.parents):
+                sel = which[ix] == k
+                if sel.any():
+                    stack.append((p, inner[ix[sel]], pos[sel], offset, mapping))
+            continue
+        if f.layers and len(f.parents) == 2 and not f.layer_leaf:
+            left, right = f.parents
+            stack.append((left, f.parent_idx[0][ix], pos, offset, mapping))
+            stack.append((right, f.parent_idx[1][ix], pos, offset + left.layers, mapping))
+            continue
+        for p, pix in zip(f.parents, f.parent_idx, strict=True):
+            stack.append((p, pix[ix], pos, offset, mapping))
+    return out
+
+
+def test_layer_tables_read_back_as_the_full_walk() -> None:
+    """Reading a stack's points back through the template layer's table (walked once) gives
+    every op's configuration as walking every layer's provenance does."""
+    from search.algorithm.frontier import assignments
+    from search.algorithm.ft import SearchOptions, search
+    from search.algorithm.results import MeshSolution
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import TrainingJob
+
+    graph = capture_model(get_model("gpt2-mini"), 8, 64)
+    result = search(graph, make_cluster("h100-80gb", 4), TrainingJob(global_batch=8, seq_len=64, precision="bf16"),
+                    SearchOptions(pipeline=False))
+    checked = 0
+    rng = np.random.default_rng(0)
+    for sol in result.solutions:
+        assert isinstance(sol, MeshSolution) and sol.chain is not None
+        maps = sol.chain.layer_maps()
+        everything = np.arange(len(sol.root))
+        for rows in (everything, rng.permutation(everything)[: len(everything) // 2], everything[:0]):
+            ref = _walk(sol.root, rows, maps)
+            got = assignments(sol.root, rows, maps)
+            assert ref.keys() == got.keys()
+            assert all(np.array_equal(ref[k], got[k]) for k in ref)
+            checked += len(rows)
+    assert checked > 0
