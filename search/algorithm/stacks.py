@@ -33,7 +33,9 @@ exact, and equal to the enumeration of every assignment and cut (`exhaustive_sta
 Gradient accumulation is the one-stage case: every unit on one stage, m micro-batches as m slots,
 one micro-batch's activations held, no interface.
 
-Left out on purpose: interleaved 1F1B (virtual stages of a two-stack sequence have no executor
+Left out on purpose: a cut whose interface has more than MAX_INTERFACE joint configurations
+(the stages are combined per joint configuration; counted out of the space, so the search stays
+exact over what it offers); interleaved 1F1B (virtual stages of a two-stack sequence have no executor
 either), and the block reuse of the single-stack search (each stage is solved op by op).
 """
 
@@ -70,8 +72,8 @@ from search.prices.profile import DeviceProfile, ProfileLookup
 # and the embeddings and the head sit on the end stages, so balanced cuts stray further than
 # in one stack of identical layers
 STACKS_BAND = STAGE_BAND + 1
-# joint interface configurations of one cut beyond which a shape is left out (never reached by
-# the models of the zoo on the meshes the search offers: a stage's interface is a handful of ops)
+# joint interface configurations of one cut beyond which the cut is left out of the space (each
+# joint configuration is combined on its own: the cost grows with their product)
 MAX_INTERFACE = 4_096
 
 
