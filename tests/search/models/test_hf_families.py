@@ -48,3 +48,12 @@ def test_an_interleaved_rotary_embedding_keeps_the_heads_apart_from_the_batch():
     assert q.output.dims[0] == g.batch_label and q.output.dims[-1] != g.batch_label
     cluster = make_cluster("cpu", 4, devices_per_node=4)
     assert any(m.axes[0].size == 4 and m.axes[0].role == "data" for m in placeable_meshes(g, mesh_candidates(cluster)))
+
+
+def test_a_state_space_model_is_refused_at_once_naming_its_layer():
+    """Mamba's selective scan runs one step per token in Python: exporting it would unroll the
+    sequence for minutes; the refusal comes before the export and names the module."""
+    from search.errors import InputError
+
+    with pytest.raises(InputError, match=r"model\.backbone\.layers\.0\.mixer \(MambaMixer\).*not planned"):
+        _graph("mamba", seq=2048)
