@@ -968,9 +968,9 @@ def _refuse_known_scans(module: nn.Module, name: str) -> None:
     for path, m in module.named_modules():
         kind = type(m).__name__
         if any(kind.endswith(s) for s in _SCAN_MODULES):
-            raise InputError(f"cannot capture {name}: module {path} ({kind}) is a recurrent or state-space scan, "
-                             f"which runs one step per token (torch.export would unroll it over the sequence) and is "
-                             f"not captured as one op; such layers are not planned")
+            raise InputError(f"cannot capture {name}: module {path} ({kind}) is a recurrent or state-space layer "
+                             f"whose scan over the sequence runs as Python loops (torch.export would unroll them), not "
+                             f"captured as one op; such layers are not planned")
 
 
 def _get_attr(root: nn.Module, dotted: str) -> nn.Module:

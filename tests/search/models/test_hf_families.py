@@ -55,5 +55,5 @@ def test_a_state_space_model_is_refused_at_once_naming_its_layer():
     sequence for minutes; the refusal comes before the export and names the module."""
     from search.errors import InputError
 
-    with pytest.raises(InputError, match=r"model\.backbone\.layers\.0\.mixer \(MambaMixer\).*not planned"):
+    with pytest.raises(InputError, match=r"model\.backbone\.layers\.0\.mixer \(MambaMixer\) is a recurrent.*not planned"):
         _graph("mamba", seq=2048)
