@@ -160,6 +160,7 @@ _VIEW_OPS = {
     aten.squeeze.default, aten.contiguous.default, aten.clone.default, aten.alias.default,
     aten.detach.default, aten.slice.Tensor, aten.select.int, aten.lift_fresh_copy.default,
     aten.repeat_interleave.self_int, aten.expand_as.default, aten.view_as.default,
+    aten.view_as_complex.default, aten.view_as_real.default,  # pairs of floats as complex numbers, and back
     aten.numpy_T.default,  # `x @ self.weight.T` (Falcon's linear): the weight, transposed, is still the parameter
 }
 _SPLIT_OPS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int}
@@ -188,8 +189,13 @@ def _short(target: object) -> str:
     return name.split(".")[0]
 
 
+# a complex tensor (Llama-4's and DeepSeek-V2's rotary embeddings multiply in complex64) is priced
+# as the real dtype of its size: complex64 holds 8 bytes per element, as float64 does
+_COMPLEX_AS = {torch.complex64: "float64", torch.complex32: "float32"}
+
+
 def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+    return _COMPLEX_AS.get(t.dtype) or str(t.dtype).removeprefix("torch.")
 
 
 def _first_tensor(val: object) -> torch.Tensor:
@@ -496,6 +502,10 @@ class _Capture:
             for k, lab in enumerate(src.labels):
                 same = src.shape[k] == out_shape[pad + k]
                 labels.append(lab if same else L.new(f"{tag}/x{pad + k}"))
+        elif t is aten.view_as_complex.default:  # (..., n, 2) floats as (..., n) complex numbers
+            labels = [*src.labels[:-2], L.new(f"{tag}/c")]
+        elif t is aten.view_as_real.default:  # and back, as new dimensions: n complex numbers are not
+            labels = [*src.labels[:-1], L.new(f"{tag}/r"), L.new(f"{tag}/p")]  # the n floats they came from
         elif t is aten.repeat_interleave.self_int:
             labels = list(src.labels)  # repeats within each shard of the outer dim keep it sharded
             for d in range(min(rank, len(out_shape))):

@@ -57,3 +57,17 @@ def test_a_state_space_model_is_refused_at_once_naming_its_layer():
 
     with pytest.raises(InputError, match=r"model\.backbone\.layers\.0\.mixer \(MambaMixer\) is a recurrent.*not planned"):
         _graph("mamba", seq=2048)
+
+
+def test_a_rotary_embedding_in_complex_numbers_is_captured():
+    """DeepSeek-V2 (and Llama-4) rotate queries and keys as complex numbers: viewed as complex and
+    back, the dimensions are new ones, priced at the complex dtype's size. Its default config leaves
+    the experts per token unset: 6, as its released model, and the description says so."""
+    spec = spec_from_hf_config({"model_type": "deepseek_v2", **NARROW, "num_key_value_heads": 4, "q_lora_rank": 32,
+                                "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+                                "moe_intermediate_size": 32, "n_routed_experts": 8, "n_group": 1, "topk_group": 1,
+                                "first_k_dense_replace": 1}, "dsv2")
+    assert "num_experts_per_tok unset in the config: 6" in spec.description
+    g = capture_model(spec, 8, 32)
+    assert g.meta["moe_top_k"] == 6
+    assert not [op for op in g.ops if "complex" in op.output.dtype]
