@@ -39,7 +39,8 @@ TINY = {"num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "h
         "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
         "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "image_size": 32, "patch_size": 8,
         "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
-        "encoder_attention_heads": 4, "decoder_attention_heads": 4, "layer_types": None}
+        "encoder_attention_heads": 4, "decoder_attention_heads": 4, "layer_types": None, "rotary_dim": 8,
+        "pad_token_id": 0}
 # dropout off: with it, no two shardings draw the same masks, and parity has no meaning
 DROPOUT = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob",
            "dropout", "attention_dropout", "activation_dropout", "hidden_dropout", "resid_dropout",
