@@ -28,6 +28,7 @@ from search import Errors, Measured, Plan, Predicted, RankMeasure, RunReport, Se
 from search.plans.capacity import cpu_host_blocker, cuda_devices
 from worker import measure
 from worker.analyze import Unsupported, analyze, model_spec
+from worker.memwatch import ENV, MemoryWatch, run_memory_limit
 from worker.spec import PROGRESS, ExecSpec, Job, RunSettings
 
 
@@ -210,6 +211,8 @@ def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Ca
                                 preexec_fn=_die_with_parent)
         known: set[int] = set()  # the ranks, remembered while torchrun is their parent
         seen_at = 0.0
+        memory_limit = run_memory_limit()
+        watch = MemoryWatch(proc.pid, memory_limit, _tree) if memory_limit is not None else None
         try:
             start = time.monotonic()
             assert proc.stdout is not None
@@ -228,7 +231,12 @@ def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Ca
         except subprocess.TimeoutExpired:
             raise RunFailed(f"run exceeded its time limit of {timeout:.0f} s", log=str(log_path)) from None
         finally:
+            if watch is not None:
+                watch.stop()
             _kill_session(proc, known)
+    if watch is not None and watch.exceeded is not None:
+        raise RunFailed(f"run exceeded its memory limit of {format_size(watch.limit)} ({ENV}): torchrun and its "
+                        f"ranks held {format_size(watch.exceeded)}", log=str(log_path))
     if rc != 0:
         err = _first_error(out)
         log_text = log_path.read_text(errors="replace")
