@@ -147,3 +147,36 @@ def test_layer_tables_read_back_as_the_full_walk() -> None:
             assert all(np.array_equal(ref[k], got[k]) for k in ref)
             checked += len(rows)
     assert checked > 0
+
+
+def test_memoised_op_tables_equal_fresh_pricing() -> None:
+    """`CostModel.op_costs` answers a repeat from its memo (ZeRO-1 and ZeRO-2 as one table on a
+    tensor-parallel mesh): every table equals a fresh pricing by the unmemoised `_op_costs`."""
+    import dataclasses
+
+    from search.algorithm.chain import layer_outputs
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import CostModel, TrainingJob
+    from search.prices.mesh import TENSOR, mesh_candidates
+
+    graph = capture_model(get_model("gpt2-mini"), 8, 64)
+    cluster = make_cluster("h100-80gb", 4)
+    cm = CostModel(graph, cluster, TrainingJob(global_batch=8, seq_len=64, precision="bf16"))
+    outputs = layer_outputs(graph)
+    shared = 0
+    for mesh in mesh_candidates(cluster):
+        tp = any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes)
+        for zero in (0, 1, 2, 3):
+            for op in graph.ops:
+                ck = op.name in outputs
+                got = cm.op_costs(op, mesh, zero, checkpoint=ck)
+                assert cm.op_costs(op, mesh, zero, checkpoint=ck) is got  # the repeat is the memo's
+                ref = cm._op_costs(op, mesh, 2 if zero == 1 and tp else zero, ck)
+                for f in dataclasses.fields(ref):
+                    x, y = getattr(got, f.name), getattr(ref, f.name)
+                    assert np.array_equal(x, y) if isinstance(y, np.ndarray) else x == y, f.name
+                if zero == 1 and tp:
+                    shared += cm.op_costs(op, mesh, 2, checkpoint=ck) is got
+    assert shared  # some mesh had a tensor axis: ZeRO-1 and ZeRO-2 shared their tables
