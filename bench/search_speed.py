@@ -4,6 +4,7 @@ core with one BLAS thread.
     python bench/search_speed.py                 # the table in docs/benchmarks.md
     python bench/search_speed.py --quick         # the small cases only
     PYTHONPATH=/path/to/old/tree python bench/search_speed.py   # the same table for another checkout
+    python bench/search_speed.py --before /path/to/old/tree     # both, and the speedup (before/after)
 
 Cases are searched as a new user runs them: the default space (every ZeRO stage, per-layer
 recomputation, pipelines, gradient accumulation) and, for comparison, the same space without
@@ -26,7 +27,8 @@ import sys
 # (model, device, devices, global batch, seq len or 0 for the model's, pipelines)
 CASES: list[tuple[str, str, int, int, int, bool]] = [
     ("gpt2-medium", "h100-80gb", 8, 32, 0, True),
-    ("gpt3-1.3b", "v100-32gb", 8, 256, 2048, True),  # GPT-1.3B as in Aceso's smallest case (see README)
+    ("gpt3-1.3b", "v100-32gb", 8, 256, 2048, True),
+    ("gpt3-1.3b", "v100-32gb", 4, 1024, 2048, True),  # Aceso's GPT-1.3B case (docs/benchmarks.md)
     ("llama-7b", "h100-80gb", 64, 256, 0, True),
     ("llama-70b", "h100-80gb", 64, 64, 4096, True),
     ("llama-70b", "h100-80gb", 128, 128, 4096, True),
@@ -86,6 +88,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", help="cases whose model name contains this")
+    p.add_argument("--before", metavar="TREE", help="also run each case on this checkout (e.g. main, from git "
+                   "worktree or git archive) and print its times and the speedup in CPU seconds")
     p.add_argument("--case", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.case:
@@ -96,22 +100,38 @@ def main() -> None:
         cases = [c for c in cases if args.only in c[0]]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     pin = ["taskset", "-c", "0"] if os.path.exists("/usr/bin/taskset") else []
+
+    def measure(case: tuple[str, str, int, int, int, bool], tree: str | None) -> dict | str:
+        """One case in a fresh process, on this checkout or (PYTHONPATH) on `tree`."""
+        run_env = dict(env, PYTHONPATH=tree) if tree else env
+        out = subprocess.run([*pin, sys.executable, os.path.abspath(__file__), "--case", json.dumps(case)],
+                             env=run_env, capture_output=True, text=True)
+        if out.returncode:
+            return out.stderr.strip().splitlines()[-1] if out.stderr.strip() else str(out.returncode)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    before_cols = f" {'before s':>9} {'before cpu':>10} {'speedup':>7}" if args.before else ""
     print(f"{'model':<12} {'device':<10} {'devices':>7} {'batch':>6} {'seq':>5} {'space':>11} {'ops':>5} "
           f"{'frontier':>8} {'piped':>6} {'meshes':>6} {'least':>10} {'search s':>9} {'cpu s':>7} {'capture s':>9} "
-          f"{'peak RSS':>9}")
+          f"{'peak RSS':>9}{before_cols}")
     for case in cases:
-        out = subprocess.run([*pin, sys.executable, __file__, "--case", json.dumps(case)], env=env,
-                             capture_output=True, text=True)
-        if out.returncode:
-            print(f"{case}: failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}",
-                  flush=True)
+        old = measure(case, args.before) if args.before else None
+        r = measure(case, None)
+        if isinstance(r, str):
+            print(f"{case}: failed: {r}", flush=True)
             continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
         space = "default" if r["pipeline"] else "no-pipeline"
+        extra = ""
+        if isinstance(old, dict):
+            same = old["frontier"] == r["frontier"]
+            extra = (f" {old['search_s']:>9.2f} {old.get('cpu_s', float('nan')):>10.2f} "
+                     f"{old.get('cpu_s', float('nan')) / r['cpu_s']:>6.1f}x" + ("" if same else " (frontier differs!)"))
+        elif old is not None:
+            extra = f" before failed: {old}"
         print(f"{r['model']:<12} {r['device']:<10} {r['devices']:>7} {r['batch']:>6} {r['seq'] or '-':>5} {space:>11} "
               f"{r['ops']:>5} {r['frontier']:>8} {r['pipelined']:>6} {r['meshes']:>6} {r['least_gib']:>6.1f} GiB "
               f"{r['search_s']:>9.2f} {r.get('cpu_s', float('nan')):>7.2f} {r['capture_s']:>9.2f} "
-              f"{r['peak_rss_mib']:>6.0f} MiB", flush=True)
+              f"{r['peak_rss_mib']:>6.0f} MiB{extra}", flush=True)
 
 
 if __name__ == "__main__":

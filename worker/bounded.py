@@ -10,6 +10,7 @@ limit it passed (final: the same request would pass it again).
     PARETOPLAN_SEARCH_MAX_SECONDS   a search's wall time (default 900)
     PARETOPLAN_SEARCH_MAX_MEMORY    memory a search may take beyond the worker's own (default 8GiB)
     PARETOPLAN_RUN_MAX_SECONDS      a run's wall time (default 86400)
+    PARETOPLAN_RUN_MAX_MEMORY       a run's resident memory, all its ranks together (worker/memwatch.py)
 """
 
 from __future__ import annotations

@@ -38,8 +38,12 @@ def measured_counts(comm: dict[str, dict[str, dict[str, int]]], units: set[str])
     for unit in units:
         if unit == "":
             continue
+        # a unit holding other units (a HF model's top-level 'model' around its layers) keeps
+        # only what runs outside them: theirs are theirs
+        inner = [v for v in units if v.startswith(unit + ".")]
         for phase, kinds in comm.get(unit, {}).items():
             for kind, n in kinds.items():
+                n -= sum(comm.get(v, {}).get(phase, {}).get(kind, 0) for v in inner)
                 out[(unit, phase, kind)] += n
                 claimed[(phase, kind)] += n
     # the root module's own count covers everything during forward/backward; 'Global' also

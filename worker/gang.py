@@ -122,7 +122,8 @@ class GangWorker(Agent):
                           on_note=lambda note: lease.progress(message=f"node {task.node_rank}: {note}"))
         self._failure = None
         try:
-            report = run_plan(plan, task.steps, elastic=elastic, progress=progress)
+            report = run_plan(plan, task.steps, elastic=elastic, progress=progress,
+                              timeout=self.limits.run_seconds)  # bounded as a plain worker's run is
         except RunFailed as e:
             self._failure = e
             raise

@@ -29,6 +29,7 @@ from search import Errors, Measured, NodeRecord, Plan, Predicted, RankMeasure, R
 from search.plans.capacity import cpu_host_blocker, cuda_devices
 from worker import measure
 from worker.analyze import Unsupported, analyze, model_spec
+from worker.memwatch import ENV, MemoryWatch, run_memory_limit
 from worker.nodes import COLLECTIVE_TIMEOUT_ENV, Rendezvous
 from worker.spec import PROGRESS, ExecSpec, Job, RunSettings
 
@@ -224,6 +225,8 @@ def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Ca
         known: set[int] = set()  # the ranks, remembered while torchrun is their parent
         seen_at = 0.0
         aborted = _stop_on(abort, proc)
+        memory_limit = run_memory_limit()
+        watch = MemoryWatch(proc.pid, memory_limit, _tree) if memory_limit is not None else None
         try:
             start = time.monotonic()
             assert proc.stdout is not None
@@ -242,7 +245,12 @@ def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Ca
         except subprocess.TimeoutExpired:
             raise RunFailed(f"run exceeded its time limit of {timeout:.0f} s", log=str(log_path)) from None
         finally:
+            if watch is not None:
+                watch.stop()
             _kill_session(proc, known)
+    if watch is not None and watch.exceeded is not None:
+        raise RunFailed(f"run exceeded its memory limit of {format_size(watch.limit)} ({ENV}): torchrun and its "
+                        f"ranks held {format_size(watch.exceeded)}", log=str(log_path))
     if rc != 0 and aborted.is_set():
         raise RunFailed("stopped: another node failed", log=str(log_path))
     if rc != 0:

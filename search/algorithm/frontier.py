@@ -26,7 +26,7 @@ point is within (1 + eps)^d of a point of the returned frontier.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,6 +49,8 @@ class Factor:
     # a second memory component kept apart (pipeline.py: activations, weighed per stage after the
     # elimination); with it, reductions keep what is Pareto in (t, m, m2)
     m2: np.ndarray | None = None
+    # a layer factor's read-back under the template's names, every point at once (`assignments`)
+    table: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.t)
@@ -381,6 +383,16 @@ def assignments(root: Factor, idx: np.ndarray, layer_maps: list[dict[str, str]] 
         f, ix, pos, offset, mapping = stack.pop()
         if f.layer_leaf and layer_maps is not None:
             mapping = layer_maps[offset]
+        if f.layer_leaf and layer_maps is not None and len(ix):
+            # every layer of a stack reads back through the one template factor: walk its
+            # provenance once for all its points, then each layer looks its points up (both
+            # recomputation cases of a layer hold the same ops, so the names are the walk's)
+            assert mapping is not None
+            if f.table is None:
+                f.table = assignments(f, np.arange(len(f)))
+            for v, col in f.table.items():
+                out.setdefault(mapping.get(v, v), np.zeros(n, dtype=np.int64))[pos] = col[ix]
+            continue
         for j, v in enumerate(f.scope):
             name = mapping.get(v, v) if mapping else v
             out.setdefault(name, np.zeros(n, dtype=np.int64))[pos] = f.keys[ix, j]

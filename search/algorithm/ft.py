@@ -194,11 +194,12 @@ def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: li
                options: SearchOptions, counts: dict[str, int]) -> list[Solution]:
     """A frontier per pipeline shape; the plans without a pipeline bound what a pipeline stage
     may cost and still matter."""
+    known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
     if is_multi_stack(graph):  # encoder-decoder: pipelines and accumulation across both stacks
         return list(search_stacks(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
                                   options.eps, profile=options.profile, pipelines=options.pipeline,
-                                  accumulate=options.accumulate, counts=counts))
-    known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
+                                  accumulate=options.accumulate, counts=counts,
+                                  envelope=known if options.prune else None))
     return list(search_pipelines(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
                                  options.eps, profile=options.profile, envelope=known if options.prune else None,
                                  pipelines=options.pipeline, accumulate=options.accumulate, counts=counts,

@@ -33,7 +33,9 @@ exact, and equal to the enumeration of every assignment and cut (`exhaustive_sta
 Gradient accumulation is the one-stage case: every unit on one stage, m micro-batches as m slots,
 one micro-batch's activations held, no interface.
 
-Left out on purpose: interleaved 1F1B (virtual stages of a two-stack sequence have no executor
+Left out on purpose: a cut whose interface has more than MAX_INTERFACE joint configurations
+(the stages are combined per joint configuration; counted out of the space, so the search stays
+exact over what it offers); interleaved 1F1B (virtual stages of a two-stack sequence have no executor
 either), and the block reuse of the single-stack search (each stage is solved op by op).
 """
 
@@ -49,6 +51,7 @@ from search.algorithm.chain import Chain, layer_index, recompute_var
 from search.algorithm.evaluate import (
     Assignment,
     PipeShape,
+    Weights,
     evaluate,
     micro_batch_graph,
     stage_weights,
@@ -69,9 +72,9 @@ from search.prices.profile import DeviceProfile, ProfileLookup
 # and the embeddings and the head sit on the end stages, so balanced cuts stray further than
 # in one stack of identical layers
 STACKS_BAND = STAGE_BAND + 1
-# joint interface configurations of one cut beyond which a shape is left out (never reached by
-# the models of the zoo on the meshes the search offers: a stage's interface is a handful of ops)
-MAX_INTERFACE = 200_000
+# joint interface configurations of one cut beyond which the cut is left out of the space (each
+# joint configuration is combined on its own: the cost grows with their product)
+MAX_INTERFACE = 4_096
 
 
 def is_multi_stack(graph: OpGraph) -> bool:
@@ -404,17 +407,18 @@ def search_stacks(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stage
                   recompute: bool = True, allow_async: bool = False, eps: float = 0.0,
                   profile: DeviceProfile | ProfileLookup | None = None, pipelines: bool = True,
                   accumulate: bool = False, shapes: list[PipeShape] | None = None,
-                  counts: dict[str, int] | None = None) -> list[StacksSolution]:
+                  counts: dict[str, int] | None = None,
+                  envelope: tuple[np.ndarray, np.ndarray] | None = None) -> list[StacksSolution]:
     """Every shape's frontier over the graph's block stacks (pipelines with p >= 2 and gradient
-    accumulation with p = 1, as pipeline.search_pipelines offers them for one stack)."""
+    accumulation with p = 1, as pipeline.search_pipelines offers them for one stack). With an
+    `envelope` of plans known to exist, a shape whose bound (`shape_bound`) they beat is skipped."""
     if not is_multi_stack(graph):
         return []
     shapes = shapes if shapes is not None else stack_shapes(cluster, job, graph, zero_stages, allow_async,
                                                             pipelines, accumulate)
     models: dict[int, tuple[OpGraph, CostModel]] = {}
-    out: list[StacksSolution] = []
-    solved = 0
-    for shape in shapes:
+    bounded: list[tuple[tuple[float, float], int, StackTables]] = []
+    for k, shape in enumerate(shapes):
         m = shape.micro_batches
         if m not in models:
             g = micro_batch_graph(graph, m)
@@ -422,15 +426,43 @@ def search_stacks(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stage
                                       profile=profile))
         g, cm = models[m]
         tabs = stack_tables(g, cm, shape)
-        if tabs is None:
+        if tabs is not None:
+            bounded.append((shape_bound(tabs), k, tabs))
+    # accumulation first, then each kind by its time bound: the plans found bound the rest
+    bounded.sort(key=lambda x: (x[2].shape.stages > 1, x[0][0], x[1]))
+    out: list[StacksSolution] = []
+    solved = skipped = 0
+    for (t_lb, m_lb), _, tabs in bounded:
+        if envelope is not None and len(envelope[0]) and bool(np.any(
+                (envelope[0] < t_lb * (1.0 - 1e-9)) & (envelope[1] < m_lb * (1.0 - 1e-9)))):
+            skipped += 1  # a known plan beats every plan of this shape in both: exact
             continue
         solved += 1
         sol = solve_stacks(tabs, eps, recompute)
         if sol is not None and len(sol.root):
             out.append(sol)
+            if envelope is not None:
+                envelope = (np.concatenate([envelope[0], sol.root.t]), np.concatenate([envelope[1], sol.root.m]))
     if counts is not None:
-        counts.update(shapes=len(shapes), bounded_out=0, solved=solved)
+        counts.update(shapes=len(bounded), bounded_out=skipped, solved=solved)
     return out
+
+
+def shape_bound(tabs: StackTables) -> tuple[float, float]:
+    """A (time, memory) no plan of the shape beats: the stages' sums are at least every op at its
+    cheapest in each (transfers and edges cost >= 0), and the busiest stage holds at least 1/p of
+    the sums (every stage runs the same slots; the fewest micro-batches in flight on any)."""
+    shape = tabs.shape
+    p = shape.stages
+    ws = stage_weights(p, shape.micro_batches, shape.schedule)
+    w = Weights(slots=min(x.slots for x in ws), copies=min(x.copies for x in ws),
+                inflight=min(x.inflight for x in ws))
+    t = m = 0.0
+    for oc in tabs.op_costs.values():
+        wo = weigh_op(oc, w)
+        t += float(min(wo.time.min(), wo.time_rc.min()))
+        m += float(min(wo.mem.min(), wo.mem_rc.min()))
+    return t / p, m / p + tabs.buffers
 
 
 def exhaustive_stacks(tabs: StackTables, recompute: bool = True, limit: int = 2_000_000

@@ -161,6 +161,7 @@ _VIEW_OPS = {
     aten.squeeze.default, aten.contiguous.default, aten.clone.default, aten.alias.default,
     aten.detach.default, aten.slice.Tensor, aten.select.int, aten.lift_fresh_copy.default,
     aten.repeat_interleave.self_int, aten.expand_as.default, aten.view_as.default,
+    aten.view_as_complex.default, aten.view_as_real.default,  # pairs of floats as complex numbers, and back
     aten.numpy_T.default,  # `x @ self.weight.T` (Falcon's linear): the weight, transposed, is still the parameter
 }
 _SPLIT_OPS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int}
@@ -189,8 +190,13 @@ def _short(target: object) -> str:
     return name.split(".")[0]
 
 
+# a complex tensor (Llama-4's and DeepSeek-V2's rotary embeddings multiply in complex64) is priced
+# as the real dtype of its size: complex64 holds 8 bytes per element, as float64 does
+_COMPLEX_AS = {torch.complex64: "float64", torch.complex32: "float32"}
+
+
 def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+    return _COMPLEX_AS.get(t.dtype) or str(t.dtype).removeprefix("torch.")
 
 
 def _first_tensor(val: object) -> torch.Tensor:
@@ -497,6 +503,10 @@ class _Capture:
             for k, lab in enumerate(src.labels):
                 same = src.shape[k] == out_shape[pad + k]
                 labels.append(lab if same else L.new(f"{tag}/x{pad + k}"))
+        elif t is aten.view_as_complex.default:  # (..., n, 2) floats as (..., n) complex numbers
+            labels = [*src.labels[:-2], L.new(f"{tag}/c")]
+        elif t is aten.view_as_real.default:  # and back, as new dimensions: n complex numbers are not
+            labels = [*src.labels[:-1], L.new(f"{tag}/r"), L.new(f"{tag}/p")]  # the n floats they came from
         elif t is aten.repeat_interleave.self_int:
             # repeats within each shard of the outer dim keep it sharded: GQA's key/value heads
             # repeated to the query heads stay split over the tensor axis as Megatron splits them
@@ -937,10 +947,46 @@ def capture_module(module: nn.Module, example_args: tuple[torch.Tensor, ...], na
         raise InputError(f"cannot capture {name}: torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     cap = _Capture(ep, input_labels or [], name)
     cap.run()
+    _refuse_unrolled_loops(cap.b.ops, name)
     try:
         return moe_meta(cap.graph(name, meta or {}))
     except ValidationError as e:  # the model computes what the search cannot price (complex numbers)
         raise invalid(e, f"cannot capture {name}: invalid graph") from None
+
+
+# More ops than this in one module is a Python loop that torch.export unrolled (a recurrence over
+# the sequence: Mamba's selective scan runs one step per token): the search would price thousands
+# of tiny ops per layer and take minutes to hours, so the model is refused, naming the module.
+MAX_OPS_PER_MODULE = 1000
+
+
+def _refuse_unrolled_loops(ops: Sequence[_RawOp], name: str) -> None:
+    from collections import Counter
+
+    counts = Counter(op.module for op in ops)
+    if not counts:
+        return
+    module, n = counts.most_common(1)[0]
+    if n > MAX_OPS_PER_MODULE:
+        raise InputError(f"cannot capture {name}: module {module or 'the top-level module'} runs {n} ops per "
+                         f"iteration (a loop over the sequence, unrolled by torch.export: a recurrent or state-space "
+                         f"scan), which is not captured as one op; such layers are not planned")
+
+
+# transformers' state-space and linear-recurrence mixers, which run one step per token in Python off
+# CUDA: exporting them unrolls the whole sequence (minutes at 2,048 tokens) only to be refused by
+# the check above, so they are refused before the export
+_SCAN_MODULES = ("MambaMixer", "Mamba2Mixer", "FalconMambaMixer", "JambaMambaMixer", "BambaMixer",
+                 "FalconH1Mixer", "GatedDeltaNet", "MiniMaxLightningAttention", "Lfm2ShortConv")
+
+
+def _refuse_known_scans(module: nn.Module, name: str) -> None:
+    for path, m in module.named_modules():
+        kind = type(m).__name__
+        if any(kind.endswith(s) for s in _SCAN_MODULES):
+            raise InputError(f"cannot capture {name}: module {path} ({kind}) is a recurrent or state-space layer "
+                             f"whose scan over the sequence runs as Python loops (torch.export would unroll them), not "
+                             f"captured as one op; such layers are not planned")
 
 
 def _get_attr(root: nn.Module, dotted: str) -> nn.Module:
@@ -1104,6 +1150,7 @@ def capture_model(spec: ModelSpec, batch: int, seq_len: int | None = None) -> Op
     seq = seq_len if seq_len is not None else spec.default_seq_len
     with torch.device("meta"):
         module = spec.build()
+    _refuse_known_scans(module, spec.name)
     args = spec.example_inputs(batch, seq, device="meta")
     meta: GraphMeta = {"model": spec.name, "global_batch": batch, "params": spec.param_count()}
     if seq is not None and spec.kind != "vision":

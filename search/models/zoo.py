@@ -1257,6 +1257,10 @@ def check_hf_config(raw: Any, prefix: str = "hf_config.") -> object:
     except InputError as e:
         raise InputError(f"{prefix}model_type {model_type!r} cannot be captured: {e}") from None
 
+    # DeepSeek-V2's default config leaves the experts each token visits unset (its topk fails on
+    # None): the released model's 6, said in the model's description
+    if model_type == "deepseek_v2" and getattr(config, "num_experts_per_tok", 0) is None:
+        config.num_experts_per_tok = 6
     # the resolved values, defaults included: what the model will be built with
     for name in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
         v = getattr(config, name, None)
@@ -1320,7 +1324,9 @@ def spec_from_hf_config(raw: Any, label: str = "config", origin: str = "config")
         default_seq_len=(min(max_pos, 4096) if max_pos else 1024) if kind != "vision" else None,
         image_size=image_size,
         vocab_size=vocab,
-        description=f"HF {arch} from {p}: {n_layers} layers, d={dim}",
+        description=f"HF {arch} from {p}: {n_layers} layers, d={dim}" + (
+            "; num_experts_per_tok unset in the config: 6, as DeepSeek-V2's released model"
+            if model_type == "deepseek_v2" and raw.get("num_experts_per_tok") is None else ""),
         blocks_attr=blocks,
         num_classes=getattr(config, "num_labels", None) if kind == "vision" else None,
         max_seq_len=max_pos if kind != "vision" and _has_learned_positions(model) else None,

@@ -295,12 +295,27 @@ class CostModel:
         The `_rc` arrays are the same op inside a recomputed block: its forward runs twice and
         it keeps no activations - except the op whose output is the block's output
         (`checkpoint`): that output is the next block's input, kept to recompute from."""
-        cfgs = op_configs(op, mesh, self.graph.batch_label)
-        n_axes = len(mesh.axes)
         if zero == 1 and any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes):
             # ZeroRedundancyOptimizer needs plain tensors and tensor parallelism makes parameters
             # DTensors: the executor runs ZeRO-1 there as ZeRO-2 (worker/analyze.py); price that
             zero = 2
+        # priced once per (op, mesh, effective ZeRO stage, checkpoint): the searches ask for every
+        # ZeRO stage of a mesh (1 and 2 are one table on a tensor-parallel mesh) and the pipeline
+        # search for each stage sub-mesh per shape. Keyed by the op's identity, the op kept alive in
+        # the entry; the tables are read, never written, by their users (as `edge_costs`'s).
+        memo: dict[tuple[int, Mesh, int, bool], tuple[Op, OpCosts]] = self.__dict__.setdefault("_op_memo", {})
+        key = (id(op), mesh, zero, checkpoint)
+        hit = memo.get(key)
+        if hit is not None and hit[0] is op:
+            return hit[1]
+        oc = self._op_costs(op, mesh, zero, checkpoint)
+        memo[key] = (op, oc)
+        return oc
+
+    def _op_costs(self, op: Op, mesh: Mesh, zero: int, checkpoint: bool) -> OpCosts:
+        """`op_costs` priced, ZeRO-1 on a tensor-parallel mesh already read as ZeRO-2."""
+        cfgs = op_configs(op, mesh, self.graph.batch_label)
+        n_axes = len(mesh.axes)
         C = len(cfgs)
         time = np.zeros(C)
         fwd = np.zeros(C)

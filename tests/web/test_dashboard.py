@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.service.svchelp import count_rows, start_worker, wait_job
-from tests.web.webhelp import start_service, stop_service
+from tests.web.webhelp import start_service, stop_service, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes]
 
@@ -52,7 +52,7 @@ def job_id_of(page) -> int:
 
 def wait_chart(page, n_points: int) -> None:
     page.wait_for_selector(f'#chart[data-points="{n_points}"] .scatterlayer .trace path.point')
-    page.wait_for_function("window.__paretoplan.tableReadyAt !== null")
+    wait_for(page, "window.__paretoplan.tableReadyAt !== null")
 
 
 def chart_position(page, strategy_id: int) -> tuple[int, int]:
@@ -85,9 +85,9 @@ def point_centre(page, strategy_id: int) -> tuple[float, float]:
 
 
 def wait_run_settled(page) -> None:
-    page.wait_for_function(
+    wait_for(page,
         "document.querySelector('#runs .badge.done, #runs .badge.failed') !== null", timeout=RUN_TIMEOUT_MS)
-    page.wait_for_function("document.querySelector('#runs .badge.failed') !== null"
+    wait_for(page, "document.querySelector('#runs .badge.failed') !== null"
                            " || document.getElementById('chart').data.some(t => t.name === 'measured')")
 
 
@@ -95,7 +95,7 @@ def check_panel(page, http, strategy_id: int, *, baselines: bool = True) -> dict
     """The panel shows the strategy's plan as the API stores it."""
     st = http.get(f"/api/strategies/{strategy_id}").json()
     plan = st["plan"]
-    page.wait_for_function("(s) => document.getElementById('panel-summary')?.textContent === s", arg=st["summary"])
+    wait_for(page, "(s) => document.getElementById('panel-summary')?.textContent === s", arg=st["summary"])
     assert page.is_visible("#panel")
     mesh = " × ".join([f"pp {plan['mesh']['pp']}"] + [f"{a['name']} {a['size']}" for a in plan["mesh"]["axes"]])
     assert page.inner_text("#panel-mesh") == mesh
@@ -323,7 +323,7 @@ def test_bad_input_shows_the_api_message_next_to_the_field_and_creates_nothing(w
     shot(page, "upload-not-json")
     page.set_input_files("#f-file", files=[{"name": "x.json", "mimeType": "application/json", "buffer": b'{"a": 1}'}])
     page.click("#submit-job")
-    page.wait_for_function("document.getElementById('err-file').textContent.startsWith('graph: invalid graph')")
+    wait_for(page, "document.getElementById('err-file').textContent.startsWith('graph: invalid graph')")
     shot(page, "upload-not-a-graph")
 
     assert "job=" not in page.url and page.is_visible("#empty")
@@ -388,7 +388,7 @@ def test_a_link_opens_the_job_and_its_plan_and_resize_shows_the_target(web, http
     assert "4 devices" in page.inner_text("#resize-card")
     shot(page, "resize")
     page.click("#resize-card [data-open]")
-    page.wait_for_function("document.getElementById('panel-title').textContent === 'Resize target: 4 devices'")
+    wait_for(page, "document.getElementById('panel-title').textContent === 'Resize target: 4 devices'")
     assert page.inner_text("#panel-summary") == st["summary"]
     assert "current plan" in page.inner_text("#panel-deltas")
     shot(page, "resize-plan")
@@ -405,7 +405,7 @@ def test_a_link_opens_the_job_and_its_plan_and_resize_shows_the_target(web, http
     page.go_back()  # to the page with no job open
     page.wait_for_selector("#empty:not([hidden])")
     page.go_back()  # to the job, by the #job= form of its address
-    page.wait_for_function(f"document.getElementById('job-title').textContent.startsWith('Job #{job['id']}')")
+    wait_for(page, f"document.getElementById('job-title').textContent.startsWith('Job #{job['id']}')")
     wait_chart(page, len(fr["frontier"]))
     assert web.errors == []
 
@@ -422,12 +422,12 @@ def test_live_progress_follows_the_event_stream(open_page, tmp_path, shot):
         page.click("#submit-job")
         job_id_of(page)
         page.wait_for_selector("#progress-box:not([hidden])")
-        page.wait_for_function("document.getElementById('job-log').textContent.includes('queued')")
+        wait_for(page, "document.getElementById('job-log').textContent.includes('queued')")
         assert page.inner_text("#job-status") == "queued"
         shot(page, "queued")
         worker = start_worker(svc.url, "sse-late", tmp_path, kinds="search", wait=False)
         svc.workers.append(worker)
-        page.wait_for_function("document.getElementById('job-log').textContent.includes('claimed by sse-late')",
+        wait_for(page, "document.getElementById('job-log').textContent.includes('claimed by sse-late')",
                                timeout=120_000)
         page.wait_for_selector("#chart .scatterlayer .trace path.point", timeout=120_000)
         assert page.inner_text("#job-status") == "done"
@@ -460,7 +460,7 @@ def test_one_colour_per_device_count(web, http, shot):
     assert http.get(f"/api/jobs/{job['id']}/frontier?devices=3").status_code == 404
     page = web.page
     page.goto(f"/?job={job['id']}")
-    page.wait_for_function("document.getElementById('chart').data.filter(t => t.name.endsWith('devices: frontier')).length === 2")
+    wait_for(page, "document.getElementById('chart').data.filter(t => t.name.endsWith('devices: frontier')).length === 2")
     traces = page.evaluate("document.getElementById('chart').data.filter(t => t.name.endsWith('devices: frontier'))"
                            ".map(t => [t.name, t.marker.color, t.x.length])")
     assert [t[0] for t in traces] == ["2 devices: frontier", "4 devices: frontier"]

@@ -11,7 +11,7 @@ import pytest
 
 from search.plans.api import SearchRequest, run_search
 from tests.service.svchelp import ADMIN_TOKEN, WORKER_TOKEN
-from tests.web.webhelp import Page, start_service, stop_service
+from tests.web.webhelp import Page, start_service, stop_service, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes]
 
@@ -86,8 +86,8 @@ def test_markup_in_every_shown_field_is_text(browser, bare, shot):
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
         assert p.evaluate("document.cookie") == ""  # the page's scripts never see the token
         p.goto(f"/?job={job['id']}&point={baseline}")
-        p.wait_for_function("(s) => (document.getElementById('panel-summary') || {}).textContent === s", arg=X)
-        p.wait_for_function("() => document.querySelectorAll('#runs li').length === 1")
+        wait_for(p, "(s) => (document.getElementById('panel-summary') || {}).textContent === s", arg=X)
+        wait_for(p, "() => document.querySelectorAll('#runs li').length === 1")
         p.wait_for_selector("#runs table.segments")
         shot(p, "hostile")
         shown = p.inner_text("body")

@@ -12,7 +12,7 @@ import pytest
 
 from tests.service.svchelp import run_report, wait_job
 from tests.web.test_dashboard import TINY, wait_chart
-from tests.web.webhelp import start_service, stop_service
+from tests.web.webhelp import start_service, stop_service, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes]
 
@@ -44,7 +44,7 @@ def test_resize_error_sits_beside_its_field_and_goes_when_the_input_changes(web,
     # a new input makes the answer stale: it goes at once, with its mark on the chart
     page.fill("#r-devices", "3")
     assert page.locator("#resize-card").count() == 0
-    page.wait_for_function("!document.getElementById('chart').data.some((t) => t.name.startsWith('resize'))")
+    wait_for(page, "!document.getElementById('chart').data.some((t) => t.name.startsWith('resize'))")
     page.click("#resize-submit")
     page.locator("#rerr-devices").wait_for(state="visible")
     detail = http.post(f"/api/jobs/{job['id']}/resize", json={"devices": 3}).json()["detail"]
@@ -72,7 +72,7 @@ def test_each_baseline_has_its_own_symbol_and_no_labels_overlap(web, http, shot)
     page.fill("#r-devices", "16")  # a resize target and its label too
     page.click("#resize-submit")
     page.wait_for_selector("#resize-card", timeout=120_000)
-    page.wait_for_function("document.getElementById('chart').data.some((t) => t.name.startsWith('resize'))")
+    wait_for(page, "document.getElementById('chart').data.some((t) => t.name.startsWith('resize'))")
     shot(page, "chart")
     traces = page.evaluate("document.getElementById('chart').data.map((t) => [t.name, t.marker && t.marker.symbol])")
     base = [s for n, s in traces if n.startswith("baseline: ")]
@@ -94,7 +94,7 @@ def test_log_ticks_carry_their_units(web, http, shot):
     open_job(page, http, EIGHT_H100)
     page.select_option("#x-scale", "log")
     page.select_option("#y-scale", "log")
-    page.wait_for_function("document.getElementById('chart').layout.xaxis.type === 'log' && "
+    wait_for(page, "document.getElementById('chart').layout.xaxis.type === 'log' && "
                            "document.getElementById('chart').layout.yaxis.type === 'log'")
     shot(page, "log-axes")
     xt = page.eval_on_selector_all("#chart .xtick text", "els => els.map((e) => e.textContent)")

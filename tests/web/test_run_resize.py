@@ -7,6 +7,7 @@ import pytest
 
 from tests.service.svchelp import wait_job
 from tests.web.test_dashboard import RUN_TIMEOUT_MS, check_panel, wait_chart, wait_run_settled
+from tests.web.webhelp import wait_for
 from worker.reference import reference_losses
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes]
@@ -28,7 +29,7 @@ def test_a_run_launched_here_is_resized_here_while_it_runs(web, http, shot):
     page.fill("#launch-steps", str(STEPS))
     page.click("#launch")
     field = "#runs form.run-resize input[name=devices]"
-    page.wait_for_function("/running step [1-9]/.test(document.querySelector('#runs .badge')?.textContent || '')",
+    wait_for(page, "/running step [1-9]/.test(document.querySelector('#runs .badge')?.textContent || '')",
                            timeout=RUN_TIMEOUT_MS)
     run_id = int(page.get_attribute("#runs li", "data-run"))
     shot(page, "running")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,18 @@ from tests.service.svchelp import ADMIN_TOKEN, Proc, api_client, start_server, s
 HERE = Path(__file__).resolve().parent
 ARTIFACTS = Path(os.environ.get("PARETOPLAN_WEB_ARTIFACTS") or HERE / "artifacts")
 VIEWPORT = {"width": 1400, "height": 1000}
+def wait_for(page, expression: str, arg: object = None, timeout: float = 30_000, polling: object = None) -> None:
+    """`page.wait_for_function` that keeps within the dashboard's Content-Security-Policy: Playwright
+    polls a predicate with `eval` inside the page, which the CSP (no 'unsafe-eval') refuses, so the
+    tests would have to switch the policy off; each poll here is one `page.evaluate`, which the
+    DevTools protocol runs without eval. `polling` is accepted and ignored (every 50 ms)."""
+    deadline = time.monotonic() + timeout / 1000
+    while not page.evaluate(expression, arg):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not true within {timeout / 1000:.0f} s: {expression}")
+        page.wait_for_timeout(50)
+
+
 NO_CHROMIUM = ("no Chromium at /usr/bin/chromium: the dashboard's browser tests need Debian's chromium "
                "(apt-get install -y chromium) or PARETOPLAN_CHROMIUM=/path/to/chromium")
 

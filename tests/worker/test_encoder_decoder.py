@@ -70,7 +70,9 @@ PLANS = {
     "bart dp x tp": lambda: most_split(BART, 2, 2),
     "bart tp": lambda: most_split(BART, 1, 4),
 }
-COMM = ("bart dp x tp", "bart tp")
+# the plan's expected collectives are the tensor axis's (worker/commcheck.py): a plan with a data
+# axis also runs DDP's gradient all-reduce, which the check does not model
+COMM = ("bart tp",)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +94,7 @@ def test_loss_matches_single_process(name, runs):
 def test_the_tensor_parallel_plans_split_both_stacks(runs):
     """Not vacuous: the tp plans run Linears of the encoder and of the decoder (its
     cross-attention among them) under parallel styles."""
-    for name in COMM:
+    for name in ("bart tp", "bart dp x tp"):
         job, _ = runs[name]
         mods = [s.module for s in job.spec.styles if s.style in ("colwise", "rowwise")]
         assert any("encoder" in m for m in mods) and any("decoder" in m for m in mods), mods

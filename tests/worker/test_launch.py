@@ -71,3 +71,27 @@ def test_a_run_past_its_time_limit_is_stopped_with_all_its_ranks(tmp_path):
         run_jobs([job], workdir=tmp_path, timeout=25, progress=lambda msg: seen.append(msg))
     assert any("step" in m for m in seen), "the ranks never started training: nothing was tested"
     assert _processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.processes
+def test_a_run_past_its_memory_limit_is_stopped_with_all_its_ranks(tmp_path, monkeypatch):
+    """PARETOPLAN_RUN_MAX_MEMORY bounds a run's resident memory, all its ranks together (each gloo
+    rank of torch holds far more than 64 MiB): the run fails saying so and leaves no process."""
+    monkeypatch.setenv("PARETOPLAN_RUN_MAX_MEMORY", "64MiB")
+    spec = analyze(baseline("gpt2-tiny", "data-parallel"))
+    job = Job(spec=spec, settings=RunSettings(steps=100_000, warmup=1, measure_memory=False))
+    with pytest.raises(RunFailed, match=r"memory limit of 64.0 MiB \(PARETOPLAN_RUN_MAX_MEMORY\)") as e:
+        run_jobs([job], workdir=tmp_path, timeout=300)
+    assert not e.value.died  # final: a restart would pass the limit again
+    assert _processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_run_memory_limit_that_is_no_size_is_an_input_error(monkeypatch):
+    from search import InputError
+    from worker.memwatch import run_memory_limit
+
+    monkeypatch.setenv("PARETOPLAN_RUN_MAX_MEMORY", "plenty")
+    with pytest.raises(InputError, match="PARETOPLAN_RUN_MAX_MEMORY='plenty' is not a memory size"):
+        run_memory_limit()
+    monkeypatch.setenv("PARETOPLAN_RUN_MAX_MEMORY", "")
+    assert run_memory_limit() is None

@@ -89,3 +89,94 @@ def test_stacked_cheapest_equals_per_op_weighing() -> None:
                         ref[1] += m.min()
                         ref[2:] += (scale * t[:, None] + lams[None, :] * m[:, None]).min(axis=0)
                     assert np.array_equal(_Cheapest(base, names).least(w, lams, scale), ref)
+
+
+def _walk(root: Factor, idx: np.ndarray, layer_maps: list[dict[str, str]] | None) -> dict[str, np.ndarray]:
+    """The provenance walk of `frontier.assignments` without its per-layer table: every node
+    of every layer visited."""
+    n = len(idx)
+    out: dict[str, np.ndarray] = {}
+    stack: list[tuple[Factor, np.ndarray, np.ndarray, int, dict[str, str] | None]] = [(root, idx, np.arange(n), 0, None)]
+    while stack:
+        f, ix, pos, offset, mapping = stack.pop()
+        if f.layer_leaf and layer_maps is not None:
+            mapping = layer_maps[offset]
+        for j, v in enumerate(f.scope):
+            out.setdefault(mapping.get(v, v) if mapping else v, np.zeros(n, dtype=np.int64))[pos] = f.keys[ix, j]
+        if f.is_union:
+            which, inner = f.parent_idx
+            for k, p in enumerate(f.parents):
+                sel = which[ix] == k
+                if sel.any():
+                    stack.append((p, inner[ix[sel]], pos[sel], offset, mapping))
+            continue
+        if f.layers and len(f.parents) == 2 and not f.layer_leaf:
+            left, right = f.parents
+            stack.append((left, f.parent_idx[0][ix], pos, offset, mapping))
+            stack.append((right, f.parent_idx[1][ix], pos, offset + left.layers, mapping))
+            continue
+        for p, pix in zip(f.parents, f.parent_idx, strict=True):
+            stack.append((p, pix[ix], pos, offset, mapping))
+    return out
+
+
+def test_layer_tables_read_back_as_the_full_walk() -> None:
+    """Reading a stack's points back through the template layer's table (walked once) gives
+    every op's configuration as walking every layer's provenance does."""
+    from search.algorithm.frontier import assignments
+    from search.algorithm.ft import SearchOptions, search
+    from search.algorithm.results import MeshSolution
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import TrainingJob
+
+    graph = capture_model(get_model("gpt2-mini"), 8, 64)
+    result = search(graph, make_cluster("h100-80gb", 4), TrainingJob(global_batch=8, seq_len=64, precision="bf16"),
+                    SearchOptions(pipeline=False))
+    checked = 0
+    rng = np.random.default_rng(0)
+    for sol in result.solutions:
+        assert isinstance(sol, MeshSolution) and sol.chain is not None
+        maps = sol.chain.layer_maps()
+        everything = np.arange(len(sol.root))
+        for rows in (everything, rng.permutation(everything)[: len(everything) // 2], everything[:0]):
+            ref = _walk(sol.root, rows, maps)
+            got = assignments(sol.root, rows, maps)
+            assert ref.keys() == got.keys()
+            assert all(np.array_equal(ref[k], got[k]) for k in ref)
+            checked += len(rows)
+    assert checked > 0
+
+
+def test_memoised_op_tables_equal_fresh_pricing() -> None:
+    """`CostModel.op_costs` answers a repeat from its memo (ZeRO-1 and ZeRO-2 as one table on a
+    tensor-parallel mesh): every table equals a fresh pricing by the unmemoised `_op_costs`."""
+    import dataclasses
+
+    from search.algorithm.chain import layer_outputs
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import CostModel, TrainingJob
+    from search.prices.mesh import TENSOR, mesh_candidates
+
+    graph = capture_model(get_model("gpt2-mini"), 8, 64)
+    cluster = make_cluster("h100-80gb", 4)
+    cm = CostModel(graph, cluster, TrainingJob(global_batch=8, seq_len=64, precision="bf16"))
+    outputs = layer_outputs(graph)
+    shared = 0
+    for mesh in mesh_candidates(cluster):
+        tp = any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes)
+        for zero in (0, 1, 2, 3):
+            for op in graph.ops:
+                ck = op.name in outputs
+                got = cm.op_costs(op, mesh, zero, checkpoint=ck)
+                assert cm.op_costs(op, mesh, zero, checkpoint=ck) is got  # the repeat is the memo's
+                ref = cm._op_costs(op, mesh, 2 if zero == 1 and tp else zero, ck)
+                for f in dataclasses.fields(ref):
+                    x, y = getattr(got, f.name), getattr(ref, f.name)
+                    assert np.array_equal(x, y) if isinstance(y, np.ndarray) else x == y, f.name
+                if zero == 1 and tp:
+                    shared += cm.op_costs(op, mesh, 2, checkpoint=ck) is got
+    assert shared  # some mesh had a tensor axis: ZeRO-1 and ZeRO-2 shared their tables

@@ -131,3 +131,20 @@ def test_search_gives_pipelines_and_accumulation() -> None:
     assert {s.shape.stages for s in sols} >= {1, 2}  # accumulation and 2-stage pipelines (4 stages: 1 unit each)
     for sol in sols:
         assert len(sol.root) and all(sum(split) == 4 for split in sol.partitions)
+
+
+def test_skipping_beaten_shapes_keeps_the_frontier() -> None:
+    """The shape bound (stacks.shape_bound) skips only shapes whose every plan a known one beats:
+    the merged frontier with the skip equals the one without it."""
+    from search.algorithm.ft import SearchOptions, search
+
+    g = _graph(tied=True)
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    got = {}
+    for prune in (True, False):
+        r = search(g, cluster, _job(), SearchOptions(zero_stages=(0, 1), recompute=True, pipeline=True,
+                                                     accumulate=True, prune=prune))
+        got[prune] = (np.array([p.time_s for p in r.points]), np.array([p.memory_bytes for p in r.points]))
+        assert any(s.pipeline is not None for s in r.solutions)
+    np.testing.assert_allclose(got[True][0], got[False][0], rtol=1e-9)
+    np.testing.assert_allclose(got[True][1], got[False][1], rtol=1e-9)

@@ -48,3 +48,26 @@ def test_an_interleaved_rotary_embedding_keeps_the_heads_apart_from_the_batch():
     assert q.output.dims[0] == g.batch_label and q.output.dims[-1] != g.batch_label
     cluster = make_cluster("cpu", 4, devices_per_node=4)
     assert any(m.axes[0].size == 4 and m.axes[0].role == "data" for m in placeable_meshes(g, mesh_candidates(cluster)))
+
+
+def test_a_state_space_model_is_refused_at_once_naming_its_layer():
+    """Mamba's selective scan runs one step per token in Python: exporting it would unroll the
+    sequence for minutes; the refusal comes before the export and names the module."""
+    from search.errors import InputError
+
+    with pytest.raises(InputError, match=r"model\.backbone\.layers\.0\.mixer \(MambaMixer\) is a recurrent.*not planned"):
+        _graph("mamba", seq=2048)
+
+
+def test_a_rotary_embedding_in_complex_numbers_is_captured():
+    """DeepSeek-V2 (and Llama-4) rotate queries and keys as complex numbers: viewed as complex and
+    back, the dimensions are new ones, priced at the complex dtype's size. Its default config leaves
+    the experts per token unset: 6, as its released model, and the description says so."""
+    spec = spec_from_hf_config({"model_type": "deepseek_v2", **NARROW, "num_key_value_heads": 4, "q_lora_rank": 32,
+                                "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+                                "moe_intermediate_size": 32, "n_routed_experts": 8, "n_group": 1, "topk_group": 1,
+                                "first_k_dense_replace": 1}, "dsv2")
+    assert "num_experts_per_tok unset in the config: 6" in spec.description
+    g = capture_model(spec, 8, 32)
+    assert g.meta["moe_top_k"] == 6
+    assert not [op for op in g.ops if "complex" in op.output.dtype]

@@ -1,0 +1,208 @@
+"""Every HuggingFace model family, from transformers' own default config and a tiny variant.
+
+Per family: the default config (`AutoConfig.for_model(TYPE)`, random weights on the meta device)
+searched on 64 H100s at global batch 64 and sequence 2,048 (or the model's positions if fewer):
+parameters, capture seconds, ops, frontier size, the fastest plan that fits 80 GiB and the leanest
+memory; or the one-line refusal. Then the tiny variant (2 layers, width 64) searched on 4 CPU
+processes, and its fastest and leanest plans launched on 4 gloo processes against one process
+(losses step by step), or the reason they cannot run.
+
+    python bench/model_families.py                      # everything (long: minutes per family)
+    python bench/model_families.py --families llama,opt --no-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+FAMILIES = ("llama llama4_text mistral mixtral qwen2 qwen2_moe qwen3 qwen3_moe qwen3_next gemma gemma2 gemma3_text "
+            "phi phi3 phimoe falcon falcon_h1 falcon_mamba gpt_neox gptj gpt2 gpt_bigcode gpt_oss opt bloom mpt "
+            "cohere cohere2 deepseek_v2 deepseek_v3 olmo olmo2 olmoe granite granitemoe jamba mamba mamba2 starcoder2 "
+            "stablelm glm4 glm4_moe internlm3 minimax bert roberta t5 bart mbart whisper vit").split()
+
+# the tiny variant: each size the family's config has, narrowed (aliases as transformers names them)
+TINY = {"num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "hidden_size": 64, "n_embd": 64,
+        "d_model": 64, "intermediate_size": 128, "n_inner": 128, "ffn_dim": 128, "d_ff": 128,
+        "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "num_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "vocab_size": 256, "max_position_embeddings": 128, "n_positions": 128,
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "num_experts": 4,
+        "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "word_embed_proj_dim": 64,
+        "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+        "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "image_size": 32, "patch_size": 8,
+        "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+        "encoder_attention_heads": 4, "decoder_attention_heads": 4, "layer_types": None, "rotary_dim": 8,
+        "pad_token_id": 0}
+# dropout off: with it, no two shardings draw the same masks, and parity has no meaning
+DROPOUT = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob",
+           "dropout", "attention_dropout", "activation_dropout", "hidden_dropout", "resid_dropout",
+           "embedding_dropout", "ffn_dropout", "attn_dropout", "summary_first_dropout", "classifier_dropout",
+           "mlp_dropout", "emb_pdrop", "layer_norm_dropout")
+
+H100S, BATCH, SEQ = 64, 64, 2048
+GIB = 2**30
+
+
+class TimedOut(Exception):
+    pass
+
+
+def _alarm(*_: object) -> None:
+    raise TimedOut()
+
+
+def tiny_config(family: str) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    base = AutoConfig.for_model(family).to_dict()
+    cfg: dict[str, Any] = {"model_type": family}
+    for k, v in TINY.items():
+        if k in base and v is not None:
+            cfg[k] = v
+    for k in DROPOUT:
+        if isinstance(base.get(k), float):
+            cfg[k] = 0.0
+    if "head_dim" in cfg and "hidden_size" not in base:
+        cfg.pop("head_dim")
+    return cfg
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}"[:160]
+
+
+def default_row(family: str, timeout: int) -> dict[str, Any]:
+    from search.plans.api import SearchRequest, run_search
+
+    row: dict[str, Any] = {"family": family}
+    t0 = time.perf_counter()
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(timeout)
+    try:
+        from transformers import AutoConfig
+
+        positions = getattr(AutoConfig.for_model(family), "max_position_embeddings", None)
+        seq = min(SEQ, positions) if isinstance(positions, int) and positions > 0 else SEQ
+        o = run_search(SearchRequest(hf_config={"model_type": family}, name=family, device="h100-80gb",
+                                     devices=H100S, global_batch=BATCH, seq_len=seq, baselines=False))
+    except TimedOut:
+        row["outcome"] = f"no answer in {timeout} s"
+        return row
+    except Exception as e:  # noqa: BLE001 - each family's refusal (or failure) is a row of the table
+        row["outcome"] = _one_line(e)
+        row["seconds"] = time.perf_counter() - t0
+        return row
+    finally:
+        signal.alarm(0)
+    row.update(seconds=time.perf_counter() - t0, params=o.report.params, capture=o.capture_seconds,
+               ops=len(o.result.graph.ops), frontier=len(o.plans), seq=seq,
+               leanest=min(p.memory_bytes for p in o.result.points))
+    if o.best is not None:
+        plan = o.plans[o.result.points.index(o.best)]
+        row["outcome"] = "planned"
+        row["fastest"] = f"{o.best.time_s:.2f} s, {o.best.memory_bytes / GIB:.0f} GiB: {plan.summary.split(' | ')[0]}"
+    else:
+        row["outcome"] = "no plan fits 80 GiB"
+    return row
+
+
+def tiny_row(family: str, timeout: int, run: bool) -> dict[str, Any]:
+    from search.plans.api import SearchRequest, run_search
+    from worker.analyze import analyze
+
+    row: dict[str, Any] = {}
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(timeout)
+    try:
+        cfg = tiny_config(family)
+        o = run_search(SearchRequest(hf_config=cfg, name=family, device="cpu", devices=4, devices_per_node=4,
+                                     global_batch=8, seq_len=32, precision="fp32", baselines=False))
+    except TimedOut:
+        return {"tiny": f"no answer in {timeout} s"}
+    except Exception as e:  # noqa: BLE001 - a row of the table
+        return {"tiny": _one_line(e)}
+    finally:
+        signal.alarm(0)
+    fastest = min(o.plans, key=lambda p: p.predicted.time_s)
+    leanest = min(o.plans, key=lambda p: p.predicted.memory_bytes)
+    row["tiny_frontier"] = len(o.plans)
+    if not run:
+        row["tiny"] = "searched (not run)"
+        return row
+    verdicts = []
+    specs = {}
+    for what, plan in (("fastest", fastest), ("leanest", leanest)):
+        try:
+            specs[what] = analyze(plan)
+        except Exception as e:  # noqa: BLE001 - the refusal is the verdict
+            verdicts.append(f"{what}: {_one_line(e)}")
+    verdicts += _launch(specs)
+    row["tiny"] = "; ".join(verdicts)
+    return row
+
+
+def _launch(specs: dict) -> list[str]:
+    from worker.launch import run_jobs
+    from worker.reference import reference_losses
+    from worker.spec import Job, RunSettings
+
+    if not specs:
+        return []
+    steps = 3
+    jobs = {k: Job(spec=s, settings=RunSettings(steps=steps, warmup=1)) for k, s in specs.items() if s.num_devices == 4}
+    out = [f"{k}: needs {s.num_devices} processes" for k, s in specs.items() if s.num_devices != 4]
+    try:
+        raws = run_jobs(list(jobs.values()), timeout=600)
+    except Exception as e:  # noqa: BLE001 - the run's failure is the verdict
+        return out + [f"run failed: {_one_line(e)}"]
+    for (what, job), raw in zip(jobs.items(), raws, strict=True):
+        spec = job.spec
+        ref = reference_losses(spec.model, steps, spec.global_batch, spec.seq_len, source=spec.source)
+        diff = max(abs(a - b) for a, b in zip(raw["losses"], ref, strict=True))
+        ok = diff < 2e-5 and all(math.isfinite(x) for x in raw["losses"])
+        out.append(f"{what} {'parity' if ok else 'NO parity'} ({diff:.0e}; {spec.summary.split(' | ')[0]})")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--families", help="comma-separated model types (default: all 51)")
+    ap.add_argument("--no-run", action="store_true", help="search the tiny variants, do not launch them")
+    ap.add_argument("--no-tiny", action="store_true", help="default configs only")
+    ap.add_argument("--no-default", action="store_true", help="tiny variants only")
+    ap.add_argument("--timeout", type=int, default=120, help="seconds per search before a family counts as no answer")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    families = args.families.split(",") if args.families else FAMILIES
+    print(f"| family | params | capture s | ops | frontier | fastest fitting plan on {H100S} H100 (batch {BATCH}) "
+          f"| leanest | tiny variant on 4 gloo processes |")
+    print("|---|---|---|---|---|---|---|---|")
+    planned = 0
+    for family in families:
+        r = {"family": family, "outcome": "not searched"} if args.no_default else default_row(family, args.timeout)
+        if not args.no_tiny:
+            r.update(tiny_row(family, args.timeout, not args.no_run))
+        planned += r["outcome"] == "planned"
+        if "params" in r:
+            cells = [f"{r['params'] / 1e9:.2f}B", f"{r['capture']:.1f}", str(r["ops"]), str(r["frontier"]),
+                     r.get("fastest", r["outcome"]), f"{r['leanest'] / GIB:.1f} GiB"]
+        else:
+            cells = ["-", "-", "-", "-", r["outcome"], "-"]
+        print(f"| {family} | " + " | ".join(cells) + f" | {r.get('tiny', '-')} |", flush=True)
+    print(f"\n{planned}/{len(families)} families planned within 80 GiB")
+
+
+if __name__ == "__main__":
+    main()
