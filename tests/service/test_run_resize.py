@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from search import RunReport
+from tests.proctools import pids_mentioning
 from tests.service.svchelp import ADMIN_TOKEN, api_client, query, run_report, start_server, start_worker, wait_job
 from tests.service.test_api import app_client, claim, post_result, submit
 from tests.worker.parity import assert_losses_match
@@ -141,19 +142,9 @@ def test_a_worker_killed_mid_run_is_resumed_from_its_checkpoint_by_another(datab
     ref = reference_losses("llama-tiny", 24, 8, rep.plan["seq_len"])
     assert_losses_match("llama-tiny resumed by another worker", rep.losses, ref, 24, 2e-5)
     # the killed worker's torchrun and ranks went with it: nothing of them is left
-    left = _pids_mentioning(str(run_dir / "launch-a1-"))
+    left = pids_mentioning(str(run_dir / "launch-a1-"))
     assert left == [], left
     assert query(db_url, "SELECT count(*) FROM events WHERE run_id = :r AND message LIKE 'checkpoint at step%'",
                  r=run["id"])[0][0] >= 1
 
 
-def _pids_mentioning(text: str) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    out.append(int(d.name))
-            except OSError:
-                continue
-    return out

@@ -7,7 +7,34 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from search.plans.plan import Plan
+from search.prices.mesh import Mesh, MeshAxis
 from worker.spec import ExecSpec, Job
+
+BATCH = 8
+
+
+def mesh(dp: int, tp: int) -> Mesh:
+    """dp x tp on one node of 4 processes, the tensor axis inside the data axis."""
+    return Mesh(pp=1, axes=(MeshAxis("dp", dp, tp, "data"), MeshAxis("tp", tp, 1, "tensor")))
+
+
+def frontier_on(model: str, m: Mesh, zero: int, **options: Any) -> list[Plan]:
+    """The search's frontier for a zoo model on one mesh and ZeRO stage (no recomputation; fp32 on
+    4 CPU devices, global batch BATCH), fastest first; `options` go to SearchOptions."""
+    from search.algorithm.ft import SearchOptions, search
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.plans.plan import build_plans
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import TrainingJob
+
+    spec = get_model(model)
+    g = capture_model(spec, BATCH, spec.default_seq_len)
+    job = TrainingJob(global_batch=BATCH, seq_len=spec.default_seq_len, precision="fp32")
+    r = search(g, make_cluster("cpu", 4, devices_per_node=4), job,
+               SearchOptions(meshes=(m,), zero_stages=(zero,), recompute=False, **options))
+    return build_plans(r, r.points)
 
 
 def launch(specs: dict[str, ExecSpec], steps: int, comm_debug: Callable[[str], bool] = lambda name: False

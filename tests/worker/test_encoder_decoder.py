@@ -8,36 +8,17 @@ from __future__ import annotations
 
 import pytest
 
-from search.algorithm.ft import SearchOptions, search
-from search.models.capture import capture_model
-from search.models.zoo import get_model
-from search.plans.plan import Plan, build_plans
-from search.prices.cluster import make_cluster
-from search.prices.costmodel import TrainingJob
-from search.prices.mesh import Mesh, MeshAxis
-from tests.worker.parity import assert_losses_match, launch
+from search.plans.plan import Plan
+from tests.worker.parity import assert_losses_match, frontier_on, launch, mesh
 from worker.commcheck import mismatches
 from worker.reference import reference_losses
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
-BATCH, STEPS = 8, 3
+STEPS = 3
+FLAT = {"pipeline": False, "accumulate": False}  # one mesh, whole batches: the layouts under test
 TOL = 2e-5  # fp32: collectives reorder float sums, nothing more
 T5, BART = "t5-tiny", "bart-tiny"
-
-
-def mesh(dp: int, tp: int) -> Mesh:
-    return Mesh(pp=1, axes=(MeshAxis("dp", dp, tp, "data"), MeshAxis("tp", tp, 1, "tensor")))
-
-
-def frontier_on(model: str, m: Mesh, zero: int) -> list[Plan]:
-    """The search's frontier on one mesh and ZeRO stage (no recomputation), fastest first."""
-    spec = get_model(model)
-    g = capture_model(spec, BATCH, spec.default_seq_len)
-    job = TrainingJob(global_batch=BATCH, seq_len=spec.default_seq_len, precision="fp32")
-    r = search(g, make_cluster("cpu", 4, devices_per_node=4), job,
-               SearchOptions(meshes=(m,), zero_stages=(zero,), recompute=False, pipeline=False, accumulate=False))
-    return build_plans(r, r.points)
 
 
 def split_ops(plan: Plan) -> set[str]:
@@ -58,15 +39,15 @@ def most_split(model: str, dp: int, tp: int) -> Plan:
             return False
         return True
 
-    return max((p for p in frontier_on(model, mesh(dp, tp), 0) if runs(p)), key=lambda p: len(split_ops(p)))
+    return max((p for p in frontier_on(model, mesh(dp, tp), 0, **FLAT) if runs(p)), key=lambda p: len(split_ops(p)))
 
 
 # T5's tensor-parallel plans are refused before launch: capture does not yet read SDPA's attn_mask
 # (T5's position bias) as an input of the attention, so the search leaves the bias lookup's
 # partial sum unreduced, which analyze.py names
 PLANS = {
-    "t5 dp": lambda: frontier_on(T5, mesh(4, 1), 0)[0],
-    "t5 fsdp": lambda: frontier_on(T5, mesh(4, 1), 3)[0],
+    "t5 dp": lambda: frontier_on(T5, mesh(4, 1), 0, **FLAT)[0],
+    "t5 fsdp": lambda: frontier_on(T5, mesh(4, 1), 3, **FLAT)[0],
     "bart dp x tp": lambda: most_split(BART, 2, 2),
     "bart tp": lambda: most_split(BART, 1, 4),
 }

@@ -5,27 +5,15 @@ from __future__ import annotations
 
 import json
 from datetime import UTC
-from pathlib import Path
 
 import pytest
 
 from search import RunReport
+from tests.proctools import pids_mentioning
 from tests.worker.families import baseline
 from worker.analyze import analyze
 from worker.launch import RunFailed, format_table, make_report, run_jobs
 from worker.spec import Job, RunSettings
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    out.append(int(d.name))
-            except OSError:
-                continue
-    return out
 
 
 @pytest.mark.processes
@@ -36,7 +24,7 @@ def test_a_crashing_rank_ends_the_run_with_its_error_and_no_orphans(tmp_path):
         run_jobs([job], workdir=tmp_path, timeout=300)
     assert e.value.rank == 2
     # every rank of the run had the work dir on its command line: none may be left
-    assert _processes_mentioning(str(tmp_path)) == []
+    assert pids_mentioning(str(tmp_path)) == []
 
 
 def test_report_from_a_run(family_runs):
@@ -70,7 +58,7 @@ def test_a_run_past_its_time_limit_is_stopped_with_all_its_ranks(tmp_path):
     with pytest.raises(RunFailed, match="time limit"):
         run_jobs([job], workdir=tmp_path, timeout=25, progress=lambda msg: seen.append(msg))
     assert any("step" in m for m in seen), "the ranks never started training: nothing was tested"
-    assert _processes_mentioning(str(tmp_path)) == []
+    assert pids_mentioning(str(tmp_path)) == []
 
 
 @pytest.mark.processes
@@ -83,7 +71,7 @@ def test_a_run_past_its_memory_limit_is_stopped_with_all_its_ranks(tmp_path, mon
     with pytest.raises(RunFailed, match=r"memory limit of 64.0 MiB \(PARETOPLAN_RUN_MAX_MEMORY\)") as e:
         run_jobs([job], workdir=tmp_path, timeout=300)
     assert not e.value.died  # final: a restart would pass the limit again
-    assert _processes_mentioning(str(tmp_path)) == []
+    assert pids_mentioning(str(tmp_path)) == []
 
 
 def test_a_run_memory_limit_that_is_no_size_is_an_input_error(monkeypatch):

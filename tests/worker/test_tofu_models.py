@@ -7,34 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from search.algorithm.ft import SearchOptions, search
-from search.models.capture import capture_model
 from search.models.zoo import get_model
-from search.plans.plan import Plan, build_plans
-from search.prices.cluster import make_cluster
-from search.prices.costmodel import TrainingJob
-from search.prices.mesh import Mesh, MeshAxis
-from tests.worker.parity import assert_losses_match, launch
+from search.plans.plan import Plan
+from tests.worker.parity import assert_losses_match, frontier_on, launch, mesh
 from worker.commcheck import mismatches
 from worker.reference import reference_losses
 
-BATCH, STEPS = 8, 3
+STEPS = 3
 TOL = 2e-5  # fp32: collectives reorder float sums, nothing more
 LSTM, WRN = "lstm-tiny", "wrn-tiny"
-
-
-def mesh(dp: int, tp: int) -> Mesh:
-    return Mesh(pp=1, axes=(MeshAxis("dp", dp, tp, "data"), MeshAxis("tp", tp, 1, "tensor")))
-
-
-def frontier_on(model: str, m: Mesh, zero: int) -> list[Plan]:
-    """The search's frontier on one mesh and ZeRO stage (no recomputation), fastest first."""
-    spec = get_model(model)
-    g = capture_model(spec, BATCH, spec.default_seq_len)
-    job = TrainingJob(global_batch=BATCH, seq_len=spec.default_seq_len, precision="fp32")
-    r = search(g, make_cluster("cpu", 4, devices_per_node=4), job,
-               SearchOptions(meshes=(m,), zero_stages=(zero,), recompute=False))
-    return build_plans(r, r.points)
 
 
 def split_ops(plan: Plan) -> set[str]:
