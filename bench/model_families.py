@@ -72,6 +72,9 @@ def tiny_config(family: str) -> dict[str, Any]:
             cfg[k] = 0.0
     if "head_dim" in cfg and "hidden_size" not in base:
         cfg.pop("head_dim")
+    if isinstance(base.get("expand"), int) and "num_heads" in cfg and "head_dim" in cfg:
+        # Mamba-2: the heads tile the expanded width (hidden_size * expand == num_heads * head_dim)
+        cfg["num_heads"] = cfg["hidden_size"] * base["expand"] // cfg["head_dim"]
     return cfg
 
 

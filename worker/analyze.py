@@ -561,6 +561,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     cfgs = op_configs(plan, graph)
     _check_experts(plan, graph, cfgs)
     _check_context(plan, graph, cfgs)
+    _check_scans(plan, graph, cfgs)
     roles = [ax.role if ax.role in ("expert", "context") and ax.size > 1
              else axis_role(graph, cfgs, a, ax.name) if ax.size > 1 else "replicate"
              for a, ax in enumerate(plan.mesh.axes)]
@@ -635,6 +636,24 @@ def _check_experts(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None,
         if lab not in (EXPERT_LABEL, graph.batch_label) and not (lab is None and not reads_batch):
             raise Unsupported(f"op {op.name!r} places {lab or 'a replica'} on expert axis {plan.mesh.axes[a].name!r}: "
                               f"an expert axis splits the experts' ops by expert and every other op by batch")
+
+
+def _check_scans(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]]) -> None:
+    """A state-space or linear-recurrence scan (search/models/scan.py) runs as transformers' layer
+    code: the batch may split (each rank scans its own sequences), nothing else. Its heads are
+    independent, but the layer reshapes by its full head counts and convolves every channel with a
+    Conv1d no parallel style shards, so a plan splitting them (or the sequence) is refused."""
+    batch = graph.batch_label
+    for a, ax in enumerate(plan.mesh.axes):
+        if ax.size == 1:
+            continue
+        for op in graph.ops:
+            lab = cfgs[op.name][a]
+            if op.kind == "scan" and lab is not None and lab != batch:
+                raise Unsupported(f"op {op.name!r} (a state-space scan) splits {lab!r} on mesh axis {ax.name!r}: "
+                                  f"priced, but not executed: transformers' layer reshapes by its full head "
+                                  f"counts and runs a depthwise Conv1d that no parallel style shards; split its "
+                                  f"batch (data parallelism) and leave it whole on tensor axes")
 
 
 def _check_context(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]]) -> None:

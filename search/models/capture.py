@@ -18,7 +18,7 @@ import math
 import operator
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,6 +28,18 @@ from pydantic import ValidationError
 from search.errors import InputError, invalid
 from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, SaveKind, TensorRef, label_size
 from search.models.moe import EXPERT_LABEL, LOAD_ASSUMPTION, balanced_experts
+from search.models.scan import (
+    captured_kind,
+    chunk_scan_flops,
+    chunk_scan_workspace,
+    gated_delta_flops,
+    gated_delta_workspace,
+    lightning_flops,
+    lightning_workspace,
+    scans_as_ops,
+    selective_scan_flops,
+    selective_scan_workspace,
+)
 from search.models.seq2seq import annotate_stacks
 
 if TYPE_CHECKING:
@@ -139,6 +151,7 @@ class _RawOp:
     splittable: tuple[int, ...]
     flops: float
     saves: SaveKind
+    workspace: float = 0.0
 
 
 @dataclass
@@ -450,12 +463,14 @@ class _Capture:
             return self.moe_dispatch(node, args, _first_tensor(out_val))
         if t is torch.ops.paretoplan.moe_combine.default:
             return self.moe_combine(node, args, _first_tensor(out_val))
+        if t in _SCAN_TARGETS:
+            return self.scan(node, args, _first_tensor(out_val))
         return self.elementwise(node, acts, prms, out_val)
 
     # -- op builders ----------------------------------------------------------------------
     def emit(self, node: torch.fx.Node, kind: str, inputs: list[_Act], out_shape: tuple[int, ...],
              out_labels: list[int], out_dtype: str, params: list[_Param], splittable: list[int],
-             flops: float, saves: SaveKind) -> _Act:
+             flops: float, saves: SaveKind, workspace: float = 0.0) -> _Act:
         name = self.b.op_name(self.module_of(node), _short(node.target))
         seen_split: list[int] = []
         for s in splittable:
@@ -467,7 +482,7 @@ class _Capture:
             inputs=tuple(_RawTensor(a.source, a.shape, tuple(a.labels), a.dtype) for a in inputs),
             output=_RawTensor(None, out_shape, tuple(out_labels), out_dtype),
             params=tuple(_RawTensor(p.name, p.stored_shape, tuple(p.stored_labels), p.dtype) for p in params),
-            splittable=tuple(seen_split), flops=float(flops), saves=saves,
+            splittable=tuple(seen_split), flops=float(flops), saves=saves, workspace=float(workspace),
         ))
         return _Act(name, out_shape, out_labels, out_dtype)
 
@@ -555,8 +570,11 @@ class _Capture:
         a, w, bias, b_shape, b_labels = self.matmul_operands(node, args)
         out_val = _first_tensor(node.meta["val"])
         if not isinstance(a, _Act):
-            if isinstance(w, _Act):  # param @ activation: unusual; treat as opaque
-                return self.elementwise(node, [w], [p for p in (a,) if isinstance(p, _Param)], out_val)
+            if isinstance(w, _Act):  # param @ activation (Mamba's dt_proj.weight @ dt): opaque, its GEMM's FLOPs
+                res = self.elementwise(node, [w], [p for p in (a,) if isinstance(p, _Param)], out_val)
+                if isinstance(a, _Param) and self.b.ops and self.b.ops[-1].inputs:
+                    self.b.ops[-1] = replace(self.b.ops[-1], flops=2.0 * math.prod(out_val.shape) * a.shape[-1])
+                return res
             return _Const(tuple(out_val.shape))
         k_label = L.union(a.labels[-1], b_labels[-2] if len(b_shape) >= 2 else b_labels[-1])
         n_label = b_labels[-1] if len(b_shape) >= 2 else None
@@ -694,6 +712,8 @@ class _Capture:
         groups = _int_arg(node, 8 if node.target is aten.convolution.default else 6, 1)
         if groups == 1:
             L.union(x.labels[1], w.labels[1])
+        elif groups == x.shape[1] == w.shape[0]:  # depthwise (Mamba's conv1d): channel c reads channel c
+            L.union(x.labels[1], w.labels[0])
         out_shape = tuple(out_val.shape)
         out_labels = [x.labels[0], w.labels[0]] + [L.new(f"{node.name}/sp{d}") for d in range(len(out_shape) - 2)]
         params = [w]
@@ -765,6 +785,83 @@ class _Capture:
         return self.emit(node, "combine", [y, w], tuple(out_val.shape), [tokens, y.labels[-1]], _dtype(out_val), [],
                          [tokens, y.labels[-1]], flops, "inputs")
 
+    def scan(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> _Act:
+        """One state-space or linear-recurrence scan (search/models/scan.py): its operands' labels
+        joined (batch, sequence, channels or heads, state), FLOPs and saved states from the torch
+        reference's arithmetic. Splittable: the batch and the channels/heads (each has its own
+        state); the search keeps tensor axes off it (search/prices/mesh.py says why)."""
+        L = self.b.labels
+        ops = torch.ops.paretoplan
+        t = node.target
+        tensors = [a if isinstance(a, (_Act, _Param)) else None for a in args]
+
+        def join(a: _Act | _Param | None, i: int, b: _Act | _Param | None, j: int) -> None:
+            if a is not None and b is not None:
+                L.union(a.labels[i], b.labels[j])
+
+        x = self.activation(node, args[0], "input")
+        if t is ops.selective_scan.default:  # u, dt, A, B, C, D, z, dt_bias
+            _, dt, A, B, C, D, z, bias = tensors
+            for o in (dt, z):
+                for d in range(3):
+                    join(x, d, o, d)
+            join(x, 1, A, 0)
+            join(x, 1, D, 0)
+            join(x, 1, bias, 0)
+            for o in (B, C):
+                join(x, 0, o, 0)
+                join(x, 2, o, 2)
+                join(A, 1, o, 1)
+            b, ch, seq = x.shape
+            n = B.shape[1] if B is not None else 1
+            flops, work = selective_scan_flops(b, ch, seq, n), selective_scan_workspace(n)
+            split = [x.labels[0], x.labels[1]]
+        elif t is ops.chunk_scan.default:  # x [b, L, h, p], dt [b, L, h], A [h], B, C [b, L, g, n], D, dt_bias [h]
+            _, dt, A, B, C, D, bias = tensors[:7]
+            for d in range(3):
+                join(x, d, dt, d)
+            join(x, 2, A, 0)
+            join(x, 2, D, 0)
+            join(x, 2, bias, 0)
+            for o in (B, C):
+                join(x, 0, o, 0)
+                join(x, 1, o, 1)
+            join(B, 2, C, 2)
+            join(B, 3, C, 3)
+            b, seq, h, p = x.shape
+            n, chunk = (B.shape[-1] if B is not None else 1), _int_arg(node, 7)
+            flops, work = chunk_scan_flops(b, seq, h, p, n, chunk), chunk_scan_workspace(p, n, chunk)
+            split = [x.labels[0], x.labels[2]]
+        elif t is ops.gated_delta.default:  # q, k [b, L, hk, dk], v [b, L, hv, dv], g, beta [b, L, hv]
+            q, k, v, g, beta = tensors[:5]
+            x = self.activation(node, v, "values")
+            for o in (q, k, g, beta):
+                join(x, 0, o, 0)
+                join(x, 1, o, 1)
+            join(q, 2, k, 2)
+            join(q, 3, k, 3)
+            join(x, 2, g, 2)
+            join(x, 2, beta, 2)
+            b, seq, h, dv = x.shape
+            dk, chunk = (q.shape[-1] if q is not None else dv), _int_arg(node, 5)
+            flops, work = gated_delta_flops(b, seq, h, dk, dv, chunk), gated_delta_workspace(dk, dv, chunk)
+            split = [x.labels[0], x.labels[2]]
+        else:  # lightning attention: q, k, v [b, h, L, d]
+            q, k, v = tensors[:3]
+            for o in (k, v):
+                for d in range(3):
+                    join(q, d, o, d)
+            join(q, 3, k, 3)
+            b, h, seq, d = x.shape
+            block = _int_arg(node, 3)
+            flops, work = lightning_flops(b, h, seq, d, block), lightning_workspace(d, block, seq)
+            split = [x.labels[0], x.labels[1]]
+        inputs = [a for a in tensors if isinstance(a, _Act)]
+        params = [a for a in tensors if isinstance(a, _Param)]
+        out_labels = list(x.labels)
+        return self.emit(node, "scan", inputs, tuple(out_val.shape), out_labels, _dtype(out_val), params, split,
+                         flops, "inputs", work)
+
     def cat(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> _Act:
         L = self.b.labels
         tensors = args[0]
@@ -777,6 +874,12 @@ class _Capture:
             for k in range(len(out_shape)):
                 if k != d and p.shape[k] == out_shape[k]:
                     labels[k] = L.union(labels[k], p.labels[k])
+        if len({L.find(p.labels[d]) for p in parts}) < len(parts):
+            # parts reaching the concatenation under one label in different sizes (Qwen3-Next's
+            # query, key and value, each flattened from the heads of one packed projection): the
+            # concatenated dimension is not split anyway, and one label names one size in an op
+            parts = [_Act(p.source, p.shape, [*p.labels[:d], L.new(f"{node.name}/in{i}"), *p.labels[d + 1:]], p.dtype)
+                     if isinstance(p, _Act) else p for i, p in enumerate(parts)]
         acts = [p for p in parts if isinstance(p, _Act)]
         prms = [p for p in parts if isinstance(p, _Param)]
         split = [lab for k, lab in enumerate(labels) if k != d and out_shape[k] > 1]
@@ -892,7 +995,7 @@ class _Capture:
                 split.append(nm)
         refs: list[TensorRef | ParamRef] = [*inputs, output, *params]
         return Op(name=raw.name, kind=raw.kind, target=raw.target, module=raw.module, inputs=inputs, output=output,
-                  params=tuple(params), flops=raw.flops, saves=raw.saves,
+                  params=tuple(params), flops=raw.flops, saves=raw.saves, workspace=raw.workspace,
                   splittable=tuple(s for s in split if label_size(refs, s) > 1))
 
     def global_labels_named(self) -> list[str]:
@@ -921,6 +1024,8 @@ def _flat(args: list[object]) -> list[object]:
 
 
 _getitem = operator.getitem
+_SCAN_TARGETS = {torch.ops.paretoplan.selective_scan.default, torch.ops.paretoplan.chunk_scan.default,
+                 torch.ops.paretoplan.gated_delta.default, torch.ops.paretoplan.lightning_attention.default}
 
 
 # ---- public entry points -----------------------------------------------------------------------
@@ -941,7 +1046,7 @@ def capture_module(module: nn.Module, example_args: tuple[torch.Tensor, ...], na
     batch = next((int(a.shape[d]) for a, labels in zip(example_args, input_labels or [], strict=False)
                   for d, lab in enumerate(labels) if lab == "batch" and d < a.dim()), 1)
     try:
-        with balanced_experts(module, multiple=batch):
+        with balanced_experts(module, multiple=batch), scans_as_ops(module):
             ep = torch.export.export(module, example_args, strict=False)
     except Exception as e:  # noqa: BLE001 - export runs the user's forward: its errors are many and varied
         raise InputError(f"cannot capture {name}: torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
@@ -975,7 +1080,8 @@ def _refuse_unrolled_loops(ops: Sequence[_RawOp], name: str) -> None:
 
 # transformers' state-space and linear-recurrence mixers, which run one step per token in Python off
 # CUDA: exporting them unrolls the whole sequence (minutes at 2,048 tokens) only to be refused by
-# the check above, so they are refused before the export
+# the check above. Those whose scan capture swaps for one op (search/models/scan.py) are captured;
+# the others are refused before the export
 _SCAN_MODULES = ("MambaMixer", "Mamba2Mixer", "FalconMambaMixer", "JambaMambaMixer", "BambaMixer",
                  "FalconH1Mixer", "GatedDeltaNet", "MiniMaxLightningAttention", "Lfm2ShortConv")
 
@@ -983,7 +1089,7 @@ _SCAN_MODULES = ("MambaMixer", "Mamba2Mixer", "FalconMambaMixer", "JambaMambaMix
 def _refuse_known_scans(module: nn.Module, name: str) -> None:
     for path, m in module.named_modules():
         kind = type(m).__name__
-        if any(kind.endswith(s) for s in _SCAN_MODULES):
+        if any(kind.endswith(s) for s in _SCAN_MODULES) and not captured_kind(m):
             raise InputError(f"cannot capture {name}: module {path} ({kind}) is a recurrent or state-space layer "
                              f"whose scan over the sequence runs as Python loops (torch.export would unroll them), not "
                              f"captured as one op; such layers are not planned")
@@ -1131,7 +1237,8 @@ def _rename_op(op: Op, r: Callable[[str], str], source_map: dict[str, str]) -> O
               inputs=tuple(tref(t) for t in op.inputs), output=tref(op.output),
               params=tuple(ParamRef(name=r(p.name), shape=p.shape, dims=tuple(r(d) for d in p.dims), dtype=p.dtype,
                                     owner=p.owner) for p in op.params),
-              splittable=tuple(r(s) for s in op.splittable), flops=op.flops, saves=op.saves)
+              splittable=tuple(r(s) for s in op.splittable), flops=op.flops, saves=op.saves,
+              workspace=op.workspace)
 
 
 _INPUT_LABELS = {

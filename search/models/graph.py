@@ -47,6 +47,7 @@ OP_KINDS = (
     "loss",         # cross-entropy to a scalar; its output has no consumers
     "dispatch",     # routed tokens [T, H] into per-expert buffers [expert, C, H] (search/models/moe.py)
     "combine",      # per-expert outputs [expert, C, H] and routing weights [T, k] back to tokens [T, H]
+    "scan",         # a state-space or linear-recurrence scan over the sequence (search/models/scan.py)
     "opaque",       # anything else: only its batch dimension may be split
 )
 
@@ -110,6 +111,9 @@ class Op(BaseModel):
     flops: float = Field(default=0.0, ge=0.0, allow_inf_nan=False,
                          description="forward FLOPs of the whole (unsharded) op")
     saves: SaveKind = "inputs"
+    workspace: float = Field(default=0.0, ge=0.0, allow_inf_nan=False,
+                             description="fp32 elements autograd keeps for backward beyond the op's inputs and "
+                                         "output, per element of its output (a scan's per-step states)")
 
     def labels(self) -> set[str]:
         out = set(self.output.dims)
@@ -271,8 +275,10 @@ def _check_tensors(op: Op, by_name: dict[str, Op]) -> None:
                              f"a cast is an op of its own")
         # A reader sees the producer's output through any folded view (reshape, transpose, slice,
         # expand): with other labels the shapes may differ. With the very same labels only a
-        # repeat_interleave, which keeps them, changes a size, and only by a whole multiple.
-        if t.dims == out.dims and any(a % b for a, b in zip(t.shape, out.shape, strict=True)):
+        # repeat_interleave, which keeps them, changes a size, and only by a whole multiple; or a
+        # split of an inner dimension flattened back into the outer one (Qwen3-Next's query heads
+        # cut from their packed projection: [b, L, hk, 2dk + 2dv] -> [b, L, hk dk]), a whole divisor.
+        if t.dims == out.dims and any(a % b and b % a for a, b in zip(t.shape, out.shape, strict=True)):
             raise ValueError(f"{where}: shape {list(t.shape)} disagrees with its producer's output "
                              f"{list(out.shape)} (same dims {list(t.dims)})")
     # a label is one dimension of the op: every operand carrying it has its size - but for 1

@@ -391,6 +391,7 @@ class CostModel:
             cols = op.output.shape[-1] / shard_factor(tuple(pl if pl == f"S:{op.output.dims[-1]}" else "R"
                                                             for pl in out_pl), mesh) if op.output.shape else 1.0
             rows, cols = gemm_shape(out_local, cols)
+            moved += 2.0 * op.workspace * out_local * 4.0  # a scan's states: written, then read back
             kt = op_time(op, Kernel(flops=op.flops / shards, bytes=moved, rows=rows, cols=cols), self.device, self.peak)
             updated = parts[ci, 2] / b.optimizer  # parameters this rank's optimizer step updates
             t_opt = updated * 2 * (b.param + b.grad + b.optimizer) / self.mem_bw
@@ -522,6 +523,8 @@ class CostModel:
                     saved += n * (1.0 - self.graph.op(t.source).output.numel / t.numel) * self.esize(t)
         if op.kind == "loss" and op.inputs:
             saved += LOSS_COPIES * in_locals[0] * self.esize(op.inputs[0])
+        # a fused leaf's own intermediates (a scan's per-step states, search/models/scan.py), fp32
+        saved += op.workspace * out_local * 4.0
         return saved
 
     # ---- edges ------------------------------------------------------------------------------

@@ -169,6 +169,11 @@ def axis_choices(op: Op, axis: MeshAxis, batch: str) -> list[str | None]:
         return [] if carries else [REPLICATE]
     if op.params and op.kind not in TENSOR_STYLED_KINDS:
         return [REPLICATE]  # a module with parameters splits only under a parallel style
+    if op.kind == "scan":
+        # a scan's heads (Mamba's channels) each carry their own state and could split, but the
+        # executor runs transformers' layer code, which reshapes by its full head counts and
+        # convolves every channel: no parallel style shards it (search/models/scan.py)
+        return [REPLICATE]
     return [REPLICATE] + [lab for lab in op.splittable if lab != batch]
 
 

@@ -50,13 +50,14 @@ def test_an_interleaved_rotary_embedding_keeps_the_heads_apart_from_the_batch():
     assert any(m.axes[0].size == 4 and m.axes[0].role == "data" for m in placeable_meshes(g, mesh_candidates(cluster)))
 
 
-def test_a_state_space_model_is_refused_at_once_naming_its_layer():
-    """Mamba's selective scan runs one step per token in Python: exporting it would unroll the
-    sequence for minutes; the refusal comes before the export and names the module."""
+def test_a_recurrent_layer_capture_cannot_swap_is_refused_at_once_naming_its_layer():
+    """LFM2's short convolution runs its own Python loop with no scan function capture swaps for an
+    op (search/models/scan.py): exporting it would unroll the sequence; the refusal comes before
+    the export and names the module."""
     from search.errors import InputError
 
-    with pytest.raises(InputError, match=r"model\.backbone\.layers\.0\.mixer \(MambaMixer\) is a recurrent.*not planned"):
-        _graph("mamba", seq=2048)
+    with pytest.raises(InputError, match=r"model\.model\.layers\.0\.conv \(Lfm2ShortConv\) is a recurrent.*not planned"):
+        _graph("lfm2", seq=2048, num_key_value_heads=2, layer_types=["conv", "full_attention"])
 
 
 def test_a_rotary_embedding_in_complex_numbers_is_captured():
