@@ -765,13 +765,18 @@ class _Capture:
         return self.emit(node, "combine", [y, w], tuple(out_val.shape), [tokens, y.labels[-1]], _dtype(out_val), [],
                          [tokens, y.labels[-1]], flops, "inputs")
 
-    def cat(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> _Act:
+    def cat(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> _Act | _Param:
         L = self.b.labels
         tensors = args[0]
         assert isinstance(tensors, list)  # cat's first argument is a list of tensors
-        parts = [p for p in tensors if isinstance(p, (_Act, _Param))]
         d = _int_arg(node, 1, 0) % out_val.dim()
         out_shape = tuple(out_val.shape)
+        # an empty part adds nothing (Phi-3 concatenates the rotated half of each head with the
+        # rest, empty when the rotary embedding spans the whole head): it is no input of the op,
+        # and a concatenation of one tensor with empties is that tensor
+        parts = [p for p in tensors if isinstance(p, (_Act, _Param)) and math.prod(p.shape) > 0]
+        if len(parts) == 1 and parts[0].shape == out_shape:
+            return parts[0]
         labels = [L.new(f"{node.name}/d{k}") for k in range(len(out_shape))]
         for p in parts:
             for k in range(len(out_shape)):

@@ -71,3 +71,14 @@ def test_a_rotary_embedding_in_complex_numbers_is_captured():
     g = capture_model(spec, 8, 32)
     assert g.meta["moe_top_k"] == 6
     assert not [op for op in g.ops if "complex" in op.output.dtype]
+
+
+def test_an_empty_part_of_a_concatenation_is_no_input():
+    """Phi-3 concatenates each head's rotated part with the rest, empty when the rotary embedding
+    spans the whole head: the empty slice is not an input (a tensor of size 0 is invalid), and the
+    concatenation of one tensor is that tensor, not an op."""
+    g = _graph("phi3", num_key_value_heads=2, pad_token_id=0)
+    assert all(min(t.shape, default=1) > 0 for op in g.ops for t in (*op.inputs, op.output))
+    assert not [op for op in g.ops if op.name.split(":")[-1].startswith("cat") and len(op.inputs) < 2]
+    attention = [op for op in g.ops if op.kind == "attention"]
+    assert len(attention) == 2 and all(g.batch_label in op.splittable for op in attention)
