@@ -466,6 +466,7 @@ class _TensorAxis:
         if m_in == v.module and vst and vst.style in ("colwise", "rowwise", "placed"):
             vst.input_layout = dtensor(src, dims)
         else:
+            self.refuse_ambiguous_entry(m_in, pname, tuple(v.inputs[i].shape))
             # a DTensor may flow into the module only if every reader is a style that accepts one
             dt_ok = all(w.name in self.styles for w in inside)
             self.extra.append(StyleSpec(module=m_in, style="prepare_input", input_layout=dtensor(src, dims),
@@ -474,6 +475,26 @@ class _TensorAxis:
         self.entries[m_in] = (pname, dst)
         self.entry_src[m_in] = src
         self.where[key] = m_in
+
+    def refuse_ambiguous_entry(self, m_in: str, pname: str, shape: tuple[int, ...]) -> None:
+        """PrepareModuleInput converts the module's first input: right when the converted tensor is
+        the only one of its shape that enters the module. MPT's MLP takes its input and the residual
+        (`ffn(hidden, residual)`), both [batch, seq, hidden]: converting the residual there would
+        convert the input instead, so such a plan is refused, naming both."""
+        entering: set[str] = set()
+        for w in self.g.ops:
+            if m_in not in self.mods.ancestors(w.module):
+                continue
+            for t in w.inputs:
+                src = self.ops.get(t.source) if t.source is not None else None
+                if tuple(t.shape) != shape or (src is not None and m_in in self.mods.ancestors(src.module)):
+                    continue
+                entering.add(t.source if t.source is not None else "<graph input>")
+        if len(entering) > 1:
+            raise Unsupported(f"module {m_in!r} receives {len(entering)} tensors of shape {list(shape)} "
+                              f"({', '.join(sorted(map(repr, entering)))}) and the plan redistributes "
+                              f"{pname!r} on tensor axis {self.axis!r}: PrepareModuleInput converts the first "
+                              f"input only, which may be another")
 
     def convert_on_exit(self, u: Op, v: Op, i: int, src: Codes, dst: Codes, key: tuple[str, str]) -> None:
         """u's own style or PrepareModuleOutput on u's module, when v's modules all hold u too."""
