@@ -205,8 +205,6 @@ def test_a_module_taking_two_tensors_of_one_shape_is_not_given_a_first_input_con
     redistributes the residual where it enters the MLP once ran with the hidden states converted
     instead (DTensor then failed on mismatched shards): such a plan is refused naming both tensors,
     and no plan that runs converts an input of that module."""
-    from worker.analyze import Unsupported
-
     config = {"model_type": "mpt", "n_layers": 2, "d_model": 64, "n_heads": 4, "vocab_size": 256, "max_seq_len": 128,
               "pad_token_id": 0}
     o = run_search(SearchRequest(hf_config=config, name="mpt", device="cpu", devices=4, devices_per_node=4,
