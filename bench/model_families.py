@@ -72,6 +72,11 @@ def tiny_config(family: str) -> dict[str, Any]:
             cfg[k] = 0.0
     if "head_dim" in cfg and "hidden_size" not in base:
         cfg.pop("head_dim")
+    if "qk_rope_head_dim" in base:
+        # multi-latent attention: head_dim is the rotary part's (derived from it), and every query
+        # head has its own key and value, expanded from the latent (no grouped-query sharing)
+        cfg.pop("head_dim", None)
+        cfg["num_key_value_heads"] = cfg["num_attention_heads"]
     return cfg
 
 

@@ -82,3 +82,15 @@ def test_an_empty_part_of_a_concatenation_is_no_input():
     assert not [op for op in g.ops if op.name.split(":")[-1].startswith("cat") and len(op.inputs) < 2]
     attention = [op for op in g.ops if op.kind == "attention"]
     assert len(attention) == 2 and all(g.batch_label in op.splittable for op in attention)
+
+
+def test_multi_latent_attention_with_grouped_key_value_heads_is_refused_naming_the_field():
+    """DeepSeek's keys and values are one per query head, expanded from the latent: a config with
+    fewer key/value heads failed deep in torch.export ("Attempting to broadcast a dimension"); it is
+    refused up front, naming the field."""
+    from search.errors import InputError
+
+    with pytest.raises(InputError, match=r"num_key_value_heads \(2\) must equal num_attention_heads \(4\) under "
+                                         r"multi-latent attention"):
+        spec_from_hf_config({"model_type": "deepseek_v3", **NARROW, "num_key_value_heads": 2, "kv_lora_rank": 16,
+                             "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16}, "ds")
