@@ -453,8 +453,8 @@ class _TensorAxis:
         prev = self.entries.get(m_in)
         if prev is not None:
             # a module called once per time step converts each call's input alike, in its own hook
-            again = (self.bounds.calls_of_one_op.get(m_in, False) and prev[1] == dst
-                     and self.entry_src.get(m_in) == src)
+            again = ((self.bounds.calls_of_one_op.get(m_in, False) or self.one_tensor_per_call(m_in))
+                     and prev[1] == dst and self.entry_src.get(m_in) == src)
             if prev != (pname, dst) and not again:
                 raise Unsupported(f"module {m_in!r} receives two tensors that the plan redistributes "
                                   f"(from {prev[0]!r} and {pname!r}); PrepareModuleInput here handles one")
@@ -475,6 +475,13 @@ class _TensorAxis:
         self.entries[m_in] = (pname, dst)
         self.entry_src[m_in] = src
         self.where[key] = m_in
+
+    def one_tensor_per_call(self, m: str) -> bool:
+        """m is a leaf module called several times on one tensor each (ViT's one dropout after the
+        attention and again after the MLP): its input hook sees each call's tensor as the first."""
+        inside = [op for op in self.g.ops if m in self.mods.ancestors(op.module)]
+        return (len(inside) > 1 and all(op.module == m for op in inside)
+                and len({op.target for op in inside}) == 1 and all(len(op.inputs) == 1 for op in inside))
 
     def refuse_ambiguous_entry(self, m_in: str, pname: str, shape: tuple[int, ...]) -> None:
         """PrepareModuleInput converts the module's first input: right when the converted tensor is

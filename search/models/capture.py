@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from search.errors import InputError, invalid
 from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, SaveKind, TensorRef, label_size
-from search.models.moe import EXPERT_LABEL, LOAD_ASSUMPTION, balanced_experts
+from search.models.moe import EXPERT_LABEL, LOAD_ASSUMPTION, balanced_experts, unflattened_dense_experts
 from search.models.seq2seq import annotate_stacks
 
 if TYPE_CHECKING:
@@ -946,7 +946,7 @@ def capture_module(module: nn.Module, example_args: tuple[torch.Tensor, ...], na
     batch = next((int(a.shape[d]) for a, labels in zip(example_args, input_labels or [], strict=False)
                   for d, lab in enumerate(labels) if lab == "batch" and d < a.dim()), 1)
     try:
-        with balanced_experts(module, multiple=batch):
+        with balanced_experts(module, multiple=batch), unflattened_dense_experts(module):
             ep = torch.export.export(module, example_args, strict=False)
     except Exception as e:  # noqa: BLE001 - export runs the user's forward: its errors are many and varied
         raise InputError(f"cannot capture {name}: torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None

@@ -172,3 +172,47 @@ def expert_flops(tokens: int, top_k: int, hidden: int, intermediate: int, num_ex
     H -> 2I, down I -> H)."""
     copies = num_experts * capacity(tokens, top_k, num_experts, multiple)
     return 2.0 * tokens * hidden * num_experts + 2.0 * copies * hidden * 2 * intermediate + 2.0 * copies * intermediate * hidden
+
+
+def _dense_experts(module: nn.Module) -> bool:
+    """A MoE block whose experts run every token (Llama-4's: `experts(tokens.repeat(E, 1) * scores)`,
+    one bmm per projection over [E, T, H], the unrouted copies scaled by zero): its router, shared
+    expert and experts, the experts stacked [E, H, 2I] and [E, I, H] and called on one tensor."""
+    experts = getattr(module, "experts", None)
+    if not (isinstance(experts, nn.Module) and isinstance(getattr(module, "router", None), nn.Module)
+            and isinstance(getattr(module, "shared_expert", None), nn.Module)) or experts_layout(experts) is not None:
+        return False
+    params = dict(experts.named_parameters(recurse=False))
+    up, down = params.get("gate_up_proj"), params.get("down_proj")
+    return (set(params) == {"gate_up_proj", "down_proj"} and up is not None and down is not None and up.dim() == 3
+            and down.dim() == 3 and up.shape[0] == down.shape[0] and up.shape[2] == 2 * down.shape[1]
+            and up.shape[1] == down.shape[2] and callable(getattr(experts, "act_fn", None)))
+
+
+def _dense_forward(self: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama4TextMoe.forward as it computes, with the experts' tokens kept [E, T, H] instead of
+    flattened to [E T, H] (`repeat(E, 1)`): the tokens stay a dimension of their own, which splits
+    by batch as the tokens do; the same products, the same FLOPs."""
+    experts = self.experts
+    assert isinstance(experts, nn.Module)  # _dense_experts checked it
+    tokens = hidden_states.reshape(-1, hidden_states.shape[-1])
+    router, shared = self.get_submodule("router"), self.get_submodule("shared_expert")
+    scores, logits = router(tokens)  # [T, E], zero for the experts a token is not routed to
+    x = tokens.unsqueeze(0) * scores.transpose(0, 1).unsqueeze(-1)
+    gate, up = torch.bmm(x, experts.get_parameter("gate_up_proj")).chunk(2, dim=-1)
+    y = torch.bmm(up * _act(experts)(gate), experts.get_parameter("down_proj"))
+    return shared(tokens) + y.sum(dim=0), logits
+
+
+@contextmanager
+def unflattened_dense_experts(model: nn.Module) -> Iterator[int]:
+    """Within the block, every dense MoE block of `model` (see `_dense_experts`) computes with its
+    experts' tokens unflattened, for capture; yields how many were found."""
+    found = [m for m in model.modules() if _dense_experts(m)]
+    for m in found:
+        m.forward = MethodType(_dense_forward, m)
+    try:
+        yield len(found)
+    finally:
+        for m in found:
+            del m.forward

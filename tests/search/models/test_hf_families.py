@@ -94,3 +94,20 @@ def test_multi_latent_attention_with_grouped_key_value_heads_is_refused_naming_t
                                          r"multi-latent attention"):
         spec_from_hf_config({"model_type": "deepseek_v3", **NARROW, "num_key_value_heads": 2, "kv_lora_rank": 16,
                              "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16}, "ds")
+
+
+def test_experts_that_run_every_token_split_by_batch():
+    """Llama-4's MoE runs every expert on every token, flattened (`tokens.repeat(E, 1)`): the
+    tokens then were the inner part of one [E T, H] dimension that no batch split can follow, and
+    no mesh could split the batch. Captured unflattened, [E, T, H], the experts' GEMMs split the
+    batch, with the FLOPs of every expert on every token."""
+    g = _graph("llama4_text", num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=1,
+               intermediate_size_mlp=128, pad_token_id=0)
+    gemms = [op for op in g.ops if op.module.endswith("feed_forward") and op.kind in ("linear", "matmul")
+             and len(op.output.shape) == 3]
+    assert len(gemms) == 4  # two per layer
+    assert all(g.batch_label in op.splittable for op in gemms)
+    tokens = 8 * 32
+    assert sum(op.flops for op in gemms[:2]) == 2.0 * 4 * tokens * 64 * (2 * 128) + 2.0 * 4 * tokens * 128 * 64
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    assert any(m.axes[0].size == 4 and m.axes[0].role == "data" for m in placeable_meshes(g, mesh_candidates(cluster)))
