@@ -345,9 +345,8 @@ def test_every_shape_lies_inside_its_end_stage_bounds():
             bounds = ends_bounds(tabs, w, ends, lams)
             b_of = sol.assigns[tabs.chain.boundary]
             for i, (t, m) in enumerate(zip(sol.root.t, sol.root.m, strict=True)):
-                bd = bounds[int(b_of[i])]
-                assert t >= bd.t * (1 - 1e-9) and m >= bd.m * (1 - 1e-9), sh.describe()
-                assert np.all(t + lams * m >= bd.b * (1 - 1e-9)), sh.describe()
+                # every point lies in one of the regions of its layout (one per end-stage split)
+                assert bounds[int(b_of[i])].holds(float(t), float(m), rtol=1e-9), sh.describe()
         checked += 1
     assert checked > 10
 
