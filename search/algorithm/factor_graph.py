@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -42,19 +43,30 @@ def _op_factor(name: str, oc: OpCosts, rc: str | None = None,
                 note=f"op {name}", m2=None if act is None else np.concatenate(act))
 
 
+@cache
+def _pair_keys(cu: int, cv: int, recompute: bool) -> np.ndarray:
+    """Every (producer, consumer) configuration pair, row-major (and then each with the block's
+    recomputation 0, then 1): the keys of every edge of that size, made once and read-only
+    (factors never write their keys)."""
+    ku, kv = np.meshgrid(np.arange(cu), np.arange(cv), indexing="ij")
+    keys = np.stack([ku.ravel(), kv.ravel()], axis=1).astype(np.int32)
+    if recompute:
+        n = len(keys)
+        keys = np.concatenate([np.c_[keys, np.zeros(n, np.int32)], np.c_[keys, np.ones(n, np.int32)]])
+    keys.flags.writeable = False
+    return keys
+
+
 def _edge_factor(ec: EdgeCosts, src_name: str, dst_name: str, rc: str | None = None,
                  act: np.ndarray | None = None) -> Factor:
     """Resharding time and the kept redistributed copy; a recomputed block keeps no copy and runs
     its forward collectives again. `act`: the copy's bytes kept as the second memory component
     (then `ec.mem` holds what does not scale with it)."""
     cu, cv = ec.time.shape
-    ku, kv = np.meshgrid(np.arange(cu), np.arange(cv), indexing="ij")
-    keys = np.stack([ku.ravel(), kv.ravel()], axis=1)
     if rc is None or not (ec.mem.any() or ec.time_rc is not None or (act is not None and act.any())):
-        return leaf((src_name, dst_name), keys, ec.time.ravel(), ec.mem.ravel(), note=f"edge {src_name}->{dst_name}",
-                    m2=None if act is None else act.ravel())
-    n = len(keys)
-    keys = np.concatenate([np.c_[keys, np.zeros(n, int)], np.c_[keys, np.ones(n, int)]])
+        return leaf((src_name, dst_name), _pair_keys(cu, cv, False), ec.time.ravel(), ec.mem.ravel(),
+                    note=f"edge {src_name}->{dst_name}", m2=None if act is None else act.ravel())
+    keys = _pair_keys(cu, cv, True)
     return leaf((src_name, dst_name, rc), keys, np.concatenate([ec.time.ravel(), ec.recomputed_time.ravel()]),
                 np.concatenate([ec.mem.ravel(), recomputed_mem(ec.mem.ravel())]), note=f"edge {src_name}->{dst_name}",
                 m2=None if act is None else np.concatenate([act.ravel(), recomputed_mem(act.ravel())]))

@@ -780,52 +780,104 @@ def _ends_beaten(tables: PipeTables, weights: list[Weights], least: Callable[[np
     """Whether the plans known to exist beat every plan of this shape, judged from the first
     and last stage's parts alone (`ends_bounds`); `least` gives their minima at given slopes."""
     lams = _slopes(envelope)
-    bounds = ends_bounds(tables, weights, least(lams), lams)
-    return all(bound.covered(envelope) for bound in bounds.values())
+    return all(r.covered(envelope) for r in ends_bounds(tables, weights, least(lams), lams).values())
 
 
-def ends_bounds(tables: PipeTables, weights: list[Weights], ends: EndLeast, lams: np.ndarray) -> dict[int, ShapeBound]:
-    """Per boundary configuration, where every plan of this shape lies, from the least costs of
-    the first and last stage's parts alone (before the middle stages are solved): the first
-    stage holds the ops before the stack and at least k layers, the last the ops after it and
-    at least k, and the iteration time is at least every stage's average. Exact: each bound is
-    a sum of minima."""
+class Regions:
+    """Several regions where plans lie: region i is t >= t[i], m >= m[i] and t + lam_j m >=
+    b[i, j] for each slope lam_j (ShapeBound's, many at once)."""
+
+    def __init__(self, t: np.ndarray, m: np.ndarray, lams: np.ndarray, b: np.ndarray) -> None:
+        self.t, self.m, self.lams, self.b = t, m, lams, b
+
+    def holds(self, t: float, m: float, rtol: float = 0.0) -> bool:
+        """Whether the point (t, m) lies in one of the regions (to rtol)."""
+        lo = 1.0 - rtol
+        inside = (t >= self.t * lo) & (m >= self.m * lo) & np.all(t + self.lams * m >= self.b * lo, axis=1)
+        return bool(inside.any())
+
+    def covered(self, envelope: tuple[np.ndarray, np.ndarray]) -> bool:
+        """Whether known plans beat every point of every region: ShapeBound.covered's test (see
+        there), one numpy sweep over the regions x the known plans' steps."""
+        if not len(self.t):
+            return True
+        st, sm = staircase(np.asarray(envelope[0], dtype=float), np.asarray(envelope[1], dtype=float))
+        if not len(st):
+            return False
+        margin = 1.0 - 2 * RTOL  # pull each region toward the origin: equal prices are no proof
+        t0, m0 = self.t * margin, self.m * margin
+        if np.any(st[0] > t0) or np.any(m0 < sm[-1]):
+            return False  # a region starts faster than every known plan, or is leaner than all
+        i0 = np.searchsorted(st, t0, side="right") - 1
+        pos = self.lams > 0
+        g = np.broadcast_to(m0[:, None], (len(t0), len(st) - 1))
+        if pos.any():
+            b = self.b[:, pos] * margin
+            g = np.maximum(g, np.max((b[:, :, None] - st[None, None, 1:]) / self.lams[pos][None, :, None], axis=1))
+        # region r needs g(right end of step i) >= the step's memory for every step i >= i0[r]
+        need = np.arange(len(st) - 1)[None, :] >= i0[:, None]
+        return bool(np.all(~need | (g >= sm[None, :-1])))
+
+
+def ends_bounds(tables: PipeTables, weights: list[Weights], ends: EndLeast, lams: np.ndarray) -> dict[int, Regions]:
+    """Per boundary configuration, regions where every plan of this shape lies (each plan in at
+    least one), from the least costs of the first and last stage's parts alone (before the
+    middle stages are solved): one region per count of layers on the first and on the last
+    stage that a split in the band allows. The first stage holds the ops before the stack and
+    its k0 layers, the last the ops after it and its kl, some middle stage at least its share
+    of the rest (each of its layers no cheaper than one on the last stage, whose micro-batches
+    in flight are fewest), and the iteration time is at least every stage's average. Exact:
+    each bound is a sum of minima."""
     p, n = len(weights), len(tables.chain.layers)
-    w0 = weights[0]
+    v = tables.shape.virtual_stages
     L = len(lams)
-    out: dict[int, ShapeBound] = {}
-    band = stage_band(n, p, tables.shape.virtual_stages, tables.shape.spread) if p > 1 else range(n, n + 1)
-    k = max(band.start, n - (p - 1) * (band.stop - 1))  # the fewest layers an end stage holds
-
-    def least(part: np.ndarray, b: int, scaled: bool = False) -> np.ndarray:
-        """Least time, least memory, least t + lam m (with `scaled`: t / p + lam m) of a part."""
-        row = part[b]
-        return np.concatenate([row[:2], row[2 + L:] if scaled else row[2:2 + L]])
+    out: dict[int, Regions] = {}
+    band = stage_band(n, p, v, tables.shape.spread) if p > 1 else range(n, n + 1)
+    members = np.array(list(band), dtype=np.int64)
+    if p == 1:
+        k0 = kl = km = np.zeros(1, dtype=np.int64)
+    else:
+        k0, kl = (x.ravel() for x in np.meshgrid(members, members, indexing="ij"))
+        rest = n - k0 - kl
+        if p == 2:
+            ok = rest == 0
+        else:  # the rest must split over the middle stages inside the band
+            ok = ((p - 2) * band.start <= rest) & (rest <= (p - 2) * (band.stop - 1))
+        k0, kl, rest = k0[ok], kl[ok], rest[ok]
+        # the middle stage holding the most layers holds at least its share, a band member
+        km = (members[np.searchsorted(members * (p - 2), rest, side="left").clip(max=len(members) - 1)]
+              if p > 2 else np.zeros(len(k0), dtype=np.int64))
 
     head, u0, ul, tail = ends
+    lines, scaled = slice(2, 2 + L), slice(2 + L, 2 + 2 * L)
     for b in [int(x) for x in np.flatnonzero(np.isfinite(head[:, 0]))]:
-        send = w0.slots * sends(0, p, tables.shape.virtual_stages) * float(tables.p2p[b]) if p > 1 else 0.0
+        h, a, z, tl = head[b], u0[b], ul[b], tail[b]
         if p == 1:
-            whole = least(head, b) + (n - 1) * least(u0, b) + least(tail, b)
-            bound = ShapeBound(float(whole[0]), float(whole[1]) + tables.buffers, lams,
-                               whole[2:] + lams * tables.buffers)
+            whole = h + (n - 1) * a + tl
+            t_lb, m_lb = np.array([whole[0]]), np.array([whole[1] + tables.buffers])
+            bnd = (whole[lines] + lams * tables.buffers)[None, :]
         else:
-            s0 = least(head, b) + (k - 1) * least(u0, b)
-            sl = least(tail, b) + k * least(ul, b)
-            t_all = least(head, b)[0] + least(tail, b)[0] + (n - 1) * least(u0, b)[0]
+            send = weights[0].slots * sends(0, p, v) * float(tables.p2p[b])
+            send_mid = min((weights[s].slots * sends(s, p, v) * float(tables.p2p[b]) for s in range(1, p - 1)),
+                           default=0.0)
+            t_all = h[0] + tl[0] + (n - 1) * a[0]
             t_avg = (t_all + (p - 1) * send) / p
-            t_lb = max(t_avg, s0[0] + send, sl[0])
-            m_lb = max(s0[1], sl[1]) + tables.buffers
-            lines = np.maximum(s0[2:] + send, sl[2:]) if L else np.zeros(0)
+            s0 = h[None, :] + (k0 - 1)[:, None] * a[None, :]   # first stage: the ops before the stack, layer 0
+            sl = tl[None, :] + kl[:, None] * z[None, :]         # last stage
+            mid = km[:, None] * z[None, :]                      # the busiest middle stage, its send apart
+            mid_send = np.where(km > 0, send_mid, 0.0)
+            t_lb = np.maximum(np.maximum(t_avg, s0[:, 0] + send), np.maximum(sl[:, 0], mid[:, 0] + mid_send))
+            m_lb = np.maximum(np.maximum(s0[:, 1], sl[:, 1]), mid[:, 1]) + tables.buffers
+            bnd = np.maximum(np.maximum(s0[:, lines] + send, sl[:, lines]), mid[:, lines] + mid_send[:, None])
             if L:
                 # average time with the first or the last stage's memory: each op counted once
-                own0 = least(head, b, True) + (k - 1) * least(u0, b, True)
-                ownl = least(tail, b, True) + k * least(ul, b, True)
-                lines = np.maximum(lines, own0[2:] + t_avg - s0[0] / p)
-                lines = np.maximum(lines, ownl[2:] + t_avg - sl[0] / p)
-            bound = ShapeBound(t_lb, m_lb, lams, lines + lams * tables.buffers)
-        if np.isfinite(bound.t) and np.isfinite(bound.m):  # else no plan goes through this layout
-            out[b] = bound
+                bnd = np.maximum(bnd, s0[:, scaled] + (t_avg - s0[:, :1] / p))
+                bnd = np.maximum(bnd, sl[:, scaled] + (t_avg - sl[:, :1] / p))
+            bnd = bnd + lams * tables.buffers
+        # a region without finite bounds has no plan through this layout
+        fin = np.isfinite(t_lb) & np.isfinite(m_lb)
+        if fin.any():
+            out[b] = Regions(t_lb[fin], m_lb[fin], lams, bnd[fin])
     return out
 
 
