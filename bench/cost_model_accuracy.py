@@ -58,10 +58,14 @@ TIME_TARGET, MEMORY_TARGET = 0.10, 0.05
 ACCURACY = Path(__file__).resolve().parents[1] / "search" / "prices" / "accuracy.json"
 
 
-def candidates(model: str, devices: int, per_node: int, batch: int, profile: dict | None) -> tuple[list, list]:
-    """(label, Plan) of every runnable frontier plan and baseline, and (label, reason) refused."""
-    fields = dict(model=model, device="cpu", devices=devices, devices_per_node=per_node, global_batch=batch,
-                  precision="fp32")
+def candidates(model: str, devices: int, per_node: int, batch: int, profile: dict | None, *, device: str = "cpu",
+               precision: str = "fp32", seq_len: int | None = None, host: str = "cpu") -> tuple[list, list]:
+    """(label, ExecSpec) of every runnable frontier plan and baseline, and (label, reason) refused;
+    searched on the catalog `device`, run on this machine's `host` ('cpu' or 'cuda')."""
+    fields: dict = dict(model=model, device=device, devices=devices, devices_per_node=per_node, global_batch=batch,
+                        precision=precision)
+    if seq_len is not None:
+        fields["seq_len"] = seq_len
     if profile is not None:
         fields["profile"] = profile
     o = run_search(SearchRequest(**fields))
@@ -75,7 +79,7 @@ def candidates(model: str, devices: int, per_node: int, batch: int, profile: dic
         seen.add(key)
         try:
             spec = analyze(plan)
-            check_capacity(spec, "cpu")
+            check_capacity(spec, host)
         except Unsupported as e:
             refused.append((label, str(e)))
             continue
@@ -87,9 +91,11 @@ def pct(x: float | None) -> str:
     return f"{x * 100:+.0f}%" if x is not None else "-"
 
 
-def run_set(labelled: list, steps: int, warmup: int, measure_memory: bool = True) -> list[RunReport]:
-    """Run (model, label, ExecSpec) triples in one torchrun launch; a RunReport each."""
-    settings = RunSettings(steps=steps, warmup=warmup, measure_memory=measure_memory)
+def run_set(labelled: list, steps: int, warmup: int, measure_memory: bool = True, device: str = "cpu"
+            ) -> list[RunReport]:
+    """Run (model, label, ExecSpec) triples in one torchrun launch on `device` ('cpu': gloo
+    processes, 'cuda': one process per GPU on NCCL); a RunReport each."""
+    settings = RunSettings(steps=steps, warmup=warmup, measure_memory=measure_memory, device=device)
     jobs = [Job(spec=spec, settings=settings) for _, _, spec in labelled]
     bar = Progress(jobs)
     started = datetime.now(UTC)

@@ -453,8 +453,8 @@ class _TensorAxis:
         prev = self.entries.get(m_in)
         if prev is not None:
             # a module called once per time step converts each call's input alike, in its own hook
-            again = (self.bounds.calls_of_one_op.get(m_in, False) and prev[1] == dst
-                     and self.entry_src.get(m_in) == src)
+            again = ((self.bounds.calls_of_one_op.get(m_in, False) or self.one_tensor_per_call(m_in))
+                     and prev[1] == dst and self.entry_src.get(m_in) == src)
             if prev != (pname, dst) and not again:
                 raise Unsupported(f"module {m_in!r} receives two tensors that the plan redistributes "
                                   f"(from {prev[0]!r} and {pname!r}); PrepareModuleInput here handles one")
@@ -466,6 +466,7 @@ class _TensorAxis:
         if m_in == v.module and vst and vst.style in ("colwise", "rowwise", "placed"):
             vst.input_layout = dtensor(src, dims)
         else:
+            self.refuse_ambiguous_entry(m_in, pname, tuple(v.inputs[i].shape))
             # a DTensor may flow into the module only if every reader is a style that accepts one
             dt_ok = all(w.name in self.styles for w in inside)
             self.extra.append(StyleSpec(module=m_in, style="prepare_input", input_layout=dtensor(src, dims),
@@ -474,6 +475,33 @@ class _TensorAxis:
         self.entries[m_in] = (pname, dst)
         self.entry_src[m_in] = src
         self.where[key] = m_in
+
+    def one_tensor_per_call(self, m: str) -> bool:
+        """m is a leaf module called several times on one tensor each (ViT's one dropout after the
+        attention and again after the MLP): its input hook sees each call's tensor as the first."""
+        inside = [op for op in self.g.ops if m in self.mods.ancestors(op.module)]
+        return (len(inside) > 1 and all(op.module == m for op in inside)
+                and len({op.target for op in inside}) == 1 and all(len(op.inputs) == 1 for op in inside))
+
+    def refuse_ambiguous_entry(self, m_in: str, pname: str, shape: tuple[int, ...]) -> None:
+        """PrepareModuleInput converts the module's first input: right when the converted tensor is
+        the only one of its shape that enters the module. MPT's MLP takes its input and the residual
+        (`ffn(hidden, residual)`), both [batch, seq, hidden]: converting the residual there would
+        convert the input instead, so such a plan is refused, naming both."""
+        entering: set[str] = set()
+        for w in self.g.ops:
+            if m_in not in self.mods.ancestors(w.module):
+                continue
+            for t in w.inputs:
+                src = self.ops.get(t.source) if t.source is not None else None
+                if tuple(t.shape) != shape or (src is not None and m_in in self.mods.ancestors(src.module)):
+                    continue
+                entering.add(t.source if t.source is not None else "<graph input>")
+        if len(entering) > 1:
+            raise Unsupported(f"module {m_in!r} receives {len(entering)} tensors of shape {list(shape)} "
+                              f"({', '.join(sorted(map(repr, entering)))}) and the plan redistributes "
+                              f"{pname!r} on tensor axis {self.axis!r}: PrepareModuleInput converts the first "
+                              f"input only, which may be another")
 
     def convert_on_exit(self, u: Op, v: Op, i: int, src: Codes, dst: Codes, key: tuple[str, str]) -> None:
         """u's own style or PrepareModuleOutput on u's module, when v's modules all hold u too."""

@@ -537,7 +537,10 @@ def main(argv: list[str] | None = None) -> int:
             local = int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(local)
             device = torch.device("cuda", local)
-            backend = "nccl"
+            # NCCL moves the model's tensors; the run's own bookkeeping (the loss and step times
+            # gathered across ranks, checkpoint stop flags, all_gather_object) lives in CPU
+            # tensors, which NCCL refuses: one group with a backend per device type
+            backend = "cpu:gloo,cuda:nccl"
         else:
             device = torch.device("cpu")
             backend = "gloo"

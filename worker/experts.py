@@ -12,34 +12,46 @@ the model's, unbalanced as it comes, where the plan's prices assume a balanced l
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from functools import partial
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dfn
 from torch import nn
 
-from search.models.moe import is_experts
+from search.models.moe import expert_ffn, experts_layout, is_experts
 
 
 class ExpertParallelExperts(nn.Module):
     """A layer's experts `first` .. `first + local - 1` of `total`, under the original module's
-    parameter names (gate_up_proj, down_proj) so that state dicts keep their keys."""
+    parameter names (gate_up_proj, down_proj, their biases where it has them) so that state dicts
+    keep their keys; each expert's MLP is computed as the original computes it (its gate included)."""
 
     def __init__(self, original: nn.Module, group: dist.ProcessGroup, rank: int, size: int) -> None:
         super().__init__()
-        gate_up, down = original.gate_up_proj, original.down_proj
-        assert isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)  # is_experts checked them
-        self.total = gate_up.shape[0]
+        layout = experts_layout(original)
+        assert layout is not None  # shard_experts picked experts containers only
+        self.layout = layout
+        up = original.get_parameter(layout.up)
+        self.total = up.shape[0]
         self.local = self.total // size
         self.first = rank * self.local
         self.group, self.size = group, size
-        self.gate_up_proj = nn.Parameter(torch.empty(self.local, *gate_up.shape[1:], dtype=gate_up.dtype,
-                                                     device=gate_up.device))
-        self.down_proj = nn.Parameter(torch.empty(self.local, *down.shape[1:], dtype=down.dtype, device=down.device))
-        act = original.act_fn
-        assert callable(act)  # is_experts checked it
-        self.act_fn: Callable[[torch.Tensor], torch.Tensor] = act
+        for name in layout.names():
+            p = original.get_parameter(name)
+            self.register_parameter(name, nn.Parameter(torch.empty(self.local, *p.shape[1:], dtype=p.dtype,
+                                                                   device=p.device)))
+        act = getattr(original, "act_fn", None)
+        if callable(act):
+            self.act_fn = act
+        # the original's own gate (gpt-oss's clamped SwiGLU reads its alpha and limit), bound to
+        # a plain copy of its settings: the parameters stay this module's share only
+        gate = getattr(type(original), "_apply_gate", None)
+        if callable(gate):
+            settings = SimpleNamespace(**{k: v for k, v in vars(original).items() if not k.startswith("_")})
+            settings.act_fn = act
+            self._apply_gate = partial(gate, settings)
 
     def forward(self, tokens: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         k = top_k_index.shape[-1]
@@ -56,15 +68,14 @@ class ExpertParallelExperts(nn.Module):
         received = dfn.all_to_all_single(x.new_empty(sum(recv), x.shape[-1]), x, recv, send, group=self.group)
         expert = torch.arange(self.local, device=tokens.device).repeat(self.size).repeat_interleave(recv_counts.reshape(-1))
         out = torch.zeros_like(received)
-        act = self.act_fn
+        weights = [self.get_parameter(name) for name in self.layout.names()]
         for e in range(self.local):
             at = torch.where(expert == e)[0]
-            gate, up = torch.nn.functional.linear(received[at], self.gate_up_proj[e]).chunk(2, dim=-1)
-            y = torch.nn.functional.linear(act(gate) * up, self.down_proj[e])
+            y = expert_ffn(self, self.layout, received[at], *(w[e] for w in weights))
             out = out.index_copy(0, at, y)
         back = dfn.all_to_all_single(out.new_empty(x.shape), out, send, recv, group=self.group)
-        weights = top_k_weights.reshape(-1)[order]
-        return torch.zeros_like(tokens).index_add(0, rows, back * weights[:, None])
+        scale = top_k_weights.reshape(-1)[order]
+        return torch.zeros_like(tokens).index_add(0, rows, back * scale[:, None])
 
 
 def shard_experts(model: nn.Module, group: dist.ProcessGroup, rank: int, size: int) -> list[str]:
@@ -74,7 +85,9 @@ def shard_experts(model: nn.Module, group: dist.ProcessGroup, rank: int, size: i
         parent, _, attr = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
         original = owner.get_submodule(attr)
-        experts = original.get_parameter("gate_up_proj").shape[0]
+        layout = experts_layout(original)
+        assert layout is not None  # found above
+        experts = original.get_parameter(layout.up).shape[0]
         if experts % size:
             raise ValueError(f"{name}: {experts} experts do not split over {size} ranks")
         owner.register_module(attr, ExpertParallelExperts(original, group, rank, size))
@@ -86,6 +99,6 @@ def expert_rows(module: nn.Module) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     for name, m in module.named_modules():
         if isinstance(m, ExpertParallelExperts):
-            for p in ("gate_up_proj", "down_proj"):
+            for p in m.layout.names():
                 out[f"{name}.{p}" if name else p] = (m.first, m.first + m.local)
     return out

@@ -22,6 +22,7 @@ import numpy as np
 from search.algorithm.chain import Chain, after_stack, find_chain, layer_index, recompute_var
 from search.algorithm.evaluate import Weights, mesh_costs, weigh_edge
 from search.algorithm.frontier import Factor, Stats, eliminate_var, join, leaf, restrict_equal, union
+from search.algorithm.minsum import least_sums
 from search.models.graph import Op, OpGraph
 from search.prices.boundaries import Pair
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, add_edges, recomputed_mem
@@ -153,7 +154,7 @@ def _with_recompute(oc: OpCosts, r: int) -> OpCosts:
                    step=oc.step)
 
 
-class _MeshFactors:
+class MeshFactors:
     """The factors of one mesh's ops and edges, and their elimination with a layer's
     recomputation chosen. Edge tables are priced once and kept in `edge_costs`."""
 
@@ -182,6 +183,9 @@ class _MeshFactors:
         self.choices = (0, 1) if recompute_var(1) in self.domain else (0,)
         self.edge_costs: dict[tuple[str, str], EdgeCosts] = {}
         self.pairs: dict[str, list[Pair]] = {}
+        # the leaves of each (ops, fixed recomputation) asked for: a bound (`least`) and the
+        # elimination (`solved`) of the same part share them
+        self.leaves: dict[tuple[tuple[str, ...], tuple[tuple[int, int], ...]], list[Factor]] = {}
         for pair in cm.bounds.pairs:
             self.pairs.setdefault(pair.b, []).append(pair)
 
@@ -209,7 +213,14 @@ class _MeshFactors:
 
     def factors(self, ops: list[Op], fixed: dict[int, int]) -> list[Factor]:
         """Factors of `ops`; a layer in `fixed` takes that recomputation choice, any other
-        layer keeps its choice as a variable."""
+        layer keeps its choice as a variable. Built once per (ops, fixed); factors are never
+        modified, so every caller may share them."""
+        key = (tuple(op.name for op in ops), tuple(sorted(fixed.items())))
+        if key not in self.leaves:
+            self.leaves[key] = self._factors(ops, fixed)
+        return self.leaves[key]
+
+    def _factors(self, ops: list[Op], fixed: dict[int, int]) -> list[Factor]:
         out: list[Factor] = []
         names = {op.name for op in ops}
         for op in ops:
@@ -258,11 +269,50 @@ class _MeshFactors:
         return eliminate_var(union(cases, var), var, self.domain, self.eps)
 
 
+
+def least_of(fgs: list[MeshFactors], ops: list[Op], layer: int | None, keep: tuple[str, ...],
+             weights: np.ndarray) -> list[np.ndarray]:
+    """Per problem of `fgs` (one graph and mesh under several weightings) and per assignment of
+    `keep`, the least w0 * t + w1 * m over every assignment of the other variables of what
+    `MeshFactors.solved` eliminates (the same factors, the same recomputation cases), for each
+    row (w0, w1) of `weights`: the minima of those frontiers, without them, in one min-sum
+    elimination for every problem and case."""
+    fg = fgs[0]
+    cases: list[dict[int, int]] = [{}]
+    if layer is not None and any(fg.layer_of.get(op.name) == layer for op in ops):
+        cases = [{layer: r} for r in fg.choices]
+    out = least_sums([f.factors(ops, fixed) for f in fgs for fixed in cases], fg.domain, keep, weights)
+    out = out.reshape(*out.shape[:-2], len(fgs), len(cases), out.shape[-1]).min(axis=-2)
+    return [out[..., i, :] for i in range(len(fgs))]
+
+
+def stage_parts(graph: OpGraph, chain: Chain, op_costs: dict[str, OpCosts], tail: set[str] | None = None
+                ) -> tuple[list[Op], list[Op], list[Op]]:
+    """A pipeline's parts of the ops in `op_costs`, in their order there: the template layer, the
+    ops before the stack (with layer 0: the first stage's) and those after it (`tail`, if the
+    caller has it: the last stage's)."""
+    template = set(chain.template)
+    tail = tail if tail is not None else after_stack(graph, chain)
+    costed = [graph.op(name) for name in op_costs]
+    return ([op for op in costed if op.name in template],
+            [op for op in costed if op.name not in template and op.name not in tail],
+            [op for op in costed if op.name not in template and op.name in tail])
+
+
+def mesh_factors(graph: OpGraph, cm: CostModel, mesh: Mesh, eps: float, recompute: bool,
+                 op_costs: dict[str, OpCosts], edge_weights: Weights, chain: Chain) -> MeshFactors:
+    """The factors of a pipeline stage's ops (weighed by the caller) and edges (under
+    `edge_weights`), built on demand: what `prepare_mesh(..., factors=)` eliminates and
+    `MeshFactors.least` bounds."""
+    return MeshFactors(graph, cm, mesh, op_costs, layer_index(graph) if recompute else {}, chain, eps, edge_weights)
+
+
 def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool = True, eps: float = 0.0,
                  zero: int = 0, recompute: bool = True, op_costs: dict[str, OpCosts] | None = None,
                  split_outside: tuple[bool, bool] | None = None, edge_weights: Weights | None = None,
                  known: tuple[Chain, set[str]] | None = None,
-                 activations: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> MeshProblem:
+                 activations: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                 factors: MeshFactors | None = None) -> MeshProblem:
     """Cost tables and factors of one mesh under ZeRO stage `zero`; with `recompute`, every
     layer of the block stack may also be recomputed. With a stack, the template layer and the
     rest of the graph are each solved twice, their layer recomputed or not, and the two
@@ -274,17 +324,21 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     `activations`: per op its activation bytes without and with recomputation, kept as a second
     memory component in the template layer's elimination (with `edge_weights` holding no
     micro-batch in flight, the edges' kept copies go there too): the pipeline's middle stages
-    weigh one such layer frontier each (only the unit is solved then)."""
+    weigh one such layer frontier each (only the unit is solved then); `factors`: the factors
+    `mesh_factors` made with these same arguments, shared with a bound taken from them."""
     layer_of = layer_index(graph) if recompute else {}
     # a pipeline's stages cut the stack layer by layer: every layer, the last too, the template's
     # (the stage search passes its own such chain as `known`)
     chain = ((known[0] if known is not None else find_chain(graph, solo=split_outside is None))
              if reuse_blocks else None)
+    if factors is not None:
+        op_costs = factors.op_costs
     op_costs = op_costs if op_costs is not None else mesh_costs(graph, cm, mesh, zero, chain)
     # find_chain proves layer 0 configures like the template (chain._uniform): the boundary's
     # layouts are the template output's, which the tied stack relies on
     assert not chain or len(op_costs[chain.boundary].configs) == len(op_costs[chain.template[-1]].configs)
-    fg = _MeshFactors(graph, cm, mesh, op_costs, layer_of, chain, eps, edge_weights, activations)
+    fg = factors if factors is not None else MeshFactors(graph, cm, mesh, op_costs, layer_of, chain, eps, edge_weights,
+                                                        activations)
     costed = [graph.op(name) for name in op_costs]
     prob = MeshProblem(mesh=mesh, chain=chain, op_costs=op_costs, edge_costs=fg.edge_costs, domain=fg.domain,
                        buffers=cm.buffers(mesh, costed, zero), stats=fg.stats, factors=[], zero=zero)
@@ -301,11 +355,11 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     prob.unit.layers = 1
     if split_outside is not None:
         want_head, want_tail = split_outside
-        tail_names = known[1] if known is not None else after_stack(graph, chain)
+        _, head_ops, tail_ops = stage_parts(graph, chain, op_costs, known[1] if known is not None else None)
         if want_head:
-            prob.head = fg.solved([op for op in rest_ops if op.name not in tail_names], 0, (chain.boundary,))
+            prob.head = fg.solved(head_ops, 0, (chain.boundary,))
         if want_tail:
-            prob.tail = fg.solved([op for op in rest_ops if op.name in tail_names], None, (chain.boundary,))
+            prob.tail = fg.solved(tail_ops, None, (chain.boundary,))
         return prob
     # reduce everything else to a factor over the boundary first: the stack's factor is the
     # largest table, and it should meet one frontier per boundary configuration, not one per

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -78,7 +79,7 @@ from search.algorithm.evaluate import (
     weigh_op,
     with_edges,
 )
-from search.algorithm.factor_graph import MeshProblem, prepare_mesh
+from search.algorithm.factor_graph import MeshFactors, MeshProblem, least_of, mesh_factors, prepare_mesh, stage_parts
 from search.algorithm.frontier import RTOL, Factor, Stats, assignments, join, least_memory, pareto_mask, select, staircase
 from search.algorithm.interleave import MAX_VIRTUAL_STAGES, sends, to_model_order
 from search.algorithm.results import PipeSolution, Split
@@ -296,22 +297,31 @@ class _Stages:
     def build(cls, graph: OpGraph, cm: CostModel, tables: PipeTables, eps: float, recompute: bool,
               env: _Envelope, envelope: tuple[np.ndarray, np.ndarray] | None = None) -> _Stages | None:
         """One factor graph per distinct stage weighting (FT's per-mesh problem, its ops weighed
-        here and its edges by prepare_mesh): the last stage's first, then the first stage's, the
-        others when the stage DP first asks for them; None if the stack cannot be solved as one
-        layer or, with an `envelope` of known plans, if they beat every plan of the shape
-        (`_ends_beaten`): judged first with the last stage's weights standing in for the first's
-        (no more memory, the same time, for every assignment), so a losing shape costs one solve."""
+        here and its edges by prepare_mesh): the last stage's and the first stage's, the others
+        when the stage DP first asks for them; None if the stack cannot be solved as one layer
+        or, with an `envelope` of known plans, if they beat every plan of the shape judged from
+        its end stages (`_ends_beaten`). That judgement needs only the least time, memory and
+        weighted sums of the end stages' parts (min-sum eliminations, `MeshFactors.least`), so a
+        losing shape is dropped before any frontier of it is built."""
         shape, chain = tables.shape, tables.chain
         weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages)
         sub = Mesh(pp=1, axes=shape.mesh.axes)
         covered = {name for layer in chain.layers[2:] for name in layer}  # priced through the template
         first, last = weights[0], weights[-1]
         known = (chain, tables.tail)
+        fgs: dict[Weights, MeshFactors] = {}
+
+        def factors(w: Weights) -> MeshFactors:
+            """Stage weighting w's factors, made once for its bound and its solve."""
+            if w not in fgs:
+                weighted = {name: weigh_op(oc, w) for name, oc in tables.op_costs.items() if name not in covered}
+                fgs[w] = mesh_factors(graph, cm, sub, eps, recompute, weighted, w, chain)
+            return fgs[w]
 
         def solve(w: Weights, head: bool = False) -> MeshProblem | None:
-            weighted = {name: weigh_op(oc, w) for name, oc in tables.op_costs.items() if name not in covered}
-            prob = prepare_mesh(graph, cm, sub, True, eps, shape.zero, recompute, weighted,
-                                split_outside=(head or w == first, w == last), edge_weights=w, known=known)
+            prob = prepare_mesh(graph, cm, sub, True, eps, shape.zero, recompute,
+                                split_outside=(head or w == first, w == last), edge_weights=w, known=known,
+                                factors=factors(w))
             return prob if prob.unit is not None else None
 
         # The middle stages differ only in the micro-batches in flight: every stage's memory is
@@ -339,25 +349,18 @@ class _Stages:
             return Factor(scope=u.scope, keys=u.keys[keep], t=u.t[keep], m=m[keep], parents=(u,), parent_idx=(keep,),
                           layers=1)
 
-        beaten = envelope is not None and len(envelope[0]) > 0  # known plans to judge the ends by
-        lp = solve(last, head=beaten)
+        if envelope is not None and len(envelope[0]) and _ends_beaten(
+                tables, weights, lambda lams: _end_least(graph, tables, factors(first), factors(last), lams), envelope):
+            return None
+        lp = solve(last)
         if lp is None:
             return None
         ends: dict[Weights, MeshProblem] = {last: lp}
-        if beaten:
-            assert envelope is not None and lp.unit is not None and lp.head is not None and lp.tail is not None
-            if _ends_beaten(tables, weights, lp.unit, lp.head, lp.unit, lp.tail, envelope):
-                return None
         if first != last:
             fp = solve(first)
             if fp is None:
                 return None
             ends[first] = fp
-            if beaten:
-                assert envelope is not None and fp.unit is not None and fp.head is not None and lp.tail is not None
-                assert lp.unit is not None
-                if _ends_beaten(tables, weights, fp.unit, fp.head, lp.unit, lp.tail, envelope):
-                    return None
         domain = ends[first].domain
         head, tail = ends[first].head, ends[last].tail
         assert head is not None and tail is not None
@@ -725,36 +728,82 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     return out
 
 
-def _ends_beaten(tables: PipeTables, weights: list[Weights], u0: Factor, head: Factor, ul: Factor, tail: Factor,
+class EndLeast(NamedTuple):
+    """Per boundary configuration (rows; inf where none), the least of each objective over the
+    points of an end stage's part: columns t, m, t + lam_j m for each slope, t / p + lam_j m for
+    each slope. `head` and `u0` (one layer) under the first stage's weights or any lower bound
+    of them, `ul` (one layer) and `tail` under the last stage's."""
+
+    head: np.ndarray
+    u0: np.ndarray
+    ul: np.ndarray
+    tail: np.ndarray
+
+
+def _objectives(lams: np.ndarray, p: int) -> np.ndarray:
+    """The rows (w_t, w_m) of EndLeast's columns."""
+    one = np.ones(len(lams))
+    return np.concatenate([[[1.0, 0.0], [0.0, 1.0]], np.stack([one, lams], 1), np.stack([one / p, lams], 1)])
+
+
+def _end_least(graph: OpGraph, tables: PipeTables, first: MeshFactors, last: MeshFactors, lams: np.ndarray) -> EndLeast:
+    """EndLeast by min-sum eliminations of the end stages' parts, from the very factors their
+    solves eliminate (exactly the minima of those frontiers, up to the order of float sums)."""
+    chain, tail = tables.chain, tables.tail
+    w = _objectives(lams, tables.shape.stages)
+    nb = len(first.op_costs[chain.boundary].configs)
+    diag = np.arange(nb)
+    unit_keep = (chain.boundary, chain.template[-1])
+
+    block, head_ops, _ = stage_parts(graph, chain, first.op_costs, tail)
+    _, _, tail_ops = stage_parts(graph, chain, last.op_costs, tail)
+    units = [u[diag, diag] for u in least_of([first] if last is first else [first, last], block, 1, unit_keep, w)]
+    return EndLeast(least_of([first], head_ops, 0, (chain.boundary,), w)[0], units[0], units[-1],
+                    least_of([last], tail_ops, None, (chain.boundary,), w)[0])
+
+
+def frontier_least(f: Factor, configs: int, lams: np.ndarray, p: int) -> np.ndarray:
+    """An EndLeast row per boundary configuration from a factor over the boundary (its frontier
+    at hand): what `_end_least` finds without one."""
+    out = np.full((configs, 2 + 2 * len(lams)), np.inf)
+    for b in range(configs):
+        sel = f.keys[:, 0] == b
+        t, m = f.t[sel], f.m[sel]
+        if len(t):
+            out[b] = np.concatenate([[t.min(), m.min()], (t[:, None] + lams[None, :] * m[:, None]).min(axis=0),
+                                     (1.0 / p * t[:, None] + lams[None, :] * m[:, None]).min(axis=0)])
+    return out
+
+
+def _ends_beaten(tables: PipeTables, weights: list[Weights], least: Callable[[np.ndarray], EndLeast],
                  envelope: tuple[np.ndarray, np.ndarray]) -> bool:
     """Whether the plans known to exist beat every plan of this shape, judged from the first
-    and last stage's frontiers alone (`ends_bounds`)."""
-    bounds = ends_bounds(tables, weights, u0, head, ul, tail, _slopes(envelope))
+    and last stage's parts alone (`ends_bounds`); `least` gives their minima at given slopes."""
+    lams = _slopes(envelope)
+    bounds = ends_bounds(tables, weights, least(lams), lams)
     return all(bound.covered(envelope) for bound in bounds.values())
 
 
-def ends_bounds(tables: PipeTables, weights: list[Weights], u0: Factor, head: Factor, ul: Factor, tail: Factor,
-                lams: np.ndarray) -> dict[int, ShapeBound]:
-    """Per boundary configuration, where every plan of this shape lies, from the first and last
-    stage's frontiers alone (before the middle stages are solved; `u0` and `head` under the
-    first stage's weights or any lower bound of them): the first stage holds the ops before the
-    stack and at least k layers, the last the ops after it and at least k, and the iteration
-    time is at least every stage's average. Exact: each bound is a sum of frontiers' minima."""
+def ends_bounds(tables: PipeTables, weights: list[Weights], ends: EndLeast, lams: np.ndarray) -> dict[int, ShapeBound]:
+    """Per boundary configuration, where every plan of this shape lies, from the least costs of
+    the first and last stage's parts alone (before the middle stages are solved): the first
+    stage holds the ops before the stack and at least k layers, the last the ops after it and
+    at least k, and the iteration time is at least every stage's average. Exact: each bound is
+    a sum of minima."""
     p, n = len(weights), len(tables.chain.layers)
     w0 = weights[0]
+    L = len(lams)
     out: dict[int, ShapeBound] = {}
     band = stage_band(n, p, tables.shape.virtual_stages, tables.shape.spread) if p > 1 else range(n, n + 1)
     k = max(band.start, n - (p - 1) * (band.stop - 1))  # the fewest layers an end stage holds
 
-    def least(f: Factor, b: int, scale: float = 1.0) -> np.ndarray:
-        """Over f's points of boundary b: least time, least memory, least scale t + lam m."""
-        sel = f.keys[:, 0] == b
-        t, m = f.t[sel], f.m[sel]
-        if not len(t):
-            return np.full(2 + len(lams), np.inf)
-        return np.concatenate([[t.min(), m.min()], (scale * t[:, None] + lams[None, :] * m[:, None]).min(axis=0)])
+    def least(part: np.ndarray, b: int, scaled: bool = False) -> np.ndarray:
+        """Least time, least memory, least t + lam m (with `scaled`: t / p + lam m) of a part."""
+        row = part[b]
+        return np.concatenate([row[:2], row[2 + L:] if scaled else row[2:2 + L]])
 
-    for b in [int(x) for x in np.unique(head.keys[:, 0])]:
+    head, u0, ul, tail = ends
+    for b in [int(x) for x in np.flatnonzero(np.isfinite(head[:, 0]))]:
         send = w0.slots * sends(0, p, tables.shape.virtual_stages) * float(tables.p2p[b]) if p > 1 else 0.0
         if p == 1:
             whole = least(head, b) + (n - 1) * least(u0, b) + least(tail, b)
@@ -767,11 +816,11 @@ def ends_bounds(tables: PipeTables, weights: list[Weights], u0: Factor, head: Fa
             t_avg = (t_all + (p - 1) * send) / p
             t_lb = max(t_avg, s0[0] + send, sl[0])
             m_lb = max(s0[1], sl[1]) + tables.buffers
-            lines = np.maximum(s0[2:] + send, sl[2:]) if len(lams) else np.zeros(0)
-            if len(lams):
+            lines = np.maximum(s0[2:] + send, sl[2:]) if L else np.zeros(0)
+            if L:
                 # average time with the first or the last stage's memory: each op counted once
-                own0 = least(head, b, 1.0 / p) + (k - 1) * least(u0, b, 1.0 / p)
-                ownl = least(tail, b, 1.0 / p) + k * least(ul, b, 1.0 / p)
+                own0 = least(head, b, True) + (k - 1) * least(u0, b, True)
+                ownl = least(tail, b, True) + k * least(ul, b, True)
                 lines = np.maximum(lines, own0[2:] + t_avg - s0[0] / p)
                 lines = np.maximum(lines, ownl[2:] + t_avg - sl[0] / p)
             bound = ShapeBound(t_lb, m_lb, lams, lines + lams * tables.buffers)

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from search.errors import InputError, invalid
 from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, SaveKind, TensorRef, label_size
-from search.models.moe import EXPERT_LABEL, LOAD_ASSUMPTION, balanced_experts
+from search.models.moe import EXPERT_LABEL, LOAD_ASSUMPTION, balanced_experts, unflattened_dense_experts
 from search.models.scan import (
     captured_kind,
     chunk_scan_flops,
@@ -862,13 +862,18 @@ class _Capture:
         return self.emit(node, "scan", inputs, tuple(out_val.shape), out_labels, _dtype(out_val), params, split,
                          flops, "inputs", work)
 
-    def cat(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> _Act:
+    def cat(self, node: torch.fx.Node, args: list[object], out_val: torch.Tensor) -> _Act | _Param:
         L = self.b.labels
         tensors = args[0]
         assert isinstance(tensors, list)  # cat's first argument is a list of tensors
-        parts = [p for p in tensors if isinstance(p, (_Act, _Param))]
         d = _int_arg(node, 1, 0) % out_val.dim()
         out_shape = tuple(out_val.shape)
+        # an empty part adds nothing (Phi-3 concatenates the rotated half of each head with the
+        # rest, empty when the rotary embedding spans the whole head): it is no input of the op,
+        # and a concatenation of one tensor with empties is that tensor
+        parts = [p for p in tensors if isinstance(p, (_Act, _Param)) and math.prod(p.shape) > 0]
+        if len(parts) == 1 and parts[0].shape == out_shape:
+            return parts[0]
         labels = [L.new(f"{node.name}/d{k}") for k in range(len(out_shape))]
         for p in parts:
             for k in range(len(out_shape)):
@@ -1046,7 +1051,7 @@ def capture_module(module: nn.Module, example_args: tuple[torch.Tensor, ...], na
     batch = next((int(a.shape[d]) for a, labels in zip(example_args, input_labels or [], strict=False)
                   for d, lab in enumerate(labels) if lab == "batch" and d < a.dim()), 1)
     try:
-        with balanced_experts(module, multiple=batch), scans_as_ops(module):
+        with balanced_experts(module, multiple=batch), unflattened_dense_experts(module), scans_as_ops(module):
             ep = torch.export.export(module, example_args, strict=False)
     except Exception as e:  # noqa: BLE001 - export runs the user's forward: its errors are many and varied
         raise InputError(f"cannot capture {name}: torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None

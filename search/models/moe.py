@@ -28,8 +28,9 @@ the way back to the combine. The custom ops exist for capture on the meta device
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from types import MethodType
 
@@ -66,22 +67,86 @@ def capacity(tokens: int, top_k: int, num_experts: int, multiple: int = 1) -> in
     return math.ceil(tokens * top_k / num_experts / multiple) * multiple
 
 
-def is_experts(module: nn.Module) -> bool:
-    """An experts container in the layout transformers 5 and the zoo share (see the module docstring)."""
+@dataclass(frozen=True)
+class ExpertsLayout:
+    """How an experts container holds its stacked weights, as transformers' experts decorator
+    describes it: ``up`` names the first projection (``gate_up_proj`` [E, 2I, H] when gated, else
+    ``up_proj`` [E, I, H]); ``transposed`` stores each expert's matrices input-major ([E, H, 2I],
+    gpt-oss); ``bias`` adds ``<name>_bias`` [E, out] to each projection."""
+
+    up: str
+    gated: bool
+    transposed: bool
+    bias: bool
+
+    def names(self) -> tuple[str, ...]:
+        return (self.up, "down_proj") + ((f"{self.up}_bias", "down_proj_bias") if self.bias else ())
+
+
+def experts_layout(module: nn.Module) -> ExpertsLayout | None:
+    """The layout of an experts container in the form transformers 5 and the zoo share (see the
+    module docstring), with or without biases, gated or not, stored transposed or not; None for
+    any other module."""
     params = dict(module.named_parameters(recurse=False))
-    gu, down = params.get("gate_up_proj"), params.get("down_proj")
-    return (set(params) == {"gate_up_proj", "down_proj"} and gu is not None and down is not None
-            and gu.dim() == 3 and down.dim() == 3 and gu.shape[0] == down.shape[0]
-            and gu.shape[1] == 2 * down.shape[2] and gu.shape[2] == down.shape[1] and callable(getattr(module, "act_fn", None)))
+    gated = "gate_up_proj" in params
+    transposed = bool(getattr(module, "is_transposed", False))
+    bias = bool(getattr(module, "has_bias", False)) or "down_proj_bias" in params
+    layout = ExpertsLayout("gate_up_proj" if gated else "up_proj", gated, transposed, bias)
+    if set(params) != set(layout.names()):
+        return None
+    up, down = params[layout.up], params["down_proj"]
+    if up.dim() != 3 or down.dim() != 3 or up.shape[0] != down.shape[0]:
+        return None
+    # [E, out, in] as nn.Linear stores it, or [E, in, out] transposed
+    up_in, up_out = (up.shape[1], up.shape[2]) if transposed else (up.shape[2], up.shape[1])
+    down_in, down_out = (down.shape[1], down.shape[2]) if transposed else (down.shape[2], down.shape[1])
+    if up_in != down_out or up_out != (2 if gated else 1) * down_in:
+        return None
+    gate_fns = (getattr(module, "_apply_gate", None), getattr(module, "act_fn", None)) if gated else (
+        getattr(module, "act_fn", None),)
+    return layout if any(callable(f) for f in gate_fns) else None
+
+
+def is_experts(module: nn.Module) -> bool:
+    """An experts container in a layout capture and expert parallelism both understand."""
+    return experts_layout(module) is not None
+
+
+def expert_ffn(module: nn.Module, layout: ExpertsLayout, x: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+               up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The experts' MLP on tokens ``x``: [E, C, H] against the stacked weights, or [C, H] against
+    one expert's; the gate as the module computes it (gpt-oss's clamped, interleaved SwiGLU is its
+    own ``_apply_gate``; the zoo's and transformers' default split the halves)."""
+    h = torch.matmul(x, up if layout.transposed else up.transpose(-1, -2))
+    if up_bias is not None:
+        h = h + (up_bias.unsqueeze(-2) if h.dim() == 3 else up_bias)
+    if layout.gated:
+        gate_fn = getattr(module, "_apply_gate", None)
+        if callable(gate_fn):
+            h = gate_fn(h)
+        else:
+            gate, lin = h.chunk(2, dim=-1)
+            h = _act(module)(gate) * lin
+    else:
+        h = _act(module)(h)
+    y = torch.matmul(h, down if layout.transposed else down.transpose(-1, -2))
+    if down_bias is not None:
+        y = y + (down_bias.unsqueeze(-2) if y.dim() == 3 else down_bias)
+    return y
+
+
+def _act(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    act = getattr(module, "act_fn", None)
+    assert callable(act)  # experts_layout checked it
+    return act
 
 
 def _balanced_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                      top_k_weights: torch.Tensor, *, multiple: int) -> torch.Tensor:
-    gate_up, down, act = self.gate_up_proj, self.down_proj, self.act_fn
-    assert isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and callable(act)  # is_experts checked
-    x = torch.ops.paretoplan.moe_dispatch(hidden_states, top_k_index, gate_up.shape[0], multiple)
-    gate, up = torch.bmm(x, gate_up.transpose(1, 2)).chunk(2, dim=-1)
-    y = torch.bmm(act(gate) * up, down.transpose(1, 2))
+                      top_k_weights: torch.Tensor, *, multiple: int, layout: ExpertsLayout) -> torch.Tensor:
+    w = [getattr(self, n) for n in layout.names()]
+    assert all(isinstance(t, torch.Tensor) for t in w)  # experts_layout checked them
+    x = torch.ops.paretoplan.moe_dispatch(hidden_states, top_k_index, w[0].shape[0], multiple)
+    y = expert_ffn(self, layout, x, *w)
     return torch.ops.paretoplan.moe_combine(y, top_k_weights.to(y.dtype), top_k_index)
 
 
@@ -90,13 +155,13 @@ def balanced_experts(model: nn.Module, multiple: int = 1) -> Iterator[list[tuple
     """Within the block, every experts container of `model` computes at a balanced load's shapes
     (for capture), its buffers rounded up to a multiple of `multiple` tokens (the global batch);
     yields (module path, number of experts) of each."""
-    found = [(name, m) for name, m in model.named_modules() if is_experts(m)]
-    for _, m in found:
-        m.forward = MethodType(partial(_balanced_forward, multiple=multiple), m)
+    found = [(name, m, layout) for name, m in model.named_modules() if (layout := experts_layout(m)) is not None]
+    for _, m, layout in found:
+        m.forward = MethodType(partial(_balanced_forward, multiple=multiple, layout=layout), m)
     try:
-        yield [(name, int(m.gate_up_proj.shape[0])) for name, m in found]
+        yield [(name, int(m.get_parameter(layout.up).shape[0])) for name, m, layout in found]
     finally:
-        for _, m in found:
+        for _, m, _ in found:
             del m.forward
 
 
@@ -107,3 +172,47 @@ def expert_flops(tokens: int, top_k: int, hidden: int, intermediate: int, num_ex
     H -> 2I, down I -> H)."""
     copies = num_experts * capacity(tokens, top_k, num_experts, multiple)
     return 2.0 * tokens * hidden * num_experts + 2.0 * copies * hidden * 2 * intermediate + 2.0 * copies * intermediate * hidden
+
+
+def _dense_experts(module: nn.Module) -> bool:
+    """A MoE block whose experts run every token (Llama-4's: `experts(tokens.repeat(E, 1) * scores)`,
+    one bmm per projection over [E, T, H], the unrouted copies scaled by zero): its router, shared
+    expert and experts, the experts stacked [E, H, 2I] and [E, I, H] and called on one tensor."""
+    experts = getattr(module, "experts", None)
+    if not (isinstance(experts, nn.Module) and isinstance(getattr(module, "router", None), nn.Module)
+            and isinstance(getattr(module, "shared_expert", None), nn.Module)) or experts_layout(experts) is not None:
+        return False
+    params = dict(experts.named_parameters(recurse=False))
+    up, down = params.get("gate_up_proj"), params.get("down_proj")
+    return (set(params) == {"gate_up_proj", "down_proj"} and up is not None and down is not None and up.dim() == 3
+            and down.dim() == 3 and up.shape[0] == down.shape[0] and up.shape[2] == 2 * down.shape[1]
+            and up.shape[1] == down.shape[2] and callable(getattr(experts, "act_fn", None)))
+
+
+def _dense_forward(self: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama4TextMoe.forward as it computes, with the experts' tokens kept [E, T, H] instead of
+    flattened to [E T, H] (`repeat(E, 1)`): the tokens stay a dimension of their own, which splits
+    by batch as the tokens do; the same products, the same FLOPs."""
+    experts = self.experts
+    assert isinstance(experts, nn.Module)  # _dense_experts checked it
+    tokens = hidden_states.reshape(-1, hidden_states.shape[-1])
+    router, shared = self.get_submodule("router"), self.get_submodule("shared_expert")
+    scores, logits = router(tokens)  # [T, E], zero for the experts a token is not routed to
+    x = tokens.unsqueeze(0) * scores.transpose(0, 1).unsqueeze(-1)
+    gate, up = torch.bmm(x, experts.get_parameter("gate_up_proj")).chunk(2, dim=-1)
+    y = torch.bmm(up * _act(experts)(gate), experts.get_parameter("down_proj"))
+    return shared(tokens) + y.sum(dim=0), logits
+
+
+@contextmanager
+def unflattened_dense_experts(model: nn.Module) -> Iterator[int]:
+    """Within the block, every dense MoE block of `model` (see `_dense_experts`) computes with its
+    experts' tokens unflattened, for capture; yields how many were found."""
+    found = [m for m in model.modules() if _dense_experts(m)]
+    for m in found:
+        m.forward = MethodType(_dense_forward, m)
+    try:
+        yield len(found)
+    finally:
+        for m in found:
+            del m.forward

@@ -1273,6 +1273,12 @@ def check_hf_config(raw: Any, prefix: str = "hf_config.") -> object:
         raise InputError(f"{prefix}{_field(config, raw, 'num_attention_heads')} ({heads}) must divide "
                          f"{_field(config, raw, 'hidden_size')} ({width}): each head takes an equal "
                          "share of the width")
+    if heads and kv and kv != heads and _first_int(config, "kv_lora_rank"):
+        # multi-latent attention (DeepSeek) expands its latent to a key and a value per query head;
+        # transformers' attention would still repeat them as grouped-query heads, and fail
+        raise InputError(f"{prefix}num_key_value_heads ({kv}) must equal {_field(config, raw, 'num_attention_heads')} "
+                         f"({heads}) under multi-latent attention (kv_lora_rank): every query head has its own key "
+                         "and value, expanded from the latent")
     if heads and kv and heads % kv:
         raise InputError(f"{prefix}num_key_value_heads ({kv}) must divide "
                          f"{_field(config, raw, 'num_attention_heads')} ({heads}): each key/value head "

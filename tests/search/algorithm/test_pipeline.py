@@ -297,12 +297,16 @@ def test_a_shape_is_not_pruned_by_plans_slightly_worse_than_its_own():
 
 
 def test_every_shape_lies_inside_its_end_stage_bounds():
-    """`ends_bounds` (from the first and last stage's frontiers, and from the last stage's
-    weights standing in for the first's) holds every point of the shape's complete frontier
-    through that boundary layout."""
-    from search.algorithm.evaluate import pipe_tables, stage_weights
-    from search.algorithm.pipeline import _Envelope, _Stages, ends_bounds, solve_shape
+    """`ends_bounds` holds every point of the shape's complete frontier through that boundary
+    layout, whether its minima come from the first and last stage's frontiers, from the last
+    stage's weights standing in for the first's, or from min-sum eliminations of the very
+    factors those frontiers come from (`_end_least`, what the search prunes with: it must equal
+    the frontiers' minima, so a shape it drops is one the frontiers would drop)."""
+    from search.algorithm.evaluate import pipe_tables, stage_weights, weigh_op
+    from search.algorithm.factor_graph import mesh_factors
+    from search.algorithm.pipeline import EndLeast, _end_least, _Envelope, _Stages, ends_bounds, frontier_least, solve_shape
     from search.prices.costmodel import CostModel
+    from search.prices.mesh import Mesh
 
     g = stack(6, batch=32)
     cl = make_cluster("h100-80gb", 8)
@@ -322,8 +326,23 @@ def test_every_shape_lies_inside_its_end_stage_bounds():
         first, last = S.ends[w[0]], S.ends[w[-1]]
         lean_head = S.solve(w[-1], head=True) if sh.stages > 1 else last
         assert lean_head is not None
-        for u0, head in ((first.unit, first.head), (last.unit, lean_head.head)):
-            bounds = ends_bounds(tabs, w, u0, head, last.unit, last.tail, lams)
+        nb = len(tabs.op_costs[tabs.chain.boundary].configs)
+        sub = Mesh(pp=1, axes=sh.mesh.axes)
+        covered = {name for layer in tabs.chain.layers[2:] for name in layer}
+        fresh = [mesh_factors(mg, cm, sub, 0.0, True, {k: weigh_op(oc, wt) for k, oc in tabs.op_costs.items()
+                                                       if k not in covered}, wt, tabs.chain) for wt in (w[0], w[-1])]
+        assert lean_head.head is not None and first.head is not None and last.tail is not None
+        assert first.unit is not None and last.unit is not None
+        least = {id(f): frontier_least(f, nb, lams, sh.stages)
+                 for f in (first.head, first.unit, last.unit, last.tail, lean_head.head)}
+        scalar = _end_least(mg, tabs, fresh[0], fresh[1], lams)
+        exact = EndLeast(least[id(first.head)], least[id(first.unit)], least[id(last.unit)], least[id(last.tail)])
+        for got, want in zip(scalar, exact, strict=True):
+            assert np.array_equal(np.isfinite(got), np.isfinite(want)), sh.describe()
+            assert np.allclose(got[np.isfinite(got)], want[np.isfinite(want)], rtol=1e-12, atol=0), sh.describe()
+        lean = EndLeast(least[id(lean_head.head)], least[id(last.unit)], least[id(last.unit)], least[id(last.tail)])
+        for ends in (exact, lean, scalar):
+            bounds = ends_bounds(tabs, w, ends, lams)
             b_of = sol.assigns[tabs.chain.boundary]
             for i, (t, m) in enumerate(zip(sol.root.t, sol.root.m, strict=True)):
                 bd = bounds[int(b_of[i])]

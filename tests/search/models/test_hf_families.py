@@ -72,3 +72,43 @@ def test_a_rotary_embedding_in_complex_numbers_is_captured():
     g = capture_model(spec, 8, 32)
     assert g.meta["moe_top_k"] == 6
     assert not [op for op in g.ops if "complex" in op.output.dtype]
+
+
+def test_an_empty_part_of_a_concatenation_is_no_input():
+    """Phi-3 concatenates each head's rotated part with the rest, empty when the rotary embedding
+    spans the whole head: the empty slice is not an input (a tensor of size 0 is invalid), and the
+    concatenation of one tensor is that tensor, not an op."""
+    g = _graph("phi3", num_key_value_heads=2, pad_token_id=0)
+    assert all(min(t.shape, default=1) > 0 for op in g.ops for t in (*op.inputs, op.output))
+    assert not [op for op in g.ops if op.name.split(":")[-1].startswith("cat") and len(op.inputs) < 2]
+    attention = [op for op in g.ops if op.kind == "attention"]
+    assert len(attention) == 2 and all(g.batch_label in op.splittable for op in attention)
+
+
+def test_multi_latent_attention_with_grouped_key_value_heads_is_refused_naming_the_field():
+    """DeepSeek's keys and values are one per query head, expanded from the latent: a config with
+    fewer key/value heads failed deep in torch.export ("Attempting to broadcast a dimension"); it is
+    refused up front, naming the field."""
+    from search.errors import InputError
+
+    with pytest.raises(InputError, match=r"num_key_value_heads \(2\) must equal num_attention_heads \(4\) under "
+                                         r"multi-latent attention"):
+        spec_from_hf_config({"model_type": "deepseek_v3", **NARROW, "num_key_value_heads": 2, "kv_lora_rank": 16,
+                             "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16}, "ds")
+
+
+def test_experts_that_run_every_token_split_by_batch():
+    """Llama-4's MoE runs every expert on every token, flattened (`tokens.repeat(E, 1)`): the
+    tokens then were the inner part of one [E T, H] dimension that no batch split can follow, and
+    no mesh could split the batch. Captured unflattened, [E, T, H], the experts' GEMMs split the
+    batch, with the FLOPs of every expert on every token."""
+    g = _graph("llama4_text", num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=1,
+               intermediate_size_mlp=128, pad_token_id=0)
+    gemms = [op for op in g.ops if op.module.endswith("feed_forward") and op.kind in ("linear", "matmul")
+             and len(op.output.shape) == 3]
+    assert len(gemms) == 4  # two per layer
+    assert all(g.batch_label in op.splittable for op in gemms)
+    tokens = 8 * 32
+    assert sum(op.flops for op in gemms[:2]) == 2.0 * 4 * tokens * 64 * (2 * 128) + 2.0 * 4 * tokens * 128 * 64
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    assert any(m.axes[0].size == 4 and m.axes[0].role == "data" for m in placeable_meshes(g, mesh_candidates(cluster)))

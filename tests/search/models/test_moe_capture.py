@@ -101,3 +101,56 @@ def test_capture_leaves_the_model_as_it_was():
         assert [n for n, _ in found] == ["layers.0.ffn.experts", "layers.1.ffn.experts"]
     assert torch.equal(model(ids, tgt), before)
     assert all("forward" not in vars(m) for m in experts)
+
+
+GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4,
+           "num_experts_per_tok": 2, "vocab_size": 256, "max_position_embeddings": 128, "layer_types": None}
+
+
+def test_gpt_oss_experts_with_biases_and_transposed_weights_are_captured_as_routed_experts():
+    """gpt-oss stores its experts input-major ([E, H, 2I]) with biases and a clamped, interleaved
+    SwiGLU; transformers runs them by indexing the weights per routed copy (a [T k, H, 2I] gather the
+    batch cannot split). Captured as the other MoEs are: dispatch, two expert GEMMs with the
+    analytic FLOPs, combine."""
+    spec = spec_from_hf_config(GPT_OSS, "gpt-oss")
+    batch, seq = 2, 16
+    g = capture_model(spec, batch, seq)
+    assert g.meta["moe_experts"] == 4 and g.meta["moe_top_k"] == 2 and g.meta["moe_layers"] == 2
+    assert not [op for op in g.ops if op.name.endswith(":index")]
+    ops = layer_ops(g, 0)
+    gemms = [op for op in ops if op.kind == "linear" and len(op.output.shape) == 3 and "experts" in op.module]
+    assert len(gemms) == 2 and all("expert" in op.output.dims for op in gemms)
+    copies = 4 * capacity(batch * seq, 2, 4, batch)
+    assert sum(op.flops for op in gemms) == 2.0 * copies * 64 * 2 * 32 + 2.0 * copies * 32 * 64
+    owned = {p.name.rsplit(".", 1)[-1] for op in ops for p in op.params if p.owner and "experts" in p.name}
+    assert owned == {"gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"}
+
+
+def test_expert_ffn_computes_what_the_gpt_oss_experts_compute():
+    """Expert parallelism runs each expert through expert_ffn: on gpt-oss's own experts module
+    (biases, transposed weights, its clamped gate) it must equal the module's forward."""
+    from transformers import AutoConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    from search.models.moe import expert_ffn, experts_layout
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("gpt_oss", **{k: v for k, v in GPT_OSS.items() if k != "model_type"})
+    cfg._experts_implementation = "eager"
+    experts = GptOssExperts(cfg)
+    for p in experts.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    layout = experts_layout(experts)
+    assert layout is not None and layout.transposed and layout.bias and layout.gated
+    tokens = torch.randn(6, 64)
+    index = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2], [1, 3]])
+    weights = torch.rand(6, 2)
+    want = experts(tokens, index, weights)
+    got = torch.zeros_like(tokens)
+    for t in range(6):
+        for j in range(2):
+            e = int(index[t, j])
+            w = [experts.get_parameter(n)[e] for n in layout.names()]
+            got[t] += weights[t, j] * expert_ffn(experts, layout, tokens[t:t + 1], *w)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
