@@ -341,3 +341,30 @@ def test_recompute_costs_one_more_forward_and_keeps_no_activations():
     # a block's output op keeps its output (the checkpoint the next block recomputes from)
     kept = cm.op_costs(cm.graph.ops[0], mesh, checkpoint=True)
     assert kept.parts_rc[c, 3] == kept.parts[c, 3]
+
+
+# ---------------------------------------------------------------- a scan's saved states
+
+def test_a_scans_workspace_is_kept_for_backward_and_moved_in_fp32():
+    """A selective scan (search/models/scan.py) over u [B=16, D=32, L=4] whose reference keeps
+    3 x 8 fp32 elements per output element for backward (states of width N=8): on 8 data ranks
+    each holds 2 of the 16 sequences, so 2*32*4 = 256 output elements keep 256 * 24 * 4 = 24,576
+    bytes beyond the op without that workspace; the op also writes and reads them back once."""
+    u = TensorRef(source=None, shape=(16, 32, 4), dims=("batch", "ch", "seq"))
+
+    def scan(workspace: float) -> Op:
+        return Op(name="mixer:selective_scan", kind="scan", inputs=(u,),
+                  output=TensorRef(shape=(16, 32, 4), dims=("batch", "ch", "seq")),
+                  splittable=("batch", "ch"), flops=16 * 32 * 4 * (8 * 8 + 10), saves="inputs", workspace=workspace)
+
+    mesh = dp_mesh(8)
+    costs = {}
+    for w in (0.0, 24.0):
+        op = scan(w)
+        cm = CostModel(OpGraph(ops=(op,)), make_cluster("h100-80gb", 8), TrainingJob(global_batch=16, precision="bf16"))
+        c = op_configs(op, mesh).index(("batch", None))
+        costs[w] = cm.op_costs(op, mesh).parts[c, 3], cm.op_costs(op, mesh).time[c]
+    assert costs[24.0][0] - costs[0.0][0] == 2 * 32 * 4 * 24 * 4
+    assert costs[24.0][1] > costs[0.0][1]  # 2 x 24,576 more bytes through memory, forward and backward
+    # a tensor axis leaves the scan whole: the executor runs transformers' layer code
+    assert op_configs(scan(0.0), dp_tp_mesh(4, 2)) == [("batch", None)]
