@@ -487,7 +487,10 @@ class _TensorAxis:
         """PrepareModuleInput converts the module's first input: right when the converted tensor is
         the only one of its shape that enters the module. MPT's MLP takes its input and the residual
         (`ffn(hidden, residual)`), both [batch, seq, hidden]: converting the residual there would
-        convert the input instead, so such a plan is refused, naming both."""
+        convert the input instead, so such a plan is refused, naming both. A module called once
+        per tensor (ViT's dropout) is not ambiguous: each call's tensor is its first."""
+        if self.one_tensor_per_call(m_in):
+            return
         entering: set[str] = set()
         for w in self.g.ops:
             if m_in not in self.mods.ancestors(w.module):

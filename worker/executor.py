@@ -90,8 +90,31 @@ def materialize(module: nn.Module, name: str, seed: int, device: torch.device, t
         if canonical(k) in rows:
             first, end = rows[canonical(k)]
             full[k] = full[k][first:end]
-    set_model_state_dict(module, full, options=StateDictOptions(full_state_dict=True, strict=True))
+    strided = _load_strided_shards(module, full)
+    set_model_state_dict(module, {k: v for k, v in full.items() if k not in strided},
+                         options=StateDictOptions(full_state_dict=True, strict=not strided))
     _copy_transient_buffers(module, reference)
+
+
+def _load_strided_shards(module: nn.Module, full: dict[str, torch.Tensor]) -> set[str]:
+    """Copy this rank's part of every parameter that FSDP shards along a dimension tensor
+    parallelism already split (a _StridedShard placement), from `full`; the keys loaded.
+    torch's distribute_tensor pads such a split and then asserts equal pieces, which an uneven one
+    (ViT's classifier, 2 labels over tp2 x dp2) does not give; the local shape and offset DTensor
+    computes for the rank are the same slice, without the padding."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    done: set[str] = set()
+    with torch.no_grad():
+        for k, v in module.state_dict().items():
+            if not isinstance(v, DTensor) or not any(isinstance(p, _StridedShard) for p in v.placements):
+                continue
+            shape, offset = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
+            part = full[k][tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
+            v.to_local().copy_(part.to(dtype=v.dtype))
+            done.add(k)
+    return done
 
 
 def _has_transient_buffers(module: nn.Module) -> bool:

@@ -1131,15 +1131,18 @@ def capture_with_blocks(module: nn.Module, example_args: tuple[torch.Tensor, ...
     if not isinstance(blocks, nn.ModuleList):
         raise TypeError(f"{name}: blocks_attr {blocks_attr!r} is a {type(blocks).__name__}, not an nn.ModuleList")
     n = len(blocks)
-    if n <= 2 or not _identical_layers(blocks):
+    # the layers from `first` on are identical (DeepSeek-V3's first 3 of 61 are dense, the rest
+    # MoE): the layers before them and two of them are exported, the rest replicated
+    first = _uniform_from(blocks)
+    if n - first < 3:
         g = capture_module(module, example_args, name, input_labels, meta)
         return _annotate_blocks(g, blocks_attr, n) if n >= 2 else g
-    _set_attr(module, blocks_attr, nn.ModuleList([blocks[0], blocks[1]]))
+    _set_attr(module, blocks_attr, nn.ModuleList(list(blocks)[:first + 2]))
     try:
         g2 = capture_module(module, example_args, name, input_labels, meta)
     finally:
         _set_attr(module, blocks_attr, blocks)
-    full = _replicate(g2, blocks_attr, n)
+    full = _replicate(g2, blocks_attr, n, first)
     if full is None:
         g = capture_module(module, example_args, name, input_labels, meta)
         return _annotate_blocks(g, blocks_attr, n)
@@ -1148,12 +1151,18 @@ def capture_with_blocks(module: nn.Module, example_args: tuple[torch.Tensor, ...
     return moe_meta(full)
 
 
-def _identical_layers(blocks: nn.ModuleList) -> bool:
-    def sig(m: nn.Module) -> tuple:
-        return (type(m).__name__, tuple((k, tuple(p.shape)) for k, p in m.named_parameters()),
-                tuple(type(c).__name__ for c in m.modules()))
-    first = sig(blocks[0])
-    return all(sig(b) == first for b in blocks)
+def _layer_signature(m: nn.Module) -> tuple:
+    return (type(m).__name__, tuple((k, tuple(p.shape)) for k, p in m.named_parameters()),
+            tuple(type(c).__name__ for c in m.modules()))
+
+
+def _uniform_from(blocks: nn.ModuleList) -> int:
+    """The first index from which every layer of the stack is identical to the last."""
+    last = _layer_signature(blocks[-1])
+    k = len(blocks) - 1
+    while k > 0 and _layer_signature(blocks[k - 1]) == last:
+        k -= 1
+    return k
 
 
 def _layer_of(opname: str, module: str, prefix: str) -> int | None:
@@ -1177,26 +1186,32 @@ def _renamer(prefix: str, src: int, dst: int) -> Callable[[str], str]:
     return lambda s: pat.sub(f"{prefix}.{dst}", s)
 
 
-def _replicate(g2: OpGraph, prefix: str, n: int) -> OpGraph | None:
+def _replicate(g2: OpGraph, prefix: str, n: int, first: int = 0) -> OpGraph | None:
+    """g2 exported layers 0 .. first + 1 of an n-layer stack whose layers from `first` on are
+    identical: layer first + 1 is copied for the rest. With differing layers before `first`, the
+    stack is no block stack for the search (its layers are not all alike): the graph has no blocks."""
     ops = list(g2.ops)
     idx = [_layer_of(op.name, op.module, prefix) for op in ops]
-    l0 = [op for op, i in zip(ops, idx, strict=True) if i == 0]
-    l1 = [op for op, i in zip(ops, idx, strict=True) if i == 1]
+    t0, t1 = first, first + 1  # the template layers
+    l0 = [op for op, i in zip(ops, idx, strict=True) if i == t0]
+    l1 = [op for op, i in zip(ops, idx, strict=True) if i == t1]
     if not l0 or len(l0) != len(l1):
         return None
-    first1 = min(k for k, i in enumerate(idx) if i == 1)
-    last1 = max(k for k, i in enumerate(idx) if i == 1)
-    if any(i not in (1,) for i in idx[first1:last1 + 1]):
+    first1 = min(k for k, i in enumerate(idx) if i == t1)
+    last1 = max(k for k, i in enumerate(idx) if i == t1)
+    if any(i != t1 for i in idx[first1:last1 + 1]):
         return None
     l0_names = {op.name for op in l0}
     l1_names = {op.name for op in l1}
+    earlier = {op.name for op, i in zip(ops, idx, strict=True) if i is not None and i < t0}
     out0 = l0[-1].name
-    # layer 1 may read only its own ops, layer 0's last op, graph inputs and non-layer ops before layer 0
+    # the copied layer may read only its own ops, the layer before's last op, graph inputs and
+    # non-layer ops before the stack
     for op in l1:
         for t in op.inputs:
-            if t.source in l0_names and t.source != out0:
+            if (t.source in l0_names and t.source != out0) or t.source in earlier:
                 return None
-    ren = _renamer(prefix, 0, 1)
+    ren = _renamer(prefix, t0, t1)
     for a, b in zip(l0, l1, strict=True):  # structural identity of the two exported layers
         if (a.kind, a.flops, a.output.shape, tuple(p.shape for p in a.params),
                 tuple(t.shape for t in a.inputs)) != (b.kind, b.flops, b.output.shape,
@@ -1211,26 +1226,29 @@ def _replicate(g2: OpGraph, prefix: str, n: int) -> OpGraph | None:
         for t in op.inputs:
             if t.source in l1_names and t.source != out1:
                 return None
-            if t.source in l0_names:
+            if t.source in l0_names or t.source in earlier:
                 return None
     new_ops: list[Op] = [op for op in pre]
-    layers: list[tuple[str, ...]] = [tuple(op.name for op in l0), tuple(op.name for op in l1)]
+    layers: list[tuple[str, ...]] = [tuple(op.name for op, i in zip(ops, idx, strict=True) if i == k)
+                                     for k in range(t0)]
+    layers += [tuple(op.name for op in l0), tuple(op.name for op in l1)]
     new_ops += l1
     prev_out = out1
-    for i in range(2, n):
-        r = _renamer(prefix, 1, i)
+    for i in range(t1 + 1, n):
+        r = _renamer(prefix, t1, i)
         layer_ops = []
         for op in l1:
             layer_ops.append(_rename_op(op, r, {out0: prev_out}))
         new_ops += layer_ops
         layers.append(tuple(op.name for op in layer_ops))
         prev_out = layer_ops[-1].name
-    rl = _renamer(prefix, 1, n - 1)
+    rl = _renamer(prefix, t1, n - 1)
     for op in post:
         new_ops.append(_rename_op(op, rl, {}))
     meta = dict(g2.meta)
+    alike = len({len(layer) for layer in layers}) == 1
     return OpGraph(name=g2.name, ops=tuple(new_ops), meta=meta,
-                   blocks=(BlockInfo(prefix=prefix, layers=tuple(layers)),))
+                   blocks=(BlockInfo(prefix=prefix, layers=tuple(layers)),) if alike else ())
 
 
 def _rename_op(op: Op, r: Callable[[str], str], source_map: dict[str, str]) -> Op:

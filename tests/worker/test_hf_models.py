@@ -53,3 +53,25 @@ def test_a_plan_of_an_hf_config_trains_as_one_process_does(family, hf_runs):
     ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
                            lr=job.settings.lr, source=spec.source)
     assert_losses_match(f"{family} ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_vit_leanest_plan_trains_as_one_process_does():
+    """Tiny ViT's leanest plan (dp2 x tp2, FSDP over tensor-parallel shards) once could not run:
+    its one dropout module, called after the attention and again after the MLP, converts each
+    call's input (analyze refused two conversions at one module), and its classifier's 2 rows,
+    split over tp2 and then FSDP's dp2, are loaded without torch's padded scatter (which asserted)."""
+    from worker.analyze import analyze
+
+    config = {"model_type": "vit", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+              "num_attention_heads": 4, "image_size": 32, "patch_size": 8, "hidden_dropout_prob": 0.0,
+              "attention_probs_dropout_prob": 0.0}
+    o = run_search(SearchRequest(hf_config=config, name="vit", device="cpu", devices=4, devices_per_node=4,
+                                 global_batch=8, precision="fp32", baselines=False))
+    leanest = min(o.plans, key=lambda p: p.predicted.memory_bytes)
+    job, raw = launch({"leanest": analyze(leanest)}, STEPS)["leanest"]
+    spec = job.spec
+    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
+                           lr=job.settings.lr, source=spec.source)
+    assert_losses_match(f"vit leanest ({spec.summary})", raw["losses"], ref, STEPS, TOL)

@@ -112,3 +112,26 @@ def test_experts_that_run_every_token_split_by_batch():
     assert sum(op.flops for op in gemms[:2]) == 2.0 * 4 * tokens * 64 * (2 * 128) + 2.0 * 4 * tokens * 128 * 64
     cluster = make_cluster("cpu", 4, devices_per_node=4)
     assert any(m.axes[0].size == 4 and m.axes[0].role == "data" for m in placeable_meshes(g, mesh_candidates(cluster)))
+
+
+def test_a_stack_alike_after_its_first_layers_is_captured_as_a_whole_export_is():
+    """DeepSeek-V3's first layers are dense and the rest MoE: the stack is not uniform, so it was
+    exported whole (70 s for the 61 layers of its default config). The layers before the uniform run
+    and two of the run are exported, the rest copied: the graph equals the whole export's."""
+    import torch
+
+    from search.models.capture import _INPUT_LABELS, capture_module
+
+    cfg = {"model_type": "deepseek_v3", **NARROW, "num_hidden_layers": 5, "first_k_dense_replace": 2,
+           "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+           "qk_nope_head_dim": 8, "v_head_dim": 16, "moe_intermediate_size": 32, "n_routed_experts": 4,
+           "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1}
+    spec = spec_from_hf_config(cfg, "ds3")
+    g = capture_model(spec, 4, 16)
+    with torch.device("meta"):
+        module = spec.build()
+    whole = capture_module(module, spec.example_inputs(4, 16, device="meta"), spec.name, _INPUT_LABELS["lm"])
+    assert [op.name for op in g.ops] == [op.name for op in whole.ops]
+    assert [(op.kind, op.flops, op.output.shape) for op in g.ops] == [(op.kind, op.flops, op.output.shape)
+                                                                       for op in whole.ops]
+    assert sum(1 for op in g.ops if op.kind == "combine") == 3
