@@ -1,7 +1,7 @@
 """Predicted vs measured peak memory of one device, as the executor runs a plan in one process.
 
     python bench/memory_accuracy.py                      # the table in docs/benchmarks.md (~25 min on 2 cores)
-    python bench/memory_accuracy.py --rows gpt2-medium:2:256:bf16:1:none   # one row: model:batch:seq:precision:micro-batches:recompute
+    python bench/memory_accuracy.py --rows gpt2-medium:2:256:bf16:1:none   # model:batch:seq:precision:micro:recompute
 
 Each row prices a one-device plan with `paretoplan estimate` (the 'h100-80gb' catalog device: the
 memory model does not depend on the device), runs it in one process on this machine's CPU as the
@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
     t0 = time.perf_counter()
-    print("| model | batch x seq | precision | micro-batches | recompute | predicted | measured | error | measured by kind (MiB) |")
+    print("| model | batch x seq | precision | micro-batches | recompute | predicted | measured | error "
+          "| measured by kind (MiB) |")
     print("|---|---|---|---:|---|---:|---:|---:|---|")
     errs = []
     for row in args.rows:
