@@ -71,20 +71,40 @@ class TrainingJob(BaseModel):
 
 @dataclass(frozen=True)
 class Bytes:
-    """Bytes per element of each kind of state under a precision (Adam optimizer)."""
+    """Bytes per element of each kind of state under a precision (Adam optimizer).
+
+    `param`, `grad` and `optimizer` are what kernels and collectives move (time and traffic: the
+    compute copy of a weight, a gradient as Megatron-LM reduces it, fp32 master weights with the
+    moments). The `held_*` fields are what the executor keeps in memory: under mixed precision
+    the parameters stay fp32 and so do their gradients (torch.autocast casts each weight for the
+    matmuls that read it; FSDP2's MixedPrecisionPolicy reduces gradients in fp32 into fp32
+    shards), AdamW keeps two fp32 moments, and `cast` is the low-precision copy of a weight that
+    lives from its first use in the forward to the end of the backward (autocast's weight cache,
+    FSDP2's unsharded parameters). Same sum as the compute view for the states (4 + 4 + 8 =
+    2 + 2 + 12) plus the 2-byte copy."""
 
     activation: int
     param: int
     grad: int
     optimizer: int  # Adam's two fp32 moments, plus fp32 master weights under mixed precision
     compute_dtype: str
+    held_param: int = 4
+    held_grad: int = 4
+    held_optimizer: int = 8
+    cast: int = 0
 
 
 PRECISION_BYTES: dict[str, Bytes] = {
     "fp32": Bytes(activation=4, param=4, grad=4, optimizer=8, compute_dtype="fp32"),
-    "bf16": Bytes(activation=2, param=2, grad=2, optimizer=12, compute_dtype="bf16"),
-    "fp16": Bytes(activation=2, param=2, grad=2, optimizer=12, compute_dtype="fp16"),
+    "bf16": Bytes(activation=2, param=2, grad=2, optimizer=12, compute_dtype="bf16", cast=2),
+    "fp16": Bytes(activation=2, param=2, grad=2, optimizer=12, compute_dtype="fp16", cast=2),
 }
+# Op kinds torch.autocast runs in the low precision: it casts their inputs (each call its own
+# copy of an fp32 activation; weights once, cached until autocast exits) and they return bf16
+CAST_KINDS = ("linear", "matmul", "conv", "attention")
+# Op kinds whose output is fp32 whatever their input under autocast: the fp32 embedding table,
+# norms and softmax (autocast's fp32 list on CUDA), the loss
+FP32_KINDS = ("embedding", "norm", "softmax", "loss")
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 # Axes that split the batch (or, on a context axis, the sequence): a parameter replicated there has
@@ -96,7 +116,11 @@ BATCH_ROLES = (DATA, EXPERT, CONTEXT)
 # log-probabilities and of the logits: two more. For a language model that moment is the peak,
 # so the three copies are priced with the loss's activations, at its input's local shape (full
 # logits wherever the configuration leaves the vocabulary whole, as under tensor parallelism).
+# All three are fp32 whatever the precision: every model's loss upcasts the logits first
+# (`F.cross_entropy(logits.float(), ...)`, as transformers' loss does), 4 bytes per token and
+# vocabulary entry each (GPT-2's 50,257 entries: 201 KB per token per copy).
 LOSS_COPIES = 3
+LOSS_BYTES = 4
 
 # Collective kinds, indices into the coefficient tables below.
 NONE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL = range(5)
@@ -189,6 +213,9 @@ class CostModel:
             or any(graph.op(c).saves in ("inputs", "attention") for c, _ in consumers[op.name])
             for op in graph.ops
         }
+        self._held = autocast_held(graph) if self.bytes.cast else {}
+        # weights autocast casts (each once, cached): those an op of a CAST_KINDS kind reads
+        self._cast_params = {p.name for op in graph.ops if op.kind in CAST_KINDS for p in op.params}
 
     # ---- element sizes ----------------------------------------------------------------------
     def esize(self, t: TensorRef) -> int:
@@ -330,6 +357,11 @@ class CostModel:
         # FSDP2 (ZeRO 0, 2, 3) makes every parameter a DTensor; ZeRO-1's DDP keeps plain tensors
         # an expert axis is a data axis to every parameter it does not split (search/prices/mesh.py)
         data_parallel = any(ax.role in BATCH_ROLES and ax.size > 1 for ax in mesh.axes)
+        # the executor's mixed precision: FSDP2's MixedPrecisionPolicy where FSDP2 (or its
+        # replicate) runs the data axes - every parameter cast, activations all low precision -
+        # and torch.autocast otherwise (worker/executor.py)
+        fsdp_cast = bool(b.cast) and data_parallel and zero != 1
+        autocast = bool(b.cast) and not fsdp_cast
         r_opt = math.prod(ax.size for ax in mesh.axes if ax.role in BATCH_ROLES)
         expert_axis = any(ax.role == EXPERT and ax.size > 1 for ax in mesh.axes)
         for ci, cfg in enumerate(cfgs):
@@ -384,16 +416,19 @@ class CostModel:
                         else:
                             t_sync += t
                         comm[ci, ai] += (2.0 if kind == ALL_REDUCE else 1.0) * nbytes * (n - 1) / n
-                parts[ci, 0] += local * b.param / (r if zero >= 3 else 1)
-                parts[ci, 1] += local * b.grad / (r if zero >= 2 else 1)
-                parts[ci, 2] += local * b.optimizer / (r if zero >= 1 else 1)
+                # the low-precision copy: held to the end of the backward, except under ZeRO-3,
+                # whose gathered units `buffers` prices
+                cast = b.cast if (fsdp_cast and zero < 3) or (autocast and p.name in self._cast_params) else 0
+                parts[ci, 0] += local * (b.held_param / (r if zero >= 3 else 1) + cast)
+                parts[ci, 1] += local * b.held_grad / (r if zero >= 2 else 1)
+                parts[ci, 2] += local * b.held_optimizer / (r if zero >= 1 else 1)
             out_pl = output_placement(cfg, op)
             cols = op.output.shape[-1] / shard_factor(tuple(pl if pl == f"S:{op.output.dims[-1]}" else "R"
                                                             for pl in out_pl), mesh) if op.output.shape else 1.0
             rows, cols = gemm_shape(out_local, cols)
             moved += 2.0 * op.workspace * out_local * 4.0  # a scan's states: written, then read back
             kt = op_time(op, Kernel(flops=op.flops / shards, bytes=moved, rows=rows, cols=cols), self.device, self.peak)
-            updated = parts[ci, 2] / b.optimizer  # parameters this rank's optimizer step updates
+            updated = parts[ci, 2] / b.held_optimizer  # parameters this rank's optimizer step updates
             t_opt = updated * 2 * (b.param + b.grad + b.optimizer) / self.mem_bw
             t_fwd, t_fb = kt.forward, kt.forward + kt.backward
             if self.profile is not None:  # measured forward and forward + backward, optimizer step, calibrated
@@ -440,7 +475,7 @@ class CostModel:
             time[ci] = t_fb + per_mb + once + t_opt
             step[ci] = once + t_opt
             fwd[ci] = t_fwd + rc_extra
-            parts[ci, 3] = self._saved_bytes(op, cfg, mesh, out_local, in_locals)
+            parts[ci, 3] = self._saved_bytes(op, cfg, mesh, out_local, in_locals, autocast)
         parts_rc = parts.copy()
         if not checkpoint:
             parts_rc[:, 3] = 0.0
@@ -501,9 +536,12 @@ class CostModel:
                 comm[ai] += nbytes * (ax.size - 1) / ax.size / ax.size
         return t
 
-    def _saved_bytes(self, op: Op, cfg: Config, mesh: Mesh, out_local: float, in_locals: list[float]) -> float:
+    def _saved_bytes(self, op: Op, cfg: Config, mesh: Mesh, out_local: float, in_locals: list[float],
+                     autocast: bool = False) -> float:
         saved = 0.0
-        if self._output_saved[op.name]:
+        if autocast:  # as torch.autocast holds it: fp32 where computed so, a cast copy per matmul
+            saved += out_local * self._held[op.name]
+        elif self._output_saved[op.name]:
             saved += out_local * self.esize(op.output)
         if op.saves == "mask":
             saved += out_local  # one byte per element
@@ -522,7 +560,7 @@ class CostModel:
                 if t.source is not None and t.numel > self.graph.op(t.source).output.numel:
                     saved += n * (1.0 - self.graph.op(t.source).output.numel / t.numel) * self.esize(t)
         if op.kind == "loss" and op.inputs:
-            saved += LOSS_COPIES * in_locals[0] * self.esize(op.inputs[0])
+            saved += LOSS_COPIES * in_locals[0] * LOSS_BYTES
         # a fused leaf's own intermediates (a scan's per-step states, search/models/scan.py), fp32
         saved += op.workspace * out_local * 4.0
         return saved
@@ -691,6 +729,50 @@ class CostModel:
         if self.profile is not None:  # calibrated framework and allocator overhead per rank
             return worst + gathered + self.profile.memory_overhead
         return worst + gathered
+
+
+def _is_cast(op: Op) -> bool:
+    """A dtype conversion (`x.float()`, `x.to(dtype)`): captured in fp32, it casts to fp32 or to
+    the dtype of the stream it normalises, which autocast leaves fp32."""
+    return op.name.rsplit(":", 1)[-1].split("#")[0] in ("to", "float", "type_as")
+
+
+def autocast_dtypes(graph: OpGraph) -> dict[str, int]:
+    """Bytes per element of each op's output as torch.autocast computes it from fp32 parameters:
+    2 for the ops it runs in low precision, 4 for its fp32 ones and casts, else the widest float
+    input (a bf16 matmul output added to the fp32 residual stream is fp32)."""
+    out: dict[str, int] = {}
+    for op in graph.ops:
+        if not op.output.dtype.startswith("float"):
+            out[op.name] = 8 if op.output.dtype in ("int64", "long") else 4
+        elif op.kind in CAST_KINDS:
+            out[op.name] = 2
+        elif op.kind in FP32_KINDS or _is_cast(op) or op.params:
+            out[op.name] = 4
+        else:
+            floats = [out[t.source] if t.source is not None else 4 for t in op.inputs if t.dtype.startswith("float")]
+            out[op.name] = max(floats, default=4)
+    return out
+
+
+def autocast_held(graph: OpGraph) -> dict[str, float]:
+    """Bytes per element of each op's output that autocast's backward keeps: the output itself
+    when the op or a consumer that does not cast keeps it, and an fp32 output's bf16 copy for
+    every low-precision consumer that keeps its inputs (autocast casts per call: GPT's q, k and v
+    projections hold three copies of the norm's output)."""
+    dt = autocast_dtypes(graph)
+    held: dict[str, float] = {}
+    consumers = graph.consumers()
+    for op in graph.ops:
+        savers = [graph.op(c) for c in dict.fromkeys(c for c, _ in consumers[op.name])
+                  if graph.op(c).saves in ("inputs", "attention")]
+        casting = [c for c in savers if c.kind in CAST_KINDS]
+        plain = op.saves in ("output", "attention") or len(casting) < len(savers)
+        if dt[op.name] == 4 and op.output.dtype.startswith("float"):
+            held[op.name] = (4.0 if plain else 0.0) + 2.0 * len(casting)
+        else:
+            held[op.name] = float(dt[op.name]) if plain or casting else 0.0
+    return held
 
 
 def sync_unit_shares(graph: OpGraph, experts_apart: bool = False) -> dict[str, float]:

@@ -124,8 +124,10 @@ def test_data_parallel_gradient_all_reduce(n: int, per_node: int, bw: float, lat
     for lab in ("h", "k"):
         assert rep.comm[rep.configs.index((None, lab)), 1] == 0.0
 
-    # each device holds the whole weight under data parallelism: 512 * (2, 2, 12) bytes
-    assert costs.parts[c, :3].tolist() == [1024.0, 1024.0, 6144.0]
+    # each device holds the whole weight under data parallelism, as the executor keeps it under
+    # mixed precision: fp32 parameter + its bf16 copy (FSDP2's unsharded compute copy), fp32
+    # gradient, two fp32 moments: 512 * (4 + 2, 4, 8) bytes
+    assert costs.parts[c, :3].tolist() == [3072.0, 2048.0, 4096.0]
 
 
 # ---------------------------------------------------------------- Megatron MLP
@@ -235,17 +237,18 @@ def test_sharded_linear_state_memory(t: int) -> None:
     fc1 = g.op("fc1")
     oc = cm.op_costs(fc1, mesh)
     w = MF * MH  # 1024 weight elements
-    # bf16 mixed precision with Adam: param 2 B, grad 2 B, optimizer 12 B
-    # (fp32 master copy 4 + two fp32 moments 8) per element of the local shard
+    # bf16 mixed precision with AdamW as the executor holds it: the fp32 parameter and autocast's
+    # cached bf16 copy (4 + 2 B), the fp32 gradient (4 B), two fp32 moments (8 B) per element of
+    # the local shard - the 16 B of the usual count (2 + 2 + 12) and the 2-byte copy
     for lab in ("f", "h"):  # column- and row-parallel both split the weight t ways
         c = oc.configs.index((None, lab))
-        assert oc.parts[c, :3].tolist() == pytest.approx([w / t * 2, w / t * 2, w / t * 12], rel=1e-12)
-        # t = 4: [512, 512, 3072]
+        assert oc.parts[c, :3].tolist() == pytest.approx([w / t * 6, w / t * 4, w / t * 8], rel=1e-12)
+        # t = 4: [1536, 1024, 2048]
     c = oc.configs.index((None, None))
-    assert oc.parts[c, :3].tolist() == [w * 2.0, w * 2.0, w * 12.0]  # [2048, 2048, 12288]
+    assert oc.parts[c, :3].tolist() == [w * 6.0, w * 4.0, w * 8.0]  # [6144, 4096, 8192]
     on_dp = cm.op_costs(fc1, dp_tp_mesh(t, 1))  # data parallel: the full weight on every device
     assert on_dp.configs == [("batch", None)]
-    assert on_dp.parts[0, :3].tolist() == [w * 2.0, w * 2.0, w * 12.0]
+    assert on_dp.parts[0, :3].tolist() == [w * 6.0, w * 4.0, w * 8.0]
     # its output [B, S, F] is kept for gelu's backward: column-parallel keeps a 1/t slice,
     #   8*8*64 / t * 2 bytes (t = 4: 2048 B)
     c = oc.configs.index((None, "f"))
@@ -302,10 +305,13 @@ def _dp_linear_costs(zero: int, n: int = 8):
 
 
 @pytest.mark.parametrize("zero,params,grads,opt", [
-    (0, 2048 * 2, 2048 * 2, 2048 * 12),      # everything replicated over dp=8
-    (1, 2048 * 2, 2048 * 2, 2048 * 12 / 8),  # optimizer states sharded
-    (2, 2048 * 2, 2048 * 2 / 8, 2048 * 12 / 8),
-    (3, 2048 * 2 / 8, 2048 * 2 / 8, 2048 * 12 / 8),
+    # bf16 as the executor holds it: fp32 parameter (sharded from ZeRO-3) and its bf16 compute
+    # copy, held whole to the end of the backward below ZeRO-3 (ZeRO-3's gathered units are
+    # `buffers`'), fp32 gradient (sharded from 2), two fp32 moments (sharded from 1)
+    (0, 2048 * (4 + 2), 2048 * 4, 2048 * 8),      # everything replicated over dp=8
+    (1, 2048 * (4 + 2), 2048 * 4, 2048 * 8 / 8),  # optimizer states sharded
+    (2, 2048 * (4 + 2), 2048 * 4 / 8, 2048 * 8 / 8),
+    (3, 2048 * 4 / 8, 2048 * 4 / 8, 2048 * 8 / 8),
 ])
 def test_zero_stages_shard_states_over_the_data_parallel_group(zero, params, grads, opt):
     _, _, oc, c, _ = _dp_linear_costs(zero)

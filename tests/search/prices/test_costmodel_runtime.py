@@ -29,7 +29,7 @@ from search.prices.costmodel import (
 )
 from search.prices.mesh import Mesh, MeshAxis, op_configs
 from search.prices.profile import Calibration, CollectiveFit, DeviceProfile, HostInfo, LinearFit, Overheads
-from tests.search.graphs import act, linear, norm, pointwise, stack
+from tests.search.graphs import B, H, S, act, linear, norm, pointwise, stack
 
 HBM = 3.35e12
 INTRA_LAT = 3e-6
@@ -175,7 +175,7 @@ def test_zero1_broadcasts_every_tensor_and_runs_as_zero2_under_tensor_parallelis
     broadcast = alpha[ALL_GATHER] + beta[ALL_GATHER] * grads  # no broadcast fit: priced as an all-gather
     assert oc.step[c] - adam_bytes_time(n / 8) == pytest.approx(all_reduce + broadcast, rel=1e-9)
     # grads stay whole (DDP), optimizer state sharded
-    assert oc.parts[c, 1] == pytest.approx(n * 2) and oc.parts[c, 2] == pytest.approx(n * 12 / 8)
+    assert oc.parts[c, 1] == pytest.approx(n * 4) and oc.parts[c, 2] == pytest.approx(n * 8 / 8)  # fp32 held
     # with a tensor axis the executor shards gradients too (FSDP2, reshard_after_forward=False)
     m2 = dp_tp(4, 2)
     z1, z2 = cm.op_costs(op, m2, zero=1), cm.op_costs(op, m2, zero=2)
@@ -385,3 +385,43 @@ def test_attention_keeps_the_repeated_kv_of_grouped_query_attention() -> None:
     plain, repeated = saved((8, 2, 64, 16)), saved((8, 4, 64, 16))
     local = 8 * 4 * 64 * 16 / 8  # the repeated K on one of 8 data-parallel ranks
     assert repeated - plain == pytest.approx(local * 0.5 * 4)  # the half K's own output does not hold, fp32
+
+
+def test_bf16_loss_holds_three_fp32_copies_of_the_logits() -> None:
+    """Under bf16 the loss still upcasts (`F.cross_entropy(logits.float())`): GPT-2's vocabulary
+    over 8 x 64 = 512 tokens holds three fp32 logits-sized tensors at the loss's backward,
+    3 x 4 x 512 x 50,257 = 308,779,008 bytes (the bf16 count was half of it)."""
+    g = lm_head_and_loss(vocab=50257)
+    cm = catalog(g, 1, "bf16")
+    oc = cm.op_costs(g.op("loss"), dp(1))
+    assert oc.parts[0, 3] == pytest.approx(308_779_008 + 4)  # and the fp32 loss value
+
+
+def test_autocast_holds_fp32_residuals_and_a_bf16_copy_per_matmul() -> None:
+    """One device, bf16 under torch.autocast: the residual stream is fp32 (an fp32 input plus a
+    bf16 matmul output), a norm keeps its fp32 input and returns fp32, and each of the three
+    projections reading the norm's output keeps its own bf16 cast of it; a matmul's output is
+    bf16. Each weight a matmul reads is held as fp32 plus autocast's cached bf16 copy; the
+    norm's weight, which autocast never casts, as fp32 alone."""
+    x = act(None, ("batch", "seq", "h"))
+    up = linear("up", x, "h")
+    res = pointwise("res", [x, act("up", ("batch", "seq", "h"))], saves="none")
+    ln = norm("ln", act("res", ("batch", "seq", "h")))
+    q, k, v = (linear(n, act("ln", ("batch", "seq", "h")), "h") for n in ("q", "k", "v"))
+    g = OpGraph(name="ac", ops=(up, res, ln, q, k, v))
+    cm = catalog(g, 1, "bf16")
+    n = B * S * H  # elements of the helpers' activations
+
+    def kept(name: str) -> float:
+        return float(cm.op_costs(g.op(name), dp(1)).parts[0, 3])
+
+    assert kept("res") == pytest.approx(4 * n)  # fp32, kept by the norm
+    assert kept("ln") == pytest.approx(3 * 2 * n)  # three bf16 casts, the fp32 output itself unkept
+    assert kept("q") == 0.0  # nothing reads it
+    assert kept("up") == pytest.approx(2 * n)  # the bf16 cast of its graph input; the add keeps nothing
+    w = H * H
+    assert cm.op_costs(g.op("q"), dp(1)).parts[0, :3].tolist() == [w * 6.0, w * 4.0, w * 8.0]
+    assert cm.op_costs(ln, dp(1)).parts[0, :3].tolist() == [H * 4.0, H * 4.0, H * 8.0]
+    # fp32 runs keep every tensor at 4 bytes and no copies: the norm's output once, as before
+    cm32 = catalog(g, 1, "fp32")
+    assert float(cm32.op_costs(ln, dp(1)).parts[0, 3]) == pytest.approx(4 * n)
