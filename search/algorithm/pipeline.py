@@ -52,7 +52,10 @@ The space searched, and what is left out on purpose:
 Speed, exactly. Every shape is first bounded from its op tables alone (`shape_bound`: edges and
 transfers cost >= 0, every op at its cheapest); the shapes are solved in the order of their time
 bound, and one whose bounds the plans found so far (without pipelines, earlier shapes) beat is
-skipped whole. Inside a shape, partial stages beaten by a known plan are dropped (`_Envelope`),
+skipped whole. A shape that passes is then bounded from its end stages (`ends_bounds`): the
+least time, memory and weighted sums of the first and last stage's parts, found by min-sum
+eliminations of their factors (minsum.py) before any frontier is built, one region per split
+of the band's layers between the two ends. Inside a shape, partial stages beaten by a known plan are dropped (`_Envelope`),
 and a boundary layout whose DP with the middle stages at their lower bounds (`_Stages.lower`)
 finds nothing unbeaten is dropped before the middle stages are weighed.
 """
