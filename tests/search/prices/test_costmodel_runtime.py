@@ -425,3 +425,37 @@ def test_autocast_holds_fp32_residuals_and_a_bf16_copy_per_matmul() -> None:
     # fp32 runs keep every tensor at 4 bytes and no copies: the norm's output once, as before
     cm32 = catalog(g, 1, "fp32")
     assert float(cm32.op_costs(ln, dp(1)).parts[0, 3]) == pytest.approx(4 * n)
+
+
+def tied_lm(vocab: int, tokens: int) -> OpGraph:
+    """Token embedding, an LM head reading the same table (GPT-2's tie) and the loss."""
+    ids = TensorRef(source=None, shape=(1, tokens), dims=("batch", "seq"), dtype="int64")
+    table = ParamRef(name="emb.weight", shape=(vocab, 512), dims=("vocab", "hidden"))
+    hidden = TensorRef(shape=(1, tokens, 512), dims=("batch", "seq", "hidden"))
+    emb = Op(name="emb", kind="embedding", inputs=(ids,), output=hidden, params=(table,), splittable=("batch", "seq"),
+             flops=0.0, saves="none")
+    x = TensorRef(source="emb", shape=(1, tokens, 512), dims=("batch", "seq", "hidden"))
+    head = Op(name="head", kind="linear", inputs=(x,), output=TensorRef(shape=(1, tokens, vocab), dims=("batch", "seq", "vocab")),
+              params=(table.model_copy(update={"owner": False}),), splittable=("batch", "seq", "vocab", "hidden"),
+              flops=2.0 * tokens * vocab * 512, saves="inputs")
+    tgt = TensorRef(source=None, shape=(1, tokens), dims=("batch", "seq"), dtype="int64")
+    logits = TensorRef(source="head", shape=(1, tokens, vocab), dims=("batch", "seq", "vocab"))
+    loss = Op(name="loss", kind="loss", inputs=(logits, tgt), output=TensorRef(shape=(), dims=()),
+              splittable=("batch", "seq"), flops=4.0 * tokens * vocab, saves="output")
+    return OpGraph(name="tied", ops=(emb, head, loss))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_tied_tables_two_gradients_are_summed_beside_every_gradient(precision: str) -> None:
+    """At the backward's end autograd sums the head's and the embedding's gradients of the one
+    table into a new tensor: two extra fp32 copies, 2 x 4 x 1000 x 512 = 4,096,000 bytes, when the
+    activations (here the loss's three fp32 logits copies, 3 x 4 x 64 x 1000 = 768,000 bytes, the
+    rest being smaller) are gone. The workspace adds what the copies exceed the loss's by; with
+    as many tokens as 2/3 of the width (the loss's copies then outweigh them) it adds nothing."""
+    cm = catalog(tied_lm(1000, 64), 1, precision)
+    assert cm.tied_sum(dp(1), list(cm.graph.ops)) == pytest.approx(4_096_000 - 768_000)
+    assert cm.buffers(dp(1)) == pytest.approx(4_096_000 - 768_000)
+    many = catalog(tied_lm(1000, 512), 1, precision)
+    assert many.tied_sum(dp(1), list(many.graph.ops)) == 0.0
+    # a stage holding only one of the readers (a pipeline's first stage) sums nothing
+    assert cm.tied_sum(dp(1), [cm.graph.op("emb")]) == 0.0
