@@ -17,10 +17,12 @@ import numpy as np
 
 from search.algorithm.chain import find_chain, layer_index, recompute_var
 from search.algorithm.evaluate import PipeShape, evaluate, evaluate_pipeline, micro_batch_graph, pipe_tables, tables
+from search.algorithm.families import find_families
 from search.algorithm.frontier import Factor, Stats, pareto_mask
 from search.algorithm.ft import ZERO_STAGES
 from search.algorithm.pipeline import partitions
 from search.algorithm.results import FrontierPoint, MeshSolution, SearchResult, Solution
+from search.algorithm.stacks import is_multi_stack
 from search.errors import InputError
 from search.models.graph import OpGraph
 from search.prices.cluster import Cluster
@@ -39,8 +41,10 @@ def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job, profile=profile)
     meshes = placeable_meshes(graph, meshes if meshes is not None else mesh_candidates(cluster))
-    chain = find_chain(graph, solo=True) if tie_blocks else None  # FT's block reuse, so FT's tie
-    tied = {layer[-1]: chain.boundary for layer in chain.layers[1:]} if chain else {}
+    # FT's block reuse, so FT's tie (an encoder-decoder: one per block family, families.py)
+    families = tuple(f.chain for f in find_families(graph)) if tie_blocks and is_multi_stack(graph) else ()
+    chain = find_chain(graph, solo=True) if tie_blocks and not families else None
+    tied = {layer[-1]: c.boundary for c in ((chain,) if chain else families) for layer in c.layers[1:]}
     layer_of = layer_index(graph) if recompute else {}
     rc_vars = sorted({recompute_var(i) for i in layer_of.values()})
     all_t, all_m, all_mesh, all_assign = [], [], [], []

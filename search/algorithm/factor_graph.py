@@ -155,6 +155,7 @@ class MeshProblem:
     zero: int = 0
     head: Factor | None = None   # with split_outside: the ops before the stack and layer 0
     tail: Factor | None = None   # ... and the ops after the stack (pipelines put them on other stages)
+    families: tuple[Chain, ...] = ()  # stacks solved through their templates (families.py)
 
 
 def _with_recompute(oc: OpCosts, r: int) -> OpCosts:

@@ -51,6 +51,9 @@ class Factor:
     m2: np.ndarray | None = None
     # a layer factor's read-back under the template's names, every point at once (`assignments`)
     table: dict[str, np.ndarray] | None = field(default=None, repr=False)
+    # a stack of one block family among several (families.py): the layer maps its layers read
+    # back through, from its first layer on (overrides those `assignments` was given)
+    maps: list[dict[str, str]] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.t)
@@ -376,14 +379,17 @@ def assignments(root: Factor, idx: np.ndarray, layer_maps: list[dict[str, str]] 
     idx = np.asarray(idx)
     n = len(idx)
     out: dict[str, np.ndarray] = {}
-    # (factor, point indices, their positions in the output, layer offset, name mapping)
-    stack: list[tuple[Factor, np.ndarray, np.ndarray, int, dict[str, str] | None]] = [
-        (root, idx, np.arange(n), 0, None)]
+    # (factor, point indices, their positions in the output, layer offset, name mapping, the
+    # layer maps in force)
+    stack: list[tuple[Factor, np.ndarray, np.ndarray, int, dict[str, str] | None, list[dict[str, str]] | None]] = [
+        (root, idx, np.arange(n), 0, None, layer_maps)]
     while stack:
-        f, ix, pos, offset, mapping = stack.pop()
-        if f.layer_leaf and layer_maps is not None:
-            mapping = layer_maps[offset]
-        if f.layer_leaf and layer_maps is not None and len(ix):
+        f, ix, pos, offset, mapping, maps = stack.pop()
+        if f.maps is not None:
+            maps, offset = f.maps, 0
+        if f.layer_leaf and maps is not None:
+            mapping = maps[offset]
+        if f.layer_leaf and maps is not None and len(ix):
             # every layer of a stack reads back through the one template factor: walk its
             # provenance once for all its points, then each layer looks its points up (both
             # recomputation cases of a layer hold the same ops, so the names are the walk's)
@@ -401,13 +407,13 @@ def assignments(root: Factor, idx: np.ndarray, layer_maps: list[dict[str, str]] 
             for k, p in enumerate(f.parents):
                 sel = which[ix] == k
                 if sel.any():
-                    stack.append((p, inner[ix[sel]], pos[sel], offset, mapping))
+                    stack.append((p, inner[ix[sel]], pos[sel], offset, mapping, maps))
             continue
         if f.layers and len(f.parents) == 2 and not f.layer_leaf:
             left, right = f.parents
-            stack.append((left, f.parent_idx[0][ix], pos, offset, mapping))
-            stack.append((right, f.parent_idx[1][ix], pos, offset + left.layers, mapping))
+            stack.append((left, f.parent_idx[0][ix], pos, offset, mapping, maps))
+            stack.append((right, f.parent_idx[1][ix], pos, offset + left.layers, mapping, maps))
             continue
         for p, pix in zip(f.parents, f.parent_idx, strict=True):
-            stack.append((p, pix[ix], pos, offset, mapping))
+            stack.append((p, pix[ix], pos, offset, mapping, maps))
     return out

@@ -52,6 +52,7 @@ import numpy as np
 from search.algorithm.chain import find_chain
 from search.algorithm.evaluate import mesh_costs
 from search.algorithm.factor_graph import MeshProblem, eliminate_all, prepare_mesh
+from search.algorithm.families import family_costs, find_families, prepare_families
 from search.algorithm.frontier import RTOL, Factor, Stats, join, least_memory, pareto_mask, select, staircase
 from search.algorithm.gc_pause import gc_paused
 from search.algorithm.pipeline import search_pipelines
@@ -135,10 +136,16 @@ def _mesh_problems(graph: OpGraph, cm: CostModel, options: SearchOptions) -> lis
     candidates = (list(options.meshes) if options.meshes is not None
                   else mesh_candidates(cm.cluster, tensor_2d=options.tensor_2d))
     meshes = placeable_meshes(graph, candidates)
-    chain = find_chain(graph, solo=True) if options.reuse_blocks else None
-    tables = [(mesh, zero, mesh_costs(graph, cm, mesh, zero, chain)) for mesh in meshes for zero in options.zero_stages]
+    # an encoder-decoder: each stack whose layers a template stands for, side inputs and all
+    families = find_families(graph) if options.reuse_blocks and is_multi_stack(graph) else ()
+    chain = find_chain(graph, solo=True) if options.reuse_blocks and not families else None
+    tables = [(mesh, zero, family_costs(graph, cm, mesh, zero, families) if families
+               else mesh_costs(graph, cm, mesh, zero, chain)) for mesh in meshes for zero in options.zero_stages]
     if options.prune:
         tables = _drop_dominated_stages(tables, cm)
+    if families:
+        return [prepare_families(graph, cm, mesh, families, options.eps, zero, options.recompute, costs)
+                for mesh, zero, costs in tables]
     return [prepare_mesh(graph, cm, mesh, options.reuse_blocks, options.eps, zero, options.recompute, costs)
             for mesh, zero, costs in tables]
 
@@ -239,6 +246,7 @@ def _frontier_size(solutions: list[Solution]) -> int:
 def _stats(graph: OpGraph, solutions: list[Solution], points: list[FrontierPoint], options: SearchOptions
            ) -> dict[str, Any]:
     first_chain = solutions[0].chain if solutions else None
+    families = solutions[0].families if solutions and isinstance(solutions[0], MeshSolution) else ()
     return {
         "ops": len(graph.ops),
         "meshes": sorted({s.mesh.describe() for s in solutions}),
@@ -250,8 +258,8 @@ def _stats(graph: OpGraph, solutions: list[Solution], points: list[FrontierPoint
         "frontier": len(points),
         "largest_factor": max((s.stats.max_factor_points for s in solutions), default=0),
         "pairs_combined": int(sum(s.stats.pairs for s in solutions)),
-        "block_reuse": first_chain is not None,
-        "layers_solved_once": first_chain.reused if first_chain is not None else 0,
+        "block_reuse": first_chain is not None or bool(families),
+        "layers_solved_once": (first_chain.reused if first_chain is not None else 0) + sum(c.reused for c in families),
         "pipeline": options.pipeline,
         "accumulate": options.accumulate,
         "pipeline_shapes": sum(1 for s in solutions if s.pipeline is not None),
@@ -280,7 +288,8 @@ def finish_mesh(prob: MeshProblem, eps: float = 0.0, envelope: Envelope | None =
     root = Factor(scope=(), keys=root.keys, t=root.t, m=root.m + prob.buffers, parents=(root,),
                   parent_idx=(np.arange(len(root)),))
     return MeshSolution(mesh=prob.mesh, root=root, chain=prob.chain, op_costs=prob.op_costs,
-                        edge_costs=prob.edge_costs, buffers=prob.buffers, stats=stats, zero=prob.zero)
+                        edge_costs=prob.edge_costs, buffers=prob.buffers, stats=stats, zero=prob.zero,
+                        families=prob.families)
 
 
 def _chain(unit: Factor, n: int, domain: dict[str, int], eps: float, stats: Stats, memo: dict[int, Factor],

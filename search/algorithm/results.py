@@ -86,6 +86,8 @@ class MeshSolution:
     # every point's assignment, when `root` carries no provenance to read it back from (the
     # exhaustive reference and the planners price given assignments)
     assigns: dict[str, np.ndarray] | None = None
+    # block families solved through their templates beside `chain` (search/algorithm/families.py)
+    families: tuple[Chain, ...] = ()
 
     @property
     def pipeline(self) -> PipeShape | None:
@@ -115,11 +117,11 @@ class MeshSolution:
             ops[op.name] = self.op_costs[op_map.get(op.name, op.name)]
             remap[op.name] = assignment[op.name]
             for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
-                k = edge_map.get((src, op.name))
-                if k is None:
-                    k = (op_map.get(src, src), op_map.get(op.name, op.name))
-                    if k not in self.edge_costs:
-                        k = (src, op.name)
+                mapped = edge_map.get((src, op.name))
+                # else: within a layer priced as the template, from a side input into it, or real
+                keys = [mapped] if mapped is not None else [
+                    (op_map.get(src, src), op_map.get(op.name, op.name)), (src, op_map.get(op.name, op.name))]
+                k = next((c for c in keys if c in self.edge_costs), (src, op.name))
                 edges[(src, op.name)] = self.edge_costs[k]
         return evaluate(ops, edges, self.buffers, remap, layer_of)
 
@@ -127,8 +129,7 @@ class MeshSolution:
         """Ops of layers solved through the template are priced with the template's tables."""
         op_map: dict[str, str] = {}
         edge_map: dict[tuple[str, str], tuple[str, str]] = {}
-        chain = self.chain
-        if chain:
+        for chain in ((self.chain,) if self.chain else ()) + self.families:
             for i in range(2, 1 + chain.reused):
                 prev_out = chain.layers[i - 1][-1]
                 for a, b in zip(chain.template, chain.layers[i], strict=True):
