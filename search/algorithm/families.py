@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from search.algorithm.chain import Chain, _uniform, layer_index, layer_outputs, recompute_var
-from search.algorithm.factor_graph import MeshProblem, _edge_factor, _MeshFactors, _op_factor, eliminate_all
+from search.algorithm.factor_graph import MeshFactors, MeshProblem, _edge_factor, _op_factor, eliminate_all
 from search.algorithm.frontier import Factor, Stats, eliminate_var, join, leaf, restrict_equal, union
 from search.models.graph import OpGraph
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, recomputed_mem
@@ -227,7 +227,7 @@ def prepare_families(graph: OpGraph, cm: CostModel, mesh: Mesh, families: tuple[
     """One mesh's factors: the ops outside the families' copies, and per family its copies as
     one factor over (boundary, side inputs) - the template solved once, doubled."""
     layer_of = layer_index(graph) if recompute else {}
-    fg = _MeshFactors(graph, cm, mesh, op_costs, layer_of, None, eps, None)
+    fg = MeshFactors(graph, cm, mesh, op_costs, layer_of, None, eps, None)
     var = FamilyVars(families)
     covered = var.covered()
     templates = {name for f in families for name in f.chain.template}
