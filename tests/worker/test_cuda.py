@@ -9,6 +9,8 @@ from them.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 import torch
 
@@ -37,16 +39,16 @@ def frontier(model: str, devices: int, precision: str = "fp32") -> list[Plan]:
 
 
 def run_on_gpus(plans: list[Plan], steps: int = STEPS) -> list:
+    """RunReports of the plans, run one after the other in one launch, one process per GPU."""
     from worker.analyze import analyze
     from worker.launch import make_report, run_jobs
     from worker.spec import Job, RunSettings
 
     jobs = [Job(spec=analyze(p), settings=RunSettings(steps=steps, warmup=1, device="cuda")) for p in plans]
+    started = datetime.now(UTC)
     raws = run_jobs(jobs, timeout=300)
-    from datetime import UTC, datetime
-
-    now = datetime.now(UTC)
-    return [make_report(j, r, now, now) for j, r in zip(jobs, raws, strict=True)]
+    finished = datetime.now(UTC)
+    return [make_report(j, r, started, finished) for j, r in zip(jobs, raws, strict=True)]
 
 
 def test_the_fastest_and_leanest_plans_train_on_one_gpu_as_one_cpu_process_does() -> None:
