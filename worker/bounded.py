@@ -19,7 +19,6 @@ import multiprocessing
 import os
 import resource
 import signal
-import sys
 import tempfile
 import time
 import traceback
@@ -30,6 +29,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from search import FrontierReport, InputError, SearchRequest, run_search
+from worker.lifeline import die_with_parent
 
 GiB = 1024**3
 
@@ -74,25 +74,14 @@ def _vm(field: str = "VmSize") -> int:
     return 0
 
 
-def _die_with(parent: int) -> None:
-    """SIGKILL this process when `parent` dies: a worker killed mid-search (SIGKILL, no finally)
-    must not leave its search computing on, orphaned, for nobody."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it died before the line above
-        os._exit(1)
-
-
 def _child(request: dict[str, Any], conn: Connection, parents_end: Connection, parent: int, memory: int) -> None:
     """The search, in the forked child: messages ("progress", stage, fraction, message),
     ("done", report JSON), ("input"|"memory"|"error", text)."""
     # the fork copied the parent's reading end too: closed here, the pipe has no reader once the
     # parent is gone, and a send fails instead of blocking on a full pipe forever
     parents_end.close()
-    _die_with(parent)
+    # a worker killed mid-search (SIGKILL, no finally) must not leave its search computing on
+    die_with_parent(signal.SIGKILL, parent)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handlers are the parent's
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = 0

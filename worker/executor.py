@@ -19,6 +19,7 @@ import contextlib
 import gc
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -40,6 +41,7 @@ from worker.commcheck import P2PCount
 from worker.context import Ring, context_parallel
 from worker.data import global_batch, local_batch
 from worker.experts import expert_rows, shard_experts
+from worker.lifeline import die_with_parent
 from worker.nodes import COLLECTIVE_TIMEOUT_ENV
 from worker.parallelize import (
     DTYPES,
@@ -477,16 +479,7 @@ def die_with_agent() -> None:
     """SIGKILL this rank when its torchrun agent dies: a node whose agent is gone must not go on
     training (or hold its peers on other nodes at a barrier); its peers' collectives then fail at
     once on the closed connections."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    agent = os.getppid()
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != agent:  # the agent died before the signal was armed
-        os._exit(1)
+    die_with_parent(signal.SIGKILL)
 
 
 def node_of_this_rank() -> tuple[int, str]:

@@ -29,6 +29,7 @@ from search import Errors, Measured, NodeRecord, Plan, Predicted, RankMeasure, R
 from search.plans.capacity import cpu_host_blocker, cuda_devices
 from worker import measure
 from worker.analyze import Unsupported, analyze, model_spec
+from worker.lifeline import die_with_parent
 from worker.memwatch import ENV, MemoryWatch, run_memory_limit
 from worker.nodes import COLLECTIVE_TIMEOUT_ENV, Rendezvous
 from worker.spec import PROGRESS, ExecSpec, Job, RunSettings
@@ -179,11 +180,7 @@ def _death(log_text: str) -> str:
 def _die_with_parent() -> None:
     """In torchrun's process, before it runs: SIGTERM when the launcher dies (a worker killed by
     SIGKILL must not leave its ranks training on; torchrun stops them on SIGTERM)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)
 
 
 def run_jobs(jobs: list[Job], *, workdir: str | Path | None = None, progress: Callable[[dict], None] | None = None,

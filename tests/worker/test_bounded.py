@@ -75,25 +75,6 @@ def test_a_tasks_temporary_files_are_removed_however_it_ends():
     assert os.environ.get("TMPDIR") == before
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(d.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_worker_killed_mid_search_leaves_no_search_behind():
@@ -101,6 +82,8 @@ def test_a_worker_killed_mid_search_leaves_no_search_behind():
     orphaned (it used to, blocked forever on a pipe whose reading end it held itself)."""
     import signal
     import time
+
+    from worker.launch import _alive, _children  # the launcher's own /proc readers
 
     script = ("from search import SearchRequest\nfrom worker.bounded import Limits, bounded_search\n"
               "bounded_search(SearchRequest(model='gpt3-175b', device='a100-80gb', devices=1024), "
@@ -111,7 +94,7 @@ def test_a_worker_killed_mid_search_leaves_no_search_behind():
         deadline = time.monotonic() + 60
         while not kids and time.monotonic() < deadline and parent.poll() is None:
             time.sleep(0.2)
-            kids = _children(parent.pid)
+            kids = _children().get(parent.pid, [])
         assert kids, "the search child never started"
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
@@ -120,7 +103,7 @@ def test_a_worker_killed_mid_search_leaves_no_search_behind():
             time.sleep(0.1)
         assert not any(_alive(k) for k in kids), f"search child {kids} outlived its killed parent"
     finally:
-        for k in {*kids, *_children(parent.pid), parent.pid}:  # a failure leaves nothing behind either
+        for k in {*kids, *_children().get(parent.pid, []), parent.pid}:  # a failure leaves nothing behind either
             try:
                 os.kill(k, signal.SIGKILL)
             except OSError:
