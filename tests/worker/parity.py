@@ -4,6 +4,7 @@ of 4 gloo processes, and checking that a run trained the model as one process do
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,24 @@ def frontier_on(model: str, m: Mesh, zero: int, **options: Any) -> list[Plan]:
     return build_plans(r, r.points)
 
 
+def searched_plan(model: str, batch: int, seq: int, m: Mesh, zero: int, recompute: bool = False) -> Plan:
+    """The fastest plan the search finds for a zoo model on this mesh and ZeRO stage, fp32 on 4 CPU
+    devices (with `recompute`, the leanest: every layer recomputed)."""
+    from search.algorithm.ft import SearchOptions, search
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.plans.plan import build_plans
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import TrainingJob
+
+    g = capture_model(get_model(model), batch, seq)
+    job = TrainingJob(global_batch=batch, seq_len=seq, precision="fp32")
+    r = search(g, make_cluster("cpu", 4, devices_per_node=4), job,
+               SearchOptions(meshes=(m,), zero_stages=(zero,), recompute=recompute))
+    points = [p for p in r.points if r.solutions[p.mesh_index].mesh == m]
+    return build_plans(r, points[-1:] if recompute else points[:1])[0]
+
+
 def launch(specs: dict[str, ExecSpec], steps: int, comm_debug: Callable[[str], bool] = lambda name: False
            ) -> dict[str, tuple[Job, dict[str, Any]]]:
     """name -> (Job, raw result) for every spec, run one after the other in one launch (the suite
@@ -57,3 +76,16 @@ def assert_losses_match(what: str, got: list[float], reference: list[float], ste
     assert abs(got[-1] - got[0]) > 1e-4, "the loss did not move: no training happened"
     diffs = [abs(a - b) for a, b in zip(got, reference, strict=True)]
     assert max(diffs) < tol, f"{what}: losses {got} vs single-process {reference}"
+
+
+def layer_all_to_alls(comm: dict[str, dict[str, dict[str, int]]]) -> Counter[tuple[str, str]]:
+    """One rank's all-to-alls per (layer, phase), counted at the layers ("layers.N") themselves."""
+    return Counter({(unit, phase): kinds["all_to_all"] for unit, phases in comm.items()
+                    if unit.startswith("layers.") and unit.count(".") == 1
+                    for phase, kinds in phases.items() if "all_to_all" in kinds})
+
+
+def all_to_alls_outside_layers(comm: dict[str, dict[str, dict[str, int]]]) -> set[tuple[str, str]]:
+    """The (unit, phase) pairs of one rank that ran an all-to-all outside the layers."""
+    return {(u, p) for u, phases in comm.items() for p, kinds in phases.items()
+            if "all_to_all" in kinds and not u.startswith("layers.") and u not in ("", "Global")}

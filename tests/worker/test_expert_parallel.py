@@ -8,14 +8,15 @@ from collections import Counter
 
 import pytest
 
-from search.algorithm.ft import SearchOptions, search
-from search.models.capture import capture_model
-from search.models.zoo import get_model
-from search.plans.plan import Plan, build_plans
-from search.prices.cluster import make_cluster
-from search.prices.costmodel import TrainingJob
+from search.plans.plan import Plan
 from search.prices.mesh import Mesh, MeshAxis
-from tests.worker.parity import assert_losses_match, launch
+from tests.worker.parity import (
+    all_to_alls_outside_layers,
+    assert_losses_match,
+    launch,
+    layer_all_to_alls,
+    searched_plan,
+)
 from worker.reference import reference_losses
 
 MODEL, BATCH, SEQ, STEPS = "moe-tiny", 8, 16, 3
@@ -28,12 +29,7 @@ MESHES = {
 
 def plan_on(mesh: Mesh, zero: int) -> Plan:
     """The fastest plan the search finds on this mesh and ZeRO stage (no recomputation)."""
-    g = capture_model(get_model(MODEL), BATCH, SEQ)
-    job = TrainingJob(global_batch=BATCH, seq_len=SEQ, precision="fp32")
-    r = search(g, make_cluster("cpu", 4, devices_per_node=4), job,
-               SearchOptions(meshes=(mesh,), zero_stages=(zero,), recompute=False))
-    points = [p for p in r.points if r.solutions[p.mesh_index].mesh == mesh]
-    return build_plans(r, points[:1])[0]
+    return searched_plan(MODEL, BATCH, SEQ, mesh, zero)
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +60,9 @@ def test_all_to_alls_equal_the_plan(name, runs):
     want = Counter((e.unit, e.phase) for e in job.spec.expected_comms if e.kind == "all_to_all")
     assert want == {(f"layers.{i}", p): n for i in range(2) for p, n in (("forward", 3), ("backward", 2))}
     for rank in raw["ranks"]:
-        comm = rank["comm"]
-        got = Counter({(unit, phase): kinds["all_to_all"] for unit, phases in comm.items()
-                       if unit.startswith("layers.") and unit.count(".") == 1
-                       for phase, kinds in phases.items() if "all_to_all" in kinds})
+        got = layer_all_to_alls(rank["comm"])
         assert got == want, f"{name} rank {rank['rank']}: executed {dict(got)}, plan {dict(want)}"
-        outside = {(u, p) for u, phases in comm.items() for p, kinds in phases.items()
-                   if "all_to_all" in kinds and not u.startswith("layers.") and u not in ("", "Global")}
+        outside = all_to_alls_outside_layers(rank["comm"])
         assert not outside, f"all-to-alls outside the MoE layers: {outside}"
 
 
