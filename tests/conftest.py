@@ -14,6 +14,7 @@ SLOW_KINDS = ("processes", "browser", "postgres")
 FIXTURE_KINDS: dict[str, tuple[str, ...]] = {
     "tiny_profile": ("processes",),  # tests/profiler: a real profile, its collectives on 2 gloo processes
     "family_runs": ("processes",),  # tests/worker: one torchrun launch of 4 gloo processes
+    "runs": ("processes",),  # tests/worker: a module's plans in one torchrun launch of 4 gloo processes
     "live": ("processes",),  # tests/service: paretoplan serve and a worker, as processes
     "browser": ("browser",),  # tests/web: Chromium
 }
@@ -28,3 +29,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                     item.add_marker(kind)
         if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
             item.add_marker(pytest.mark.slow)
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    """What one pytest-xdist worker runs whole under `--dist loadgroup` (.ci/run): a test module, so
+    that its module fixtures (one torchrun launch for a module's plans) run once, except the modules
+    that share the session's launch of every plan family, which go together so that it runs once."""
+    if "family_runs" in getattr(item, "fixturenames", ()):
+        return "family_runs"
+    return str(item.path.relative_to(item.config.rootpath))
