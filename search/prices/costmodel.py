@@ -26,6 +26,7 @@ back to the catalog's figures, and the op or edge is flagged `estimated`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -710,8 +711,21 @@ class CostModel:
         independent, so adding it keeps the frontier exact. `ops` may name a subset that stands
         for the rest (one layer of a stack of identical layers)."""
         ops = list(self.graph.ops if ops is None else ops)
+        # asked twice per pipeline shape with the same stage ops (its bound and its tables), and
+        # by every shape on one sub-mesh: priced once per (mesh, ZeRO stage, ops), keyed by the
+        # ops' identities with the ops kept alive in the entry (as `op_costs`'s memo)
+        memo: dict[tuple[Mesh, int, tuple[int, ...]], tuple[list[Op], float]] = self.__dict__.setdefault(
+            "_buffers_memo", {})
+        key = (mesh, zero, tuple(id(op) for op in ops))
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = (ops, self._buffers(mesh, ops, zero))
+        return hit[1]
+
+    def _buffers(self, mesh: Mesh, ops: list[Op], zero: int) -> float:
+        """`buffers` priced."""
         logits = {t.numel for op in ops if op.kind == "loss" for t in op.inputs}
-        layer_of = {name: i for b in self.graph.blocks[:1] for i, layer in enumerate(b.layers) for name in layer}
+        layer_of = self._layer_of
         worst = 0.0
         units: dict[int, float] = {}
         for op in ops:
@@ -731,6 +745,20 @@ class CostModel:
             return worst + gathered + self.profile.memory_overhead
         return worst + gathered
 
+    @functools.cached_property
+    def _layer_of(self) -> dict[str, int]:
+        """Each op of the first block stack's layers: its layer's index."""
+        return {name: i for b in self.graph.blocks[:1] for i, layer in enumerate(b.layers) for name in layer}
+
+    @functools.cached_property
+    def _param_readers(self) -> dict[str, list[str]]:
+        """Each parameter: the ops that read it, in graph order (made once: a walk of every op)."""
+        readers: dict[str, list[str]] = {}
+        for op in self.graph.ops:
+            for p in op.params:
+                readers.setdefault(p.name, []).append(op.name)
+        return readers
+
     def tied_sum(self, mesh: Mesh, ops: list[Op]) -> float:
         """The backward's last moment for a parameter that two ops read (GPT's token embedding and
         LM head): autograd sums the two gradients into a new tensor while both are live, two
@@ -742,10 +770,7 @@ class CostModel:
         under their leanest configuration, as the other transients; only where one device runs
         both readers (not across pipeline stages, which hold a copy each)."""
         names = {op.name for op in ops}
-        readers: dict[str, list[str]] = {}
-        for op in self.graph.ops:
-            for p in op.params:
-                readers.setdefault(p.name, []).append(op.name)
+        readers = self._param_readers
         twice = 0.0
         logits = 0.0
         for op in ops:
