@@ -193,7 +193,11 @@ class CostModel:
     """Prices ops and edges of one graph for one cluster and job, on any mesh."""
 
     def __init__(self, graph: OpGraph, cluster: Cluster, job: TrainingJob,
-                 profile: DeviceProfile | ProfileLookup | dict | None = None) -> None:
+                 profile: DeviceProfile | ProfileLookup | dict | None = None,
+                 bounds: Boundaries | None = None) -> None:
+        """`bounds`: the Boundaries of a graph with the same ops, modules and parameters as this one
+        (a micro-batch graph's full-batch graph: only shapes and FLOPs differ, and Boundaries reads
+        neither), shared instead of found again."""
         self.graph = graph
         self.cluster = cluster
         self.job = job
@@ -205,7 +209,7 @@ class CostModel:
         self.peak = cluster.device.peak(self.bytes.compute_dtype)
         self.mem_bw = cluster.device.memory_bandwidth * cluster.device.memory_efficiency
         consumers = graph.consumers()
-        self.bounds = Boundaries(graph)
+        self.bounds = bounds if bounds is not None else Boundaries(graph)
         self._unit_share = sync_unit_shares(graph)
         self._unit_share_ep = sync_unit_shares(graph, experts_apart=True)
         self._grad_bytes = graph.param_count() * self.bytes.grad  # what DDP's buckets hold
