@@ -331,6 +331,12 @@ class CostModel:
             # ZeroRedundancyOptimizer needs plain tensors and tensor parallelism makes parameters
             # DTensors: the executor runs ZeRO-1 there as ZeRO-2 (worker/analyze.py); price that
             zero = 2
+        if not op.params and zero != 1:
+            # an op without parameters sees the ZeRO stage only through the mixed precision that
+            # runs it (FSDP2's policy unless ZeRO-1: `fsdp_cast` in `_op_costs`); stages 0, 2 and
+            # 3 price it alike, so its table is made once for them (the accumulation shapes ask
+            # for all four stages of every sub-mesh)
+            zero = 0
         # priced once per (op, mesh, effective ZeRO stage, checkpoint): the searches ask for every
         # ZeRO stage of a mesh (1 and 2 are one table on a tensor-parallel mesh) and the pipeline
         # search for each stage sub-mesh per shape. Keyed by the op's identity, the op kept alive in
