@@ -87,6 +87,7 @@ from search.algorithm.frontier import RTOL, Factor, Stats, assignments, join, le
 from search.algorithm.interleave import MAX_VIRTUAL_STAGES, sends, to_model_order
 from search.algorithm.results import PipeSolution, Split
 from search.models.graph import Op, OpGraph
+from search.prices.boundaries import Boundaries
 from search.prices.cluster import Cluster
 from search.prices.costmodel import CostModel, OpCosts, TrainingJob
 from search.prices.mesh import Mesh, MeshAxis, data_ways, mesh_candidates, unplaceable_op
@@ -676,6 +677,9 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     tails: dict[int, set[str]] = {}  # the ops after the stack, per micro-batch graph
     placeable: dict[tuple[int, tuple[MeshAxis, ...]], bool] = {}
     bases: dict[tuple[int, tuple[MeshAxis, ...], int], dict[str, OpCosts] | None] = {}
+    # the micro-batch graphs differ from `graph` in shapes and FLOPs only: one Boundaries (its
+    # pair constraints walk every op's modules) serves every micro-batch count's cost model
+    bounds = Boundaries(graph)
 
     def priced(shape: PipeShape) -> tuple[OpGraph, CostModel, Chain | None, dict[str, OpCosts] | None]:
         """The micro-batch graph, its cost model and stack, and the shape's op tables (None where
@@ -684,7 +688,7 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         if m not in graphs:
             g = micro_batch_graph(graph, m)
             graphs[m] = (g, CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}),
-                                      profile=profile), find_chain(g))
+                                      profile=profile, bounds=bounds), find_chain(g))
         g, cm, ch = graphs[m]
         key = (m, shape.mesh.axes, shape.zero)
         if key not in bases:

@@ -26,6 +26,7 @@ back to the catalog's figures, and the op or edge is flagged `estimated`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -192,7 +193,11 @@ class CostModel:
     """Prices ops and edges of one graph for one cluster and job, on any mesh."""
 
     def __init__(self, graph: OpGraph, cluster: Cluster, job: TrainingJob,
-                 profile: DeviceProfile | ProfileLookup | dict | None = None) -> None:
+                 profile: DeviceProfile | ProfileLookup | dict | None = None,
+                 bounds: Boundaries | None = None) -> None:
+        """`bounds`: the Boundaries of a graph with the same ops, modules and parameters as this one
+        (a micro-batch graph's full-batch graph: only shapes and FLOPs differ, and Boundaries reads
+        neither), shared instead of found again."""
         self.graph = graph
         self.cluster = cluster
         self.job = job
@@ -204,7 +209,7 @@ class CostModel:
         self.peak = cluster.device.peak(self.bytes.compute_dtype)
         self.mem_bw = cluster.device.memory_bandwidth * cluster.device.memory_efficiency
         consumers = graph.consumers()
-        self.bounds = Boundaries(graph)
+        self.bounds = bounds if bounds is not None else Boundaries(graph)
         self._unit_share = sync_unit_shares(graph)
         self._unit_share_ep = sync_unit_shares(graph, experts_apart=True)
         self._grad_bytes = graph.param_count() * self.bytes.grad  # what DDP's buckets hold
@@ -326,6 +331,12 @@ class CostModel:
             # ZeroRedundancyOptimizer needs plain tensors and tensor parallelism makes parameters
             # DTensors: the executor runs ZeRO-1 there as ZeRO-2 (worker/analyze.py); price that
             zero = 2
+        if not op.params and zero != 1:
+            # an op without parameters sees the ZeRO stage only through the mixed precision that
+            # runs it (FSDP2's policy unless ZeRO-1: `fsdp_cast` in `_op_costs`); stages 0, 2 and
+            # 3 price it alike, so its table is made once for them (the accumulation shapes ask
+            # for all four stages of every sub-mesh)
+            zero = 0
         # priced once per (op, mesh, effective ZeRO stage, checkpoint): the searches ask for every
         # ZeRO stage of a mesh (1 and 2 are one table on a tensor-parallel mesh) and the pipeline
         # search for each stage sub-mesh per shape. Keyed by the op's identity, the op kept alive in
@@ -710,8 +721,21 @@ class CostModel:
         independent, so adding it keeps the frontier exact. `ops` may name a subset that stands
         for the rest (one layer of a stack of identical layers)."""
         ops = list(self.graph.ops if ops is None else ops)
+        # asked twice per pipeline shape with the same stage ops (its bound and its tables), and
+        # by every shape on one sub-mesh: priced once per (mesh, ZeRO stage, ops), keyed by the
+        # ops' identities with the ops kept alive in the entry (as `op_costs`'s memo)
+        memo: dict[tuple[Mesh, int, tuple[int, ...]], tuple[list[Op], float]] = self.__dict__.setdefault(
+            "_buffers_memo", {})
+        key = (mesh, zero, tuple(id(op) for op in ops))
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = (ops, self._buffers(mesh, ops, zero))
+        return hit[1]
+
+    def _buffers(self, mesh: Mesh, ops: list[Op], zero: int) -> float:
+        """`buffers` priced."""
         logits = {t.numel for op in ops if op.kind == "loss" for t in op.inputs}
-        layer_of = {name: i for b in self.graph.blocks[:1] for i, layer in enumerate(b.layers) for name in layer}
+        layer_of = self._layer_of
         worst = 0.0
         units: dict[int, float] = {}
         for op in ops:
@@ -731,6 +755,20 @@ class CostModel:
             return worst + gathered + self.profile.memory_overhead
         return worst + gathered
 
+    @functools.cached_property
+    def _layer_of(self) -> dict[str, int]:
+        """Each op of the first block stack's layers: its layer's index."""
+        return {name: i for b in self.graph.blocks[:1] for i, layer in enumerate(b.layers) for name in layer}
+
+    @functools.cached_property
+    def _param_readers(self) -> dict[str, list[str]]:
+        """Each parameter: the ops that read it, in graph order (made once: a walk of every op)."""
+        readers: dict[str, list[str]] = {}
+        for op in self.graph.ops:
+            for p in op.params:
+                readers.setdefault(p.name, []).append(op.name)
+        return readers
+
     def tied_sum(self, mesh: Mesh, ops: list[Op]) -> float:
         """The backward's last moment for a parameter that two ops read (GPT's token embedding and
         LM head): autograd sums the two gradients into a new tensor while both are live, two
@@ -742,10 +780,7 @@ class CostModel:
         under their leanest configuration, as the other transients; only where one device runs
         both readers (not across pipeline stages, which hold a copy each)."""
         names = {op.name for op in ops}
-        readers: dict[str, list[str]] = {}
-        for op in self.graph.ops:
-            for p in op.params:
-                readers.setdefault(p.name, []).append(op.name)
+        readers = self._param_readers
         twice = 0.0
         logits = 0.0
         for op in ops:

@@ -459,3 +459,27 @@ def test_a_tied_tables_two_gradients_are_summed_beside_every_gradient(precision:
     assert many.tied_sum(dp(1), list(many.graph.ops)) == 0.0
     # a stage holding only one of the readers (a pipeline's first stage) sums nothing
     assert cm.tied_sum(dp(1), [cm.graph.op("emb")]) == 0.0
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_op_without_params_priced_alike_under_zero_0_2_3(precision: str) -> None:
+    """op_costs makes one table for ZeRO stages 0, 2 and 3 of an op without parameters (the
+    stage reaches it only through the mixed precision, which differs for ZeRO-1 alone): each
+    stage's table priced on its own must equal the shared one, on data- and tensor-parallel
+    meshes, with and without mixed precision."""
+    from search.prices.mesh import mesh_candidates
+
+    graph = stack(3)
+    cluster = make_cluster("h100-80gb", 4)
+    cm = CostModel(graph, cluster, TrainingJob(global_batch=8, precision=precision))
+    free = [op for op in graph.ops if not op.params]
+    assert free
+    fields = ("time", "mem", "parts", "comm", "time_rc", "mem_rc", "parts_rc", "step")
+    for mesh in mesh_candidates(cluster):
+        for op in free:
+            for checkpoint in (False, True):
+                for zero in (0, 2, 3):
+                    shared, own = cm.op_costs(op, mesh, zero, checkpoint), cm._op_costs(op, mesh, zero, checkpoint)
+                    for f in fields:
+                        np.testing.assert_array_equal(getattr(shared, f), getattr(own, f), err_msg=f"{op.name} {f}")
+                    assert shared.configs == own.configs and shared.estimated == own.estimated
