@@ -34,7 +34,7 @@ from torch import nn
 
 from search import InputError, Plan
 from search.algorithm.interleave import rank_p2p
-from search.models.graph import Op, OpGraph, ParamRef
+from search.models.graph import Op, OpGraph, ParamRef, block_layout
 from search.models.seq2seq import PIPELINE_REFUSAL, SEQ2SEQ_KIND
 from search.models.source import NOT_REBUILDABLE, ModelSource, source_spec
 from search.models.zoo import TEST_MODELS, ZOO, ModelSpec
@@ -109,22 +109,32 @@ def op_configs(plan: Plan, graph: OpGraph) -> dict[str, tuple[str | None, ...]]:
         info = next((b for b in graph.blocks if b.prefix == bp.prefix), None)
         if info is None or len(info.layers) != len(bp.layer_variant):
             raise Unsupported(f"plan's block stack {bp.prefix!r} does not match the model's")
-        zero = f"{bp.prefix}.0."
+        # a layer of a periodic stack holds `period` module layers: layer i's module layer k is
+        # the model's first + i * period + k
+        first, period = block_layout(graph, info)
+        zeros = [f"{bp.prefix}.{first + k}." for k in range(period)]
         for i, (names, v) in enumerate(zip(info.layers, bp.layer_variant, strict=True)):
             variant = bp.variants[v]
             if len(variant) != len(names):
                 raise Unsupported(f"plan's block stack {bp.prefix!r}: a layer variant has {len(variant)} ops, "
                                   f"the model's layers {len(names)}")
-            mine = f"{bp.prefix}.{i}."
+            mine = [f"{bp.prefix}.{first + i * period + k}." for k in range(period)]
             for name, o in zip(names, variant, strict=True):
                 # a variant is written in layer 0's names, its dimension labels too ('blocks.0.mlp.fc1.weight/d0')
-                out[name] = tuple(None if c == "R" else (mine + c[len(zero):] if c.startswith(zero) else c)
-                                  for c in o.config)
+                out[name] = tuple(None if c == "R" else _layer_name(c, zeros, mine) for c in o.config)
     missing = [op.name for op in graph.ops if op.name not in out]
     if missing:
         raise Unsupported(f"plan has no configuration for op {missing[0]!r} of model {plan.model!r} "
                           f"(was it made for another model or batch?)")
     return out
+
+
+def _layer_name(code: str, zeros: list[str], mine: list[str]) -> str:
+    """A name written in layer 0's module layers, in layer i's."""
+    for z, m in zip(zeros, mine, strict=True):
+        if code.startswith(z):
+            return m + code[len(z):]
+    return code
 
 
 Codes = tuple[str, ...]  # one placement code per tensor axis

@@ -1136,7 +1136,11 @@ def capture_with_blocks(module: nn.Module, example_args: tuple[torch.Tensor, ...
     first = _uniform_from(blocks)
     if n - first < 3:
         g = capture_module(module, example_args, name, input_labels, meta)
-        return _annotate_blocks(g, blocks_attr, n) if n >= 2 else g
+        if n < 2:
+            return g
+        # a periodic stack (Jamba's Mamba/attention and dense/MoE layers repeat every 8): one
+        # block-stack layer per period, so the search reuses, recomputes and pipelines by period
+        return _annotate_blocks(g, blocks_attr, n, _period(blocks))
     _set_attr(module, blocks_attr, nn.ModuleList(list(blocks)[:first + 2]))
     try:
         g2 = capture_module(module, example_args, name, input_labels, meta)
@@ -1165,17 +1169,33 @@ def _uniform_from(blocks: nn.ModuleList) -> int:
     return k
 
 
+MAX_PERIOD = 8  # the longest period of layers searched as one block-stack layer
+
+
+def _period(blocks: nn.ModuleList) -> int:
+    """The smallest p <= MAX_PERIOD such that layer i is identical to layer i + p throughout and the
+    stack is at least 3 whole periods (block reuse needs 3 layers); 1 if there is none."""
+    sigs = [_layer_signature(m) for m in blocks]
+    n = len(sigs)
+    for p in range(2, MAX_PERIOD + 1):
+        if n % p == 0 and n // p >= 3 and all(sigs[i] == sigs[i + p] for i in range(n - p)):
+            return p
+    return 1
+
+
 def _layer_of(opname: str, module: str, prefix: str) -> int | None:
     m = re.match(re.escape(prefix) + r"\.(\d+)(?:[.:#]|$)", module or opname)
     return int(m.group(1)) if m else None
 
 
-def _annotate_blocks(g: OpGraph, prefix: str, n: int) -> OpGraph:
-    layers: list[list[str]] = [[] for _ in range(n)]
+def _annotate_blocks(g: OpGraph, prefix: str, n: int, period: int = 1) -> OpGraph:
+    """The graph's block stack: layer k of it holds the ops of the module layers k * period ..
+    (k + 1) * period - 1, in graph order (a period's layers run one after the other)."""
+    layers: list[list[str]] = [[] for _ in range(n // period)]
     for op in g.ops:
         i = _layer_of(op.name, op.module, prefix)
         if i is not None and i < n:
-            layers[i].append(op.name)
+            layers[i // period].append(op.name)
     if any(len(layer) != len(layers[0]) or not layer for layer in layers):
         return g
     return g.model_copy(update={"blocks": (BlockInfo(prefix=prefix, layers=tuple(tuple(x) for x in layers)),)})
@@ -1189,7 +1209,7 @@ def _renamer(prefix: str, src: int, dst: int) -> Callable[[str], str]:
 def _replicate(g2: OpGraph, prefix: str, n: int, first: int = 0) -> OpGraph | None:
     """g2 exported layers 0 .. first + 1 of an n-layer stack whose layers from `first` on are
     identical: layer first + 1 is copied for the rest. With differing layers before `first`, the
-    stack is no block stack for the search (its layers are not all alike): the graph has no blocks."""
+    block stack is layers first .. n - 1."""
     ops = list(g2.ops)
     idx = [_layer_of(op.name, op.module, prefix) for op in ops]
     t0, t1 = first, first + 1  # the template layers
@@ -1234,33 +1254,50 @@ def _replicate(g2: OpGraph, prefix: str, n: int, first: int = 0) -> OpGraph | No
     layers += [tuple(op.name for op in l0), tuple(op.name for op in l1)]
     new_ops += l1
     prev_out = out1
+    prev_dims = l1[-1].output.dims
     for i in range(t1 + 1, n):
         r = _renamer(prefix, t1, i)
+        # the template read layer t0's output, whose labels may be its own (a stack without a
+        # residual stream names each layer's output after its last weight): layer i reads
+        # layer i - 1's output under that layer's labels
+        labels = {a: b for a, b in zip(l0[-1].output.dims, prev_dims, strict=True) if a != b}
         layer_ops = []
         for op in l1:
-            layer_ops.append(_rename_op(op, r, {out0: prev_out}))
+            layer_ops.append(_rename_op(op, r, {out0: prev_out}, labels))
         new_ops += layer_ops
+        prev_dims = layer_ops[-1].output.dims
         layers.append(tuple(op.name for op in layer_ops))
         prev_out = layer_ops[-1].name
     rl = _renamer(prefix, t1, n - 1)
     for op in post:
         new_ops.append(_rename_op(op, rl, {}))
     meta = dict(g2.meta)
-    alike = len({len(layer) for layer in layers}) == 1
+    # layers before `first` differ from the run after it (DeepSeek-V3's 3 dense layers before 58
+    # MoE ones): the block stack is the run alone, the layers before it are ops like the
+    # embedding's (priced with the rest of the graph, on the first pipeline stage, not recomputed)
     return OpGraph(name=g2.name, ops=tuple(new_ops), meta=meta,
-                   blocks=(BlockInfo(prefix=prefix, layers=tuple(layers)),) if alike else ())
+                   blocks=(BlockInfo(prefix=prefix, layers=tuple(layers[t0:])),))
 
 
-def _rename_op(op: Op, r: Callable[[str], str], source_map: dict[str, str]) -> Op:
+def _rename_op(op: Op, r: Callable[[str], str], source_map: dict[str, str],
+               labels: dict[str, str] | None = None) -> Op:
+    """`op` renamed by `r`, its inputs from `source_map`'s ops and its dimension labels (once
+    renamed) through `labels`."""
+    lab = labels or {}
+
+    def dim(d: str) -> str:
+        d = r(d)
+        return lab.get(d, d)
+
     def tref(t: TensorRef) -> TensorRef:
         src = source_map.get(t.source, r(t.source)) if t.source is not None else None
-        return TensorRef(source=src, shape=t.shape, dims=tuple(r(d) for d in t.dims), dtype=t.dtype)
+        return TensorRef(source=src, shape=t.shape, dims=tuple(dim(d) for d in t.dims), dtype=t.dtype)
 
     return Op(name=r(op.name), kind=op.kind, target=op.target, module=r(op.module),
               inputs=tuple(tref(t) for t in op.inputs), output=tref(op.output),
-              params=tuple(ParamRef(name=r(p.name), shape=p.shape, dims=tuple(r(d) for d in p.dims), dtype=p.dtype,
+              params=tuple(ParamRef(name=r(p.name), shape=p.shape, dims=tuple(dim(d) for d in p.dims), dtype=p.dtype,
                                     owner=p.owner) for p in op.params),
-              splittable=tuple(r(s) for s in op.splittable), flops=op.flops, saves=op.saves,
+              splittable=tuple(dim(s) for s in op.splittable), flops=op.flops, saves=op.saves,
               workspace=op.workspace)
 
 

@@ -143,6 +143,16 @@ class BlockInfo(BaseModel):
     layers: tuple[tuple[str, ...], ...]
 
 
+def block_layout(graph: OpGraph, block: BlockInfo) -> tuple[int, int]:
+    """Which module layers ('prefix.i') the block stack's layers hold: layer k holds module layers
+    first + k * period .. first + (k + 1) * period - 1. first > 0 where the stack starts with a
+    shorter run of other layers (DeepSeek-V3's 3 dense layers before 58 MoE ones, left out of the
+    stack); period > 1 for a periodic stack (Jamba's 8); see search/models/capture.py."""
+    pat = re.compile(re.escape(block.prefix) + r"\.(\d+)(?:[.:#]|$)")
+    found = {int(m.group(1)) for name in block.layers[0] if (m := pat.match(graph.op(name).module or name))}
+    return (min(found), len(found)) if found else (0, 1)
+
+
 class OpGraph(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     format: str = GRAPH_FORMAT

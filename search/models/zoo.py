@@ -1066,8 +1066,19 @@ def get_model(name: str) -> ModelSpec:
 # --------------------------------------------------------------------------------------
 
 
+def _periodic_kinds(kinds: list[type], max_period: int = 8) -> bool:
+    """Whether a list of layer classes is one class, or repeats with a period of at most
+    `max_period` over at least 3 periods (Jamba's Mamba and attention layers: capture groups such
+    a stack by period, search/models/capture.py)."""
+    n = len(kinds)
+    return len(set(kinds)) == 1 or any(
+        n % p == 0 and n // p >= 3 and all(kinds[i] == kinds[i + p] for i in range(n - p))
+        for p in range(2, max_period + 1))
+
+
 def find_blocks_attr(model: nn.Module) -> str | None:
-    """Dotted path of the largest ``nn.ModuleList`` whose children are all the same class.
+    """Dotted path of the largest ``nn.ModuleList`` whose children are all the same class, or
+    whose classes repeat with a short period (`_periodic_kinds`).
 
     "Largest" is by number of children, ties broken by parameter count, then by the
     shallower (earlier) path. Returns None if no such list has at least one child.
@@ -1077,8 +1088,7 @@ def find_blocks_attr(model: nn.Module) -> str | None:
     for name, mod in model.named_modules():
         if not isinstance(mod, nn.ModuleList) or len(mod) == 0:
             continue
-        kinds = {type(child) for child in mod}
-        if len(kinds) != 1:
+        if not _periodic_kinds([type(child) for child in mod]):
             continue
         key = (len(mod), sum(p.numel() for p in mod.parameters()))
         if best is None or key > best:

@@ -20,7 +20,7 @@ from search.algorithm.chain import recompute_var
 from search.algorithm.evaluate import PipeShape
 from search.algorithm.interleave import chunk_layers
 from search.algorithm.results import FrontierPoint, SearchResult, Solution, Split
-from search.models.graph import Op, OpGraph
+from search.models.graph import Op, OpGraph, block_layout
 from search.models.source import ModelSource
 from search.plans.flops import mfu, model_flops
 from search.prices.accuracy import PricedFrom
@@ -216,7 +216,8 @@ def summarize(graph: OpGraph, mesh: Mesh, configs: dict[str, tuple[str | None, .
     if zero:
         head += f" zero{zero}"
     if graph.blocks:
-        head += f" recompute {recomputed}/{len(graph.blocks[0].layers)}"
+        b0 = graph.blocks[0]  # counted in module layers, a periodic stack's too
+        head += f" recompute {recomputed}/{len(b0.layers) * block_layout(graph, b0)[1]}"
     parts = [head]
     weighted = weighted_ops(graph) if weighted is None else weighted
     for ai, ax in enumerate(mesh.axes):
@@ -303,8 +304,7 @@ def _solution_plans(result: SearchResult, sol: Solution, points: list[FrontierPo
         configs = {op.name: op_plan.config(op.name, int(assign[op.name][j])) for op, _ in weighted}
         pred, pipe = _prediction(sol, costs, j, point.stages, job.global_batch)
         pred.model_flops, pred.mfu = flops, mfu(flops, pred.time_s, cluster, job.precision)
-        recomputed = [f"{b.prefix}.{k}" for b in graph.blocks[:1] for k in range(len(b.layers))
-                      if recompute_var(k) in assign and assign[recompute_var(k)][j]]
+        recomputed = _recomputed(graph, assign, j)
         plans.append(Plan(
             model=graph.meta.get("model", graph.name) if graph.meta else graph.name,
             cluster=cluster.describe(), device=cluster.device.name, num_devices=cluster.num_devices,
@@ -318,6 +318,17 @@ def _solution_plans(result: SearchResult, sol: Solution, points: list[FrontierPo
             summary=summarize(graph, mesh, configs, sol.zero, len(recomputed), weighted, pipe),
         ))
     return plans
+
+
+def _recomputed(graph: OpGraph, assign: dict[str, np.ndarray], j: int) -> list[str]:
+    """The module layers recomputed in plan j (a periodic stack's layer is `period` of them)."""
+    out = []
+    for b in graph.blocks[:1]:
+        first, period = block_layout(graph, b)
+        for k in range(len(b.layers)):
+            if recompute_var(k) in assign and assign[recompute_var(k)][j]:
+                out += [f"{b.prefix}.{first + k * period + m}" for m in range(period)]
+    return out
 
 
 def _block_plans(graph: OpGraph, assign: dict[str, np.ndarray], j: int, op_plan: _OpPlans) -> list[BlockPlan]:

@@ -1,0 +1,103 @@
+"""Block reuse on stacks whose layers are not all one layer (search/models/capture.py): a
+periodic stack (A, B, A, B, A, B) is one block-stack layer per period, and a stack of two
+uniform runs (2 x A then 4 x B) is the long run alone, the short run priced with the rest of the
+graph. On either, FT with block reuse equals the exhaustive reference under the same tie, and
+each point re-costs to itself with every op priced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from search.algorithm.chain import find_chain
+from search.algorithm.exhaustive import exhaustive_search
+from search.algorithm.ft import SearchOptions, search
+from search.models.capture import capture_with_blocks
+from search.models.graph import OpGraph, block_layout
+from search.prices.cluster import make_cluster
+from search.prices.costmodel import TrainingJob
+from search.prices.mesh import Mesh, MeshAxis
+
+DIM, BATCH = 16, 8
+
+
+class _A(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(DIM, DIM, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+class _B(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(DIM, 2 * DIM, bias=False)
+        self.down = nn.Linear(2 * DIM, DIM, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+class _Stack(nn.Module):
+    def __init__(self, kinds: str) -> None:
+        super().__init__()
+        self.inp = nn.Linear(DIM, DIM, bias=False)
+        self.layers = nn.ModuleList([_A() if k == "A" else _B() for k in kinds])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for layer in self.layers:
+            h = layer(h)
+        return (h * h).mean()
+
+
+def _graph(kinds: str) -> OpGraph:
+    with torch.device("meta"):
+        m = _Stack(kinds)
+        x = torch.empty(BATCH, DIM)
+    return capture_with_blocks(m, (x,), "layers", name=kinds, input_labels=[["batch", "h"]])
+
+
+def test_a_periodic_stack_is_one_block_layer_per_period() -> None:
+    g = _graph("ABABABAB")
+    assert len(g.blocks) == 1 and len(g.blocks[0].layers) == 4
+    assert block_layout(g, g.blocks[0]) == (0, 2)
+    chain = find_chain(g, solo=True)
+    assert chain is not None and chain.reused >= 2
+
+
+def test_two_runs_make_the_long_run_the_block_stack() -> None:
+    g = _graph("AABBBB")
+    assert len(g.blocks) == 1 and len(g.blocks[0].layers) == 4
+    assert block_layout(g, g.blocks[0]) == (2, 1)
+    assert find_chain(g, solo=True) is not None
+
+
+def test_a_stack_without_period_has_no_blocks() -> None:
+    assert _graph("AABAB").blocks == ()
+
+
+@pytest.mark.parametrize("kinds,devices,recompute", [("ABABAB", 4, True), ("ABABAB", 8, False),
+                                                     ("AABBB", 4, True), ("AABBBB", 8, False)])
+def test_ft_equals_the_tied_exhaustive(kinds: str, devices: int, recompute: bool) -> None:
+    g = _graph(kinds)
+    cluster = make_cluster("h100-80gb", devices, devices_per_node=devices)
+    job = TrainingJob(global_batch=BATCH, precision="bf16")
+    meshes = tuple(Mesh(pp=1, axes=(MeshAxis("dp", devices // t, t, "data"), MeshAxis("tp", t, 1, "tensor")))
+                   for t in (1, 2))
+    ft = search(g, cluster, job, SearchOptions(meshes=meshes, zero_stages=(0, 3), recompute=recompute))
+    ex = exhaustive_search(g, cluster, job, meshes=list(meshes), zero_stages=(0, 3), recompute=recompute)
+    assert ft.stats["block_reuse"]
+    got = np.array([(p.time_s, p.memory_bytes) for p in ft.points])
+    want = np.array([(p.time_s, p.memory_bytes) for p in ex.points])
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    for p in ft.points:
+        sol = ft.solutions[p.mesh_index]
+        again = sol.recost(g, {k: v[p.row:p.row + 1] for k, v in p.configs.items()}, [None])
+        assert again["time"][0] == pytest.approx(p.time_s, rel=1e-9)
+        assert again["memory"][0] == pytest.approx(p.memory_bytes, rel=1e-9)
