@@ -190,11 +190,12 @@ def _launch(specs: dict) -> list[str]:
     steps = 3
     jobs = {k: Job(spec=s, settings=RunSettings(steps=steps, warmup=1)) for k, s in specs.items() if s.num_devices == 4}
     out = [f"{k}: needs {s.num_devices} processes" for k, s in specs.items() if s.num_devices != 4]
-    try:
-        raws = run_jobs(list(jobs.values()), timeout=600)
-    except Exception as e:  # noqa: BLE001 - the run's failure is the verdict
-        return out + [f"run failed: {_one_line(e)}"]
-    for (what, job), raw in zip(jobs.items(), raws, strict=True):
+    for what, job in jobs.items():
+        try:  # one launch per plan: a plan that fails does not hide the other's verdict
+            raw = run_jobs([job], timeout=600)[0]
+        except Exception as e:  # noqa: BLE001 - the run's failure is the verdict
+            out.append(f"{what} run failed: {_one_line(e)} ({job.spec.summary.split(' | ')[0]})")
+            continue
         spec = job.spec
         ref = reference_losses(spec.model, steps, spec.global_batch, spec.seq_len, source=spec.source)
         diff = max(abs(a - b) for a, b in zip(raw["losses"], ref, strict=True))
