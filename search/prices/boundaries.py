@@ -21,6 +21,9 @@ search offers to run as priced (docs/design.md), three rules follow from the cap
   re-splitting there, or sharding a tensor the enclosing code then reshapes, would hand that code
   (attention's ``view(b, t, -1, head_dim)``) a shape it does not expect.
   Between two ops of one module's forward there is no boundary, so such an edge keeps its placement.
+  Nor does a tensor change placement where it enters a module that receives another tensor of its
+  shape (MPT's ``ffn(hidden, residual)``): ``PrepareModuleInput`` converts the module's first input,
+  which may be the other one (`Boundaries.ambiguous_entry`).
 
 The rules bind on tensor axes only: a data axis splits the batch everywhere, and the gradients
 of what it replicates are reduced by DDP/FSDP over the parameters, not at module boundaries.
