@@ -9,14 +9,22 @@ processes, and its fastest and leanest plans launched on 4 gloo processes agains
 
     python bench/model_families.py                      # everything (long: minutes per family)
     python bench/model_families.py --families llama,opt --no-run
+    python bench/model_families.py --rest --families llama,gpt2   # each default config as a REST job
+
+`--rest` submits each default config as a job (POST /api/jobs, baselines included) to a real
+`paretoplan serve --no-auth` on loopback, with one local worker and a fresh SQLite database, and
+records the state each job reaches (done, failed with its error, or the 422 refusal at submit).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -88,6 +96,16 @@ def tiny_config(family: str) -> dict[str, Any]:
     return cfg
 
 
+def _seq(family: str) -> int:
+    from transformers import AutoConfig
+
+    try:
+        positions = getattr(AutoConfig.for_model(family), "max_position_embeddings", None)
+    except ValueError:  # not a transformers model type: the search (or the service) refuses it by name
+        return SEQ
+    return min(SEQ, positions) if isinstance(positions, int) and positions > 0 else SEQ
+
+
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text}"[:160]
@@ -101,10 +119,7 @@ def default_row(family: str, timeout: int) -> dict[str, Any]:
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(timeout)
     try:
-        from transformers import AutoConfig
-
-        positions = getattr(AutoConfig.for_model(family), "max_position_embeddings", None)
-        seq = min(SEQ, positions) if isinstance(positions, int) and positions > 0 else SEQ
+        seq = _seq(family)
         o = run_search(SearchRequest(hf_config={"model_type": family}, name=family, device="h100-80gb",
                                      devices=H100S, global_batch=BATCH, seq_len=seq, baselines=False))
     except TimedOut:
@@ -175,17 +190,86 @@ def _launch(specs: dict) -> list[str]:
     steps = 3
     jobs = {k: Job(spec=s, settings=RunSettings(steps=steps, warmup=1)) for k, s in specs.items() if s.num_devices == 4}
     out = [f"{k}: needs {s.num_devices} processes" for k, s in specs.items() if s.num_devices != 4]
-    try:
-        raws = run_jobs(list(jobs.values()), timeout=600)
-    except Exception as e:  # noqa: BLE001 - the run's failure is the verdict
-        return out + [f"run failed: {_one_line(e)}"]
-    for (what, job), raw in zip(jobs.items(), raws, strict=True):
+    for what, job in jobs.items():
+        try:  # one launch per plan: a plan that fails does not hide the other's verdict
+            raw = run_jobs([job], timeout=600)[0]
+        except Exception as e:  # noqa: BLE001 - the run's failure is the verdict
+            out.append(f"{what} run failed: {_one_line(e)} ({job.spec.summary.split(' | ')[0]})")
+            continue
         spec = job.spec
         ref = reference_losses(spec.model, steps, spec.global_batch, spec.seq_len, source=spec.source)
         diff = max(abs(a - b) for a, b in zip(raw["losses"], ref, strict=True))
         ok = diff < 2e-5 and all(math.isfinite(x) for x in raw["losses"])
         out.append(f"{what} {'parity' if ok else 'NO parity'} ({diff:.0e}; {spec.summary.split(' | ')[0]})")
     return out
+
+
+class Service:
+    """`paretoplan serve --no-auth` on a free loopback port with one local worker and a fresh SQLite
+    database, as a user would start it; stopped (with its worker) on exit."""
+
+    def __init__(self, tmp: Path) -> None:
+        cmd = [sys.executable, "-m", "paretoplan", "serve", "--port", "0", "--no-auth", "--workers", "1",
+               "--db", f"sqlite:///{tmp / 'rest.db'}"]
+        self.log = (tmp / "serve.log").open("w")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=tmp)
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # the server says where it listens once it does
+            if m := re.search(r"serving on (http://\S+) ", line):
+                self.url = m.group(1)
+                return
+        raise RuntimeError(f"paretoplan serve exited ({self.proc.wait()}); see {tmp / 'serve.log'}")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)  # serve stops its worker on SIGINT
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def rest_state(client: Any, family: str, timeout: int) -> str:
+    """The state a job from the family's default config reaches over REST: done, failed (its error),
+    refused at submit (the 422's detail), or still pending after `timeout` seconds."""
+    body = {"hf_config": {"model_type": family}, "name": family, "device": "h100-80gb", "devices": H100S,
+            "global_batch": BATCH, "seq_len": _seq(family)}
+    r = client.post("/api/jobs", json=body)
+    if r.status_code != 201:
+        return f"{r.status_code} at submit: {' '.join(str(r.json().get('detail')).split())[:140]}"
+    job_id, end = r.json()["id"], time.monotonic() + timeout
+    while (job := client.get(f"/api/jobs/{job_id}").json())["status"] not in ("done", "failed"):
+        if time.monotonic() > end:
+            return f"{job['status']} after {timeout} s"
+        time.sleep(1)
+    if job["status"] == "failed":
+        return f"failed: {' '.join(str(job['error']).split())[:140]}"
+    return f"done in {_seconds(job):.0f} s"
+
+
+def _seconds(job: dict[str, Any]) -> float:
+    from datetime import datetime
+
+    return (datetime.fromisoformat(job["finished_at"]) - datetime.fromisoformat(job["created_at"])).total_seconds()
+
+
+def rest_main(families: list[str], timeout: int) -> None:
+    import httpx
+
+    print("| family | REST job from the default config |")
+    print("|---|---|")
+    done = 0
+    with tempfile.TemporaryDirectory(prefix="families-rest-") as tmp:
+        service = Service(Path(tmp))
+        try:
+            with httpx.Client(base_url=service.url, timeout=60) as client:
+                for family in families:
+                    state = rest_state(client, family, timeout)
+                    done += state.startswith("done")
+                    print(f"| {family} | {state} |", flush=True)
+        finally:
+            service.stop()
+    print(f"\n{done}/{len(families)} jobs done")
 
 
 def main() -> None:
@@ -195,12 +279,16 @@ def main() -> None:
     ap.add_argument("--no-tiny", action="store_true", help="default configs only")
     ap.add_argument("--no-default", action="store_true", help="tiny variants only")
     ap.add_argument("--timeout", type=int, default=120, help="seconds per search before a family counts as no answer")
+    ap.add_argument("--rest", action="store_true", help="submit each default config to a local service instead")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     from transformers.utils import logging
 
     logging.set_verbosity_error()
     families = args.families.split(",") if args.families else FAMILIES
+    if args.rest:
+        rest_main(families, args.timeout)
+        return
     print(f"| family | params | capture s | ops | frontier | fastest fitting plan on {H100S} H100 (batch {BATCH}) "
           f"| leanest | tiny variant on 4 gloo processes |")
     print("|---|---|---|---|---|---|---|---|")

@@ -177,6 +177,10 @@ _VIEW_OPS = {
     aten.view_as_complex.default, aten.view_as_real.default,  # pairs of floats as complex numbers, and back
     aten.numpy_T.default,  # `x @ self.weight.T` (Falcon's linear): the weight, transposed, is still the parameter
 }
+# casts: one that changes nothing (`x.to(torch.float32)` of an fp32 tensor, RMSNorm's upcast in an
+# fp32 run) returns its input itself, so export hands the next readers of that tensor (the residual
+# add after the norm) the cast's node: captured as an op, it would put them inside the norm's module
+_CAST_OPS = {aten.to.dtype, aten._to_copy.default, aten.to.dtype_layout}
 _SPLIT_OPS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int}
 _LINEAR_OPS = {aten.linear.default, aten.addmm.default, aten.mm.default, aten.matmul.default, aten.bmm.default}
 _NORM_OPS = {aten.layer_norm.default, aten.native_layer_norm.default, aten.rms_norm.default,
@@ -217,6 +221,13 @@ def _first_tensor(val: object) -> torch.Tensor:
     out0 = val[0] if isinstance(val, (tuple, list)) else val
     assert isinstance(out0, torch.Tensor), f"expected a tensor value, got {type(out0).__name__}"
     return out0
+
+
+def _changes_nothing(node: torch.fx.Node, out_val: object) -> bool:
+    """A cast whose output has its input's dtype, device and shape: the input itself."""
+    src = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], torch.fx.Node) else None
+    return (isinstance(src, torch.Tensor) and isinstance(out_val, torch.Tensor) and src.dtype == out_val.dtype
+            and src.device == out_val.device and tuple(src.shape) == tuple(out_val.shape))
 
 
 def _int_arg(node: torch.fx.Node, i: int, default: int | None = None) -> int:
@@ -431,7 +442,7 @@ class _Capture:
                  out_val: object) -> _Result:
         """The op builder for an aten op that reads an activation or a parameter."""
         t = node.target
-        if t in _VIEW_OPS:
+        if t in _VIEW_OPS or (t in _CAST_OPS and _changes_nothing(node, out_val)):
             return self.view(node, args[0], _first_tensor(out_val))
         if t in _SPLIT_OPS:
             return self.split(node, args[0], out_val)
@@ -532,7 +543,7 @@ class _Capture:
                 # another dimension of another size, which must not carry the input's label
                 labels[last] = L.new(f"{tag}/r{last}")
         elif t in (aten.contiguous.default, aten.clone.default, aten.alias.default, aten.detach.default,
-                   aten.lift_fresh_copy.default):
+                   aten.lift_fresh_copy.default) or t in _CAST_OPS:
             labels = list(src.labels)
         else:
             labels = _view_labels(L, src.shape, src.labels, out_shape, tag)

@@ -21,6 +21,9 @@ search offers to run as priced (docs/design.md), three rules follow from the cap
   re-splitting there, or sharding a tensor the enclosing code then reshapes, would hand that code
   (attention's ``view(b, t, -1, head_dim)``) a shape it does not expect.
   Between two ops of one module's forward there is no boundary, so such an edge keeps its placement.
+  Nor does a tensor change placement where it enters a module that receives another tensor of its
+  shape (MPT's ``ffn(hidden, residual)``): ``PrepareModuleInput`` converts the module's first input,
+  which may be the other one (`Boundaries.ambiguous_entry`).
 
 The rules bind on tensor axes only: a data axis splits the batch everywhere, and the gradients
 of what it replicates are reduced by DDP/FSDP over the parameters, not at module boundaries.
@@ -152,6 +155,49 @@ class Boundaries:
     def convertible(self, prod: Op, reader: Op) -> bool:
         """Whether the edge may change placement at all (an entry, or a reduction at an exit)."""
         return self.crossing(prod, reader) != "none"
+
+
+    def ambiguous_entry(self, prod: Op, reader: Op, shape: tuple[int, ...]) -> bool:
+        """Whether converting prod's output where the reader enters its conversion module is
+        ambiguous to torch: PrepareModuleInput converts a module's first input, right only when the
+        tensor is the one of its shape entering the module. MPT's MLP, `ffn(hidden, residual)`, takes
+        two [batch, seq, hidden] tensors, so a plan converting one of them there cannot run (the
+        executor refuses it, worker/analyze.py `refuse_ambiguous_entry`). Not ambiguous: a reader's
+        own style's input layout (its own module, a Linear's), and a module called once per tensor
+        (ViT's one dropout, each call's tensor its first)."""
+        if not self.has_modules:
+            return False
+        m = self.conversion_module(prod, reader)
+        if m == reader.module and self.own_module(reader) and reader.params:
+            return False
+        return self._entering(m, shape) > 1
+
+    def _entering(self, m: str, shape: tuple[int, ...]) -> int:
+        key = (m, shape)
+        if key not in self._entering_cache:
+            inside = self._ops_within.get(m, [])
+            if (len(inside) > 1 and all(op.module == m for op in inside) and len({op.target for op in inside}) == 1
+                    and all(len(op.inputs) == 1 for op in inside)):
+                self._entering_cache[key] = 1  # one call per tensor
+            else:
+                names = {op.name for op in inside}
+                self._entering_cache[key] = len({t.source if t.source is not None else "<graph input>"
+                                                 for op in inside for t in op.inputs
+                                                 if tuple(t.shape) == shape and t.source not in names})
+        return self._entering_cache[key]
+
+    @cached_property
+    def _ops_within(self) -> dict[str, list[Op]]:
+        """module -> the ops inside it, its submodules' included."""
+        out: dict[str, list[Op]] = {}
+        for op in self.graph.ops:
+            for m in _ancestors(op.module):
+                out.setdefault(m, []).append(op)
+        return out
+
+    @cached_property
+    def _entering_cache(self) -> dict[tuple[str, tuple[int, ...]], int]:
+        return {}
 
 
 def exit_allowed(src: str, dst: str, same_shape: bool) -> bool:

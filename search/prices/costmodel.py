@@ -636,6 +636,10 @@ class CostModel:
                         changed_here &= ~_pairwise(src, dst, lambda s, d, same=same_shape: exit_allowed(s, d, same),
                                                    dtype=bool)
                     blocked |= changed_here
+                elif mesh.axes[a].role == TENSOR and self.bounds.ambiguous_entry(prod, cons, tuple(t.shape)):
+                    # the module receives another tensor of this shape: torch cannot tell which to convert
+                    src, dst = [p[a] for p in out_pl], [p[a] for p in in_pl]
+                    blocked |= _differ(src, dst) | _differ([p[a] for p in out_gpl], [p[a] for p in in_gpl])
                 elif mesh.axes[a].role == TENSOR and tuple(t.dims) != tuple(prod.output.dims):
                     # converted where the reader receives it, after a view: both layouts must be
                     # expressible in the reader's dimensions (DTensor's Shard(dim) of that view)

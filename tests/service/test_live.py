@@ -68,6 +68,25 @@ def test_hf_config_jobs_and_a_bad_config_is_refused_on_submit(live, http):
     assert done["status"] == "done" and done["name"] == "tiny-hf", done
 
 
+def test_an_hf_config_job_with_infeasible_baselines_reaches_done_and_names_them(live, http):
+    """Issue 23: jobs from HF configs were lost once their search was done, an infeasible baseline's
+    1e30 sentinel being out of range for the database's BigInteger. GPT-2's Conv1D layers make the
+    Megatron baselines infeasible on 8 devices: the job reaches done on this backend (SQLite, and
+    PostgreSQL where the suite has one), every stored baseline has a real price, and the infeasible
+    ones are named with their reason in the frontier's stats."""
+    hf = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 512, "n_positions": 128}
+    r = http.post("/api/jobs", json={"hf_config": hf, "name": "hf-infeasible-baselines", "devices": 8,
+                                     "seq_len": 64})
+    assert r.status_code == 201, r.text
+    job = wait_job(http, r.json()["id"])
+    assert job["status"] == "done" and job["error"] is None, job
+    fr = http.get(f"/api/jobs/{job['id']}/frontier").json()
+    infeasible = fr["stats"]["infeasible_baselines"]
+    assert infeasible and all(b["name"].startswith("megatron") and b["reason"] for b in infeasible)
+    assert fr["baselines"] and {b["name"] for b in fr["baselines"]}.isdisjoint(b["name"] for b in infeasible)
+    assert all(0 < b["memory_bytes"] < 2**63 and 0 < b["time_s"] < 1e6 for b in fr["baselines"])
+
+
 def test_graph_upload(live, http):
     from search.models.capture import capture_model
     from search.models.zoo import get_model

@@ -407,3 +407,41 @@ def test_hf_llama_config_with_higher_order_ops(tmp_path):
     assert g.param_count() == spec.param_count()
     assert sum(op.kind == "attention" for op in g.ops) == 4
     assert find_chain(g) is not None
+
+
+class _UpcastNorm(nn.Module):
+    """RMSNorm's shape: upcast, normalise, scale, cast back (HF's LlamaRMSNorm, Falcon-H1's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h.to(x.dtype)
+
+
+class _PreNormBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = _UpcastNorm()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x)
+        return y + self.proj(self.norm(y))  # the residual is read after the norm's cast of it
+
+
+def test_a_cast_to_the_dtype_a_tensor_has_is_no_op_and_the_residual_reads_the_tensor_itself():
+    """`x.to(torch.float32)` of an fp32 tensor returns x itself, and export then hands x's later
+    readers (the residual add after the norm) the cast's node. Captured as an op inside the norm,
+    it made Falcon-H1's residual add read the norm's module, where the executor converted it:
+    the residual add then failed on mismatched shards. Such a cast is captured as an alias."""
+    g = capture_module(_PreNormBlock().to("meta"), (torch.ones(2, 4, 8, device="meta"),), name="mine",
+                       input_labels=[["batch", "seq", "h"]])
+    assert not [op for op in g.ops if "to" in op.target.split(".")[0:2] or "_to_copy" in op.target], \
+        [op.target for op in g.ops]
+    add = next(op for op in g.ops if op.target.startswith("aten.add") and not op.module)
+    relu = next(op for op in g.ops if op.target.startswith("aten.relu"))
+    assert relu.name in [t.source for t in add.inputs]

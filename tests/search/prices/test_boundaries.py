@@ -166,3 +166,27 @@ def test_a_module_called_once_per_step_is_its_ops_own_module():
     assert not b.own_module(pointwise[0])
     reader = next(c for c, _ in g.consumers()[pointwise[0].name] if g.op(c).module == "layers.0")
     assert b.crossing(pointwise[0], g.op(reader)) == "none"
+
+
+def test_a_module_receiving_two_tensors_of_one_shape_converts_neither_at_its_entry():
+    """MPT's block: `ffn(norm_2(x), x)`. PrepareModuleInput would convert ffn's first input, so
+    changing the placement of x (the residual) where it enters ffn is infeasible; the same change
+    entering a module that receives x alone (norm_2) is not."""
+    x = act(None, ("batch", "seq", "h"))
+    attn = pointwise("attn", [x]).model_copy(update={"module": "blk.attn"})
+    n2 = norm("n2", act("attn", x.dims)).model_copy(update={"module": "blk.norm_2"})
+    up = linear("up", act("n2", x.dims), "f").model_copy(update={"module": "blk.ffn.up"})
+    down = linear("down", act("up", ("batch", "seq", "f")), "h").model_copy(update={"module": "blk.ffn.down"})
+    add = pointwise("add", [act("down", x.dims), act("attn", x.dims)]).model_copy(update={"module": "blk.ffn"})
+    g = OpGraph(name="mpt-block", ops=(attn, n2, up, down, add))
+    bounds = Boundaries(g)
+    shape = tuple(add.inputs[1].shape)
+    assert bounds.ambiguous_entry(attn, add, shape) and not bounds.ambiguous_entry(attn, n2, shape)
+    cm = model(g)
+    ca, cadd = op_configs(attn, TP4), op_configs(add, TP4)
+    ec = cm.edge_costs(attn, add, TP4, ca, cadd)
+    rep, seq = (None, None), (None, "seq")
+    assert ec.time[ca.index(rep), cadd.index(seq)] == INFEASIBLE  # converted entering ffn: ambiguous
+    assert ec.time[ca.index(seq), cadd.index(seq)] < INFEASIBLE   # no conversion: fine
+    cn = op_configs(n2, TP4)
+    assert cm.edge_costs(attn, n2, TP4, ca, cn).time[ca.index(rep), cn.index(seq)] < INFEASIBLE
