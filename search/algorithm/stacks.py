@@ -213,9 +213,19 @@ class _Stages:
         self.weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule)
         self.layer_of = layer_index(tabs.graph) if recompute else {}
         self.memo: dict[tuple[int, int, int], Factor] = {}
+        # keyed by id, the factor held alongside so the id stays its own
+        self.group_memo: dict[int, tuple[Factor, dict[tuple[int, ...], np.ndarray]]] = {}
         self.stats = Stats()
         self.consumers = tabs.graph.consumers()
         self.layer_of = layer_index(tabs.graph) if recompute else {}
+
+    def groups(self, f: Factor) -> dict[tuple[int, ...], np.ndarray]:
+        """A stage factor's rows per interface configuration, made once per factor (the same
+        stage recurs in many cuts)."""
+        key = id(f)
+        if key not in self.group_memo:
+            self.group_memo[key] = (f, _by_key(f))
+        return self.group_memo[key][1]
 
     def __call__(self, s: int, split: Split) -> Factor:
         start = sum(split[:s])
@@ -257,13 +267,10 @@ def _max_frontier(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarra
     run_min = []
     for (_, m), o in zip(parts, order, strict=True):
         mm = m[o]
-        idx = np.zeros(len(mm), dtype=np.int64)
-        best = 0
-        for i in range(len(mm)):  # the leanest point among the first i + 1 (stage frontiers are small)
-            if mm[i] < mm[best]:
-                best = i
-            idx[i] = best
-        run_min.append(idx)
+        # the leanest point among the first i + 1 (the first of equals): a new prefix minimum
+        # wherever a point is strictly leaner than all before it
+        before = np.concatenate([[np.inf], np.minimum.accumulate(mm)[:-1]])
+        run_min.append(np.maximum.accumulate(np.where(mm < before, np.arange(len(mm)), 0)))
     floor = max(st[0] for st in sorted_t)
     taus = np.unique(np.concatenate([st[st >= floor] for st in sorted_t]))
     chosen = []
@@ -363,7 +370,7 @@ def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
         sizes = [len(tabs.op_costs[v].configs) for v in iface]
         if math.prod(sizes) > MAX_INTERFACE:
             continue
-        groups = [_by_key(f) for f in fs]
+        groups = [S.groups(f) for f in fs]
         for combo in itertools.product(*[range(k) for k in sizes]):
             val = dict(zip(iface, combo, strict=True))
             found = [g.get(tuple(val[v] for v in f.scope)) for g, f in zip(groups, fs, strict=True)]
@@ -399,10 +406,12 @@ def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
 
 
 def _by_key(f: Factor) -> dict[tuple[int, ...], np.ndarray]:
-    out: dict[tuple[int, ...], list[int]] = {}
-    for i, row in enumerate(f.keys):
-        out.setdefault(tuple(int(x) for x in row), []).append(i)
-    return {k: np.array(v) for k, v in out.items()}
+    if len(f) == 0:
+        return {}
+    uniq, inv = np.unique(f.keys, axis=0, return_inverse=True)
+    order = np.argsort(inv.reshape(-1), kind="stable")  # each group's rows in ascending order
+    bounds = np.cumsum(np.bincount(inv.reshape(-1), minlength=len(uniq)))[:-1]
+    return {tuple(int(x) for x in k): rows for k, rows in zip(uniq, np.split(order, bounds), strict=True)}
 
 
 def stack_shapes(cluster: Cluster, job: TrainingJob, graph: OpGraph, zero_stages: tuple[int, ...],
