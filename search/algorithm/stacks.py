@@ -213,9 +213,19 @@ class _Stages:
         self.weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule)
         self.layer_of = layer_index(tabs.graph) if recompute else {}
         self.memo: dict[tuple[int, int, int], Factor] = {}
+        # keyed by id, the factor held alongside so the id stays its own
+        self.group_memo: dict[int, tuple[Factor, dict[tuple[int, ...], np.ndarray]]] = {}
         self.stats = Stats()
         self.consumers = tabs.graph.consumers()
         self.layer_of = layer_index(tabs.graph) if recompute else {}
+
+    def groups(self, f: Factor) -> dict[tuple[int, ...], np.ndarray]:
+        """A stage factor's rows per interface configuration, made once per factor (the same
+        stage recurs in many cuts)."""
+        key = id(f)
+        if key not in self.group_memo:
+            self.group_memo[key] = (f, _by_key(f))
+        return self.group_memo[key][1]
 
     def __call__(self, s: int, split: Split) -> Factor:
         start = sum(split[:s])
@@ -257,13 +267,10 @@ def _max_frontier(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarra
     run_min = []
     for (_, m), o in zip(parts, order, strict=True):
         mm = m[o]
-        idx = np.zeros(len(mm), dtype=np.int64)
-        best = 0
-        for i in range(len(mm)):  # the leanest point among the first i + 1 (stage frontiers are small)
-            if mm[i] < mm[best]:
-                best = i
-            idx[i] = best
-        run_min.append(idx)
+        # the leanest point among the first i + 1 (the first of equals): a new prefix minimum
+        # wherever a point is strictly leaner than all before it
+        before = np.concatenate([[np.inf], np.minimum.accumulate(mm)[:-1]])
+        run_min.append(np.maximum.accumulate(np.where(mm < before, np.arange(len(mm)), 0)))
     floor = max(st[0] for st in sorted_t)
     taus = np.unique(np.concatenate([st[st >= floor] for st in sorted_t]))
     chosen = []
@@ -332,11 +339,20 @@ class StacksSolution:
 
     def recost(self, graph: OpGraph, assignment: dict[str, np.ndarray], splits: list[Split | None]
                ) -> dict[str, np.ndarray]:
-        rows = []
+        # one evaluation per distinct cut over all its points: per point, T5's plans took ~90 s
+        by_split: dict[Split, list[int]] = {}
         for j, split in enumerate(splits):
             assert split is not None, "a pipeline point always has its split"
-            rows.append(evaluate_stacks(self.tables, {k: v[j:j + 1] for k, v in assignment.items()}, split))
-        return {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+            by_split.setdefault(tuple(split), []).append(j)
+        out: dict[str, np.ndarray] = {}
+        for split, js in by_split.items():
+            idx = np.array(js)
+            res = evaluate_stacks(self.tables, {k: np.asarray(v)[idx] for k, v in assignment.items()}, split)
+            for k, v in res.items():
+                if k not in out:
+                    out[k] = np.zeros((len(splits),) + v.shape[1:], dtype=v.dtype)
+                out[k][idx] = v
+        return out
 
 
 def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
@@ -354,7 +370,7 @@ def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
         sizes = [len(tabs.op_costs[v].configs) for v in iface]
         if math.prod(sizes) > MAX_INTERFACE:
             continue
-        groups = [_by_key(f) for f in fs]
+        groups = [S.groups(f) for f in fs]
         for combo in itertools.product(*[range(k) for k in sizes]):
             val = dict(zip(iface, combo, strict=True))
             found = [g.get(tuple(val[v] for v in f.scope)) for g, f in zip(groups, fs, strict=True)]
@@ -370,28 +386,32 @@ def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
         return None
     t_all, m_all = np.concatenate(ts), np.concatenate(ms)
     keep = pareto_mask(np.zeros(len(t_all), dtype=np.int64), t_all, m_all, eps)
-    assigns: dict[str, list[np.ndarray]] = {}
-    splits: list[Split] = []
-    for k in keep:
-        ci, picked = prov[int(k)]
-        splits.append(tuple(cuts[ci]))
-        got: dict[str, int] = {}
-        for f, r in zip(stage_factors[ci], picked, strict=True):
-            got.update({v: int(a[0]) for v, a in assignments(f, np.array([r])).items()})
-        for v, c in got.items():
-            assigns.setdefault(v, []).append(np.array([c]))
     n = len(keep)
-    final = {v: np.concatenate(a) if len(a) == n else np.zeros(n, dtype=np.int64) for v, a in assigns.items()}
+    splits = [tuple(cuts[prov[int(k)][0]]) for k in keep]
+    # read back per (cut, stage), all its kept points in one walk: one walk per point cost
+    # minutes on T5 (each walk visits the stage factor's whole provenance)
+    by_cut: dict[int, list[int]] = {}
+    for j, k in enumerate(keep):
+        by_cut.setdefault(prov[int(k)][0], []).append(j)
+    final: dict[str, np.ndarray] = {}
+    for ci, js in by_cut.items():
+        pos = np.array(js)
+        for s, f in enumerate(stage_factors[ci]):
+            picked = np.array([prov[int(keep[j])][1][s] for j in js])
+            for v, a in assignments(f, picked).items():
+                final.setdefault(v, np.zeros(n, dtype=np.int64))[pos] = a
     # every stage holds the mesh's constant buffers (evaluate_stacks adds them per stage)
     root = Factor(scope=(), keys=np.zeros((n, 0), dtype=np.int32), t=t_all[keep], m=m_all[keep] + tabs.buffers)
     return StacksSolution(tables=tabs, root=root, partitions=splits, assigns=final, stats=S.stats)
 
 
 def _by_key(f: Factor) -> dict[tuple[int, ...], np.ndarray]:
-    out: dict[tuple[int, ...], list[int]] = {}
-    for i, row in enumerate(f.keys):
-        out.setdefault(tuple(int(x) for x in row), []).append(i)
-    return {k: np.array(v) for k, v in out.items()}
+    if len(f) == 0:
+        return {}
+    uniq, inv = np.unique(f.keys, axis=0, return_inverse=True)
+    order = np.argsort(inv.reshape(-1), kind="stable")  # each group's rows in ascending order
+    bounds = np.cumsum(np.bincount(inv.reshape(-1), minlength=len(uniq)))[:-1]
+    return {tuple(int(x) for x in k): rows for k, rows in zip(uniq, np.split(order, bounds), strict=True)}
 
 
 def stack_shapes(cluster: Cluster, job: TrainingJob, graph: OpGraph, zero_stages: tuple[int, ...],
