@@ -317,6 +317,8 @@ class _Capture:
         self.ep = ep
         self.b = _Builder()
         self.env: dict[str, object] = {}
+        # casts to the dtype their input has, with that input's value and the cast's module
+        self.noop_casts: dict[torch.fx.Node, tuple[object, str]] = {}
         self.user_labels = user_labels
         self.global_labels: dict[str, int] = {}
         self.name = name
@@ -418,8 +420,23 @@ class _Capture:
         finally:
             self.env = outer
 
+    def arg(self, a: object, reader: str) -> object:
+        """The value an op in module `reader` reads for argument `a`. `x.to(torch.float32)` of an
+        fp32 tensor returns x itself in eager mode, and export hands every later reader of x the
+        cast's node: a reader outside the cast's module (the residual add after an RMSNorm's
+        upcast, Falcon-H1) reads x itself, as it does when the model runs; readers inside it, and
+        the cast op, stay (under bf16 autocast the same cast of a bf16 tensor is real)."""
+        if isinstance(a, torch.fx.Node) and a in self.noop_casts:
+            src, module = self.noop_casts[a]
+            if module and reader != module and not reader.startswith(module + "."):
+                return src
+        if isinstance(a, (list, tuple)):
+            return [self.arg(x, reader) for x in a]
+        return self.val(a)
+
     def call(self, node: torch.fx.Node) -> object:
-        args = [self.val(a) for a in node.args]
+        reader = self.module_of(node)
+        args = [self.arg(a, reader) for a in node.args]
         out_val = node.meta.get("val")
         if node.target is _getitem:
             container, idx = args[0], node.args[1]
@@ -436,13 +453,16 @@ class _Capture:
         if _has_symbolic_shape(out_val):
             raise self.unsupported(node, "its output's shape depends on the data (boolean-mask indexing, "
                                          "nonzero, ...); the search needs static shapes")
-        return self.dispatch(node, args, acts, prms, out_val)
+        result = self.dispatch(node, args, acts, prms, out_val)
+        if node.target in _CAST_OPS and _changes_nothing(node, out_val) and isinstance(node.args[0], torch.fx.Node):
+            self.noop_casts[node] = (args[0], reader)
+        return result
 
     def dispatch(self, node: torch.fx.Node, args: list[object], acts: list[_Act], prms: list[_Param],
                  out_val: object) -> _Result:
         """The op builder for an aten op that reads an activation or a parameter."""
         t = node.target
-        if t in _VIEW_OPS or (t in _CAST_OPS and _changes_nothing(node, out_val)):
+        if t in _VIEW_OPS:
             return self.view(node, args[0], _first_tensor(out_val))
         if t in _SPLIT_OPS:
             return self.split(node, args[0], out_val)
@@ -543,7 +563,7 @@ class _Capture:
                 # another dimension of another size, which must not carry the input's label
                 labels[last] = L.new(f"{tag}/r{last}")
         elif t in (aten.contiguous.default, aten.clone.default, aten.alias.default, aten.detach.default,
-                   aten.lift_fresh_copy.default) or t in _CAST_OPS:
+                   aten.lift_fresh_copy.default):
             labels = list(src.labels)
         else:
             labels = _view_labels(L, src.shape, src.labels, out_shape, tag)

@@ -433,15 +433,30 @@ class _PreNormBlock(nn.Module):
         return y + self.proj(self.norm(y))  # the residual is read after the norm's cast of it
 
 
-def test_a_cast_to_the_dtype_a_tensor_has_is_no_op_and_the_residual_reads_the_tensor_itself():
+def test_a_reader_outside_a_no_op_cast_s_module_reads_the_tensor_itself():
     """`x.to(torch.float32)` of an fp32 tensor returns x itself, and export then hands x's later
-    readers (the residual add after the norm) the cast's node. Captured as an op inside the norm,
-    it made Falcon-H1's residual add read the norm's module, where the executor converted it:
-    the residual add then failed on mismatched shards. Such a cast is captured as an alias."""
+    readers (the residual add after the norm) the cast's node. Read through the cast, Falcon-H1's
+    residual add read the norm's module, where the executor converted it, and failed on
+    mismatched shards: the add reads x itself. The cast stays an op of the norm for the norm's own
+    readers (under bf16 autocast the same cast of a bf16 tensor is real and priced)."""
     g = capture_module(_PreNormBlock().to("meta"), (torch.ones(2, 4, 8, device="meta"),), name="mine",
                        input_labels=[["batch", "seq", "h"]])
-    assert not [op for op in g.ops if "to" in op.target.split(".")[0:2] or "_to_copy" in op.target], \
-        [op.target for op in g.ops]
+    casts = [op for op in g.ops if op.target in ("aten.to.dtype", "aten._to_copy.default")]
+    assert casts and all(op.module == "norm" for op in casts), [(op.name, op.module) for op in g.ops]
     add = next(op for op in g.ops if op.target.startswith("aten.add") and not op.module)
     relu = next(op for op in g.ops if op.target.startswith("aten.relu"))
     assert relu.name in [t.source for t in add.inputs]
+    inside = [op for op in g.ops if op.module == "norm" and any(t.source == casts[0].name for t in op.inputs)]
+    assert inside, "the norm's own ops read its cast"
+
+
+def test_a_top_level_cast_before_the_loss_stays_an_op():
+    """GPT's `logits.float()` before the loss is captured (fp32) as a cast of an fp32 tensor; the loss
+    reads it in the same (top-level) module, so the op stays: under bf16 it converts bf16 logits."""
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+
+    g = capture_model(get_model("gpt2-tiny"), 4, 64)
+    loss = next(op for op in g.ops if op.kind == "loss")
+    src = {op.name: op for op in g.ops}[loss.inputs[0].source]
+    assert src.target == "aten.to.dtype", src
