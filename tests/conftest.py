@@ -29,13 +29,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                     item.add_marker(kind)
         if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
             item.add_marker(pytest.mark.slow)
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+        if item.get_closest_marker("processes"):
+            item.add_marker(pytest.mark.xdist_group(_process_group(item)))
 
 
-def _xdist_group(item: pytest.Item) -> str:
-    """What one pytest-xdist worker runs whole under `--dist loadgroup` (.ci/run): a test module, so
-    that its module fixtures (one torchrun launch for a module's plans) run once, except the modules
-    that share the session's launch of every plan family, which go together so that it runs once."""
-    if "family_runs" in getattr(item, "fixturenames", ()):
-        return "family_runs"
-    return str(item.path.relative_to(item.config.rootpath))
+def _process_group(item: pytest.Item) -> str:
+    """Under `pytest -n 2 --dist loadgroup -m processes` (.ci/run), the tests that launch training
+    ranks run one after the other on one xdist worker, since each keeps both cores busy (two such
+    launches at once, 8 ranks on 2 cores, made the suite slower: 23 min against 18 one after the
+    other), while the service and dashboard tests, which mostly wait on HTTP, a database or a
+    browser, run beside them on the other worker."""
+    parts = item.path.parts
+    return "services" if "service" in parts or "web" in parts else "ranks"
