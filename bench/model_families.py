@@ -53,7 +53,7 @@ TINY = {"num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "n_layers": 2, "h
 DROPOUT = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob",
            "dropout", "attention_dropout", "activation_dropout", "hidden_dropout", "resid_dropout",
            "embedding_dropout", "ffn_dropout", "attn_dropout", "summary_first_dropout", "classifier_dropout",
-           "mlp_dropout", "emb_pdrop", "layer_norm_dropout")
+           "mlp_dropout", "emb_pdrop", "layer_norm_dropout", "dropout_rate", "encoder_layerdrop", "decoder_layerdrop")
 
 # families whose training step draws random numbers that no config turns off: their runs are compared
 # all the same, but a difference is the draws', not the plan's (each rank draws for its own tokens)
