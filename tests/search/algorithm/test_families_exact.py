@@ -5,19 +5,17 @@ itself with every op priced."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from search.algorithm.exhaustive import exhaustive_search
 from search.algorithm.families import find_families
-from search.algorithm.ft import SearchOptions, search
 from search.models.capture import capture_module
 from search.models.seq2seq import annotate_stacks
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import TrainingJob
 from search.prices.mesh import Mesh, MeshAxis
+from tests.search.algorithm.tied_exact import assert_ft_equals_exhaustive
 
 DIM, BATCH = 16, 8
 
@@ -71,15 +69,5 @@ def test_ft_with_families_equals_the_tied_exhaustive(enc: int, dec: int, devices
     cluster = make_cluster("h100-80gb", devices, devices_per_node=devices)
     job = TrainingJob(global_batch=BATCH, precision="bf16")
     meshes = (Mesh(pp=1, axes=(MeshAxis("dp", devices, 1, "data"), MeshAxis("tp", 1, 1, "tensor"))),)
-    ft = search(g, cluster, job, SearchOptions(meshes=meshes, zero_stages=(0, 3), recompute=recompute))
-    ex = exhaustive_search(g, cluster, job, meshes=list(meshes), zero_stages=(0, 3), recompute=recompute)
+    ft = assert_ft_equals_exhaustive(g, cluster, job, meshes, recompute)
     assert ft.stats["block_reuse"] and ft.stats["layers_solved_once"] == enc + dec - 2
-    got = np.array([(p.time_s, p.memory_bytes) for p in ft.points])
-    want = np.array([(p.time_s, p.memory_bytes) for p in ex.points])
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-9)
-    for p in ft.points:
-        sol = ft.solutions[p.mesh_index]
-        again = sol.recost(g, {k: v[p.row:p.row + 1] for k, v in p.configs.items()}, [None])
-        assert again["time"][0] == pytest.approx(p.time_s, rel=1e-9)
-        assert again["memory"][0] == pytest.approx(p.memory_bytes, rel=1e-9)
