@@ -137,7 +137,9 @@ def test_a_worker_killed_mid_run_is_resumed_from_its_checkpoint_by_another(datab
     assert done["attempts"] == 2 and done["worker"] == "rescuer" and rep.restarts == 1
     first, again = rep.segments
     assert (first.cause, first.ended, again.cause, again.ended) == ("launch", "failed", "restart", "finished")
-    assert first.to_step >= 3 and first.to_step % 3 == 0 and again.from_step == first.to_step  # not step 0
+    # not step 0: a checkpoint of every 3 steps, or a later one when the dying worker's torchrun
+    # and ranks got SIGTERM from their lifeline in time to save first (seen under load: step 7)
+    assert first.to_step >= 3 and again.from_step == first.to_step
     assert again.resize_s is not None and again.resize_s.load_s > 0
     ref = reference_losses("llama-tiny", 24, 8, rep.plan["seq_len"])
     assert_losses_match("llama-tiny resumed by another worker", rep.losses, ref, 24, 2e-5)
