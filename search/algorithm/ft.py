@@ -206,7 +206,7 @@ def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: li
         return list(search_stacks(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
                                   options.eps, profile=options.profile, pipelines=options.pipeline,
                                   accumulate=options.accumulate, counts=counts,
-                                  envelope=known if options.prune else None))
+                                  envelope=known if options.prune else None, reuse=options.reuse_blocks))
     return list(search_pipelines(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
                                  options.eps, profile=options.profile, envelope=known if options.prune else None,
                                  pipelines=options.pipeline, accumulate=options.accumulate, counts=counts,

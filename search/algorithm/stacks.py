@@ -33,15 +33,26 @@ exact, and equal to the enumeration of every assignment and cut (`exhaustive_sta
 Gradient accumulation is the one-stage case: every unit on one stage, m micro-batches as m slots,
 one micro-batch's activations held, no interface.
 
+Block reuse. A stack whose layers one template stands for (families.py: T5's and BART's
+encoder and decoder) is solved as FT's flat meshes solve it: its copies' outputs share the
+boundary's configuration (the tie), the template is eliminated once per stage weights to a
+factor over (boundary, side inputs), and a stage's run of k copies is k copies by doubling. The
+tie is part of the space, as on flat meshes (the reference ties too: `exhaustive_stacks(tie=)`);
+`reuse=False` solves every stage op by op, untied.
+
+Combining the stages. A cut's joint interface configurations are enumerated at once (numpy);
+each gets a bound - the slowest stage's fastest point, the heaviest stage's leanest - and they
+are combined cheapest bound first, skipping any that a point already found (or a known plan of
+another shape) beats in both: exact, since none of its points could be on the frontier.
+
 Left out on purpose: a cut whose interface has more than MAX_INTERFACE joint configurations
 (the stages are combined per joint configuration; counted out of the space, so the search stays
 exact over what it offers); interleaved 1F1B (virtual stages of a two-stack sequence have no executor
-either), and the block reuse of the single-stack search (each stage is solved op by op).
+either).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -59,6 +70,7 @@ from search.algorithm.evaluate import (
     weigh_op,
 )
 from search.algorithm.factor_graph import _edge_factor, _op_factor, eliminate_all
+from search.algorithm.families import Family, FamilyVars, Powers, find_families, solve_unit, tie_factors, wrap
 from search.algorithm.frontier import Factor, Stats, assignments, leaf, pareto_mask
 from search.algorithm.pipeline import STAGE_BAND, partitions, pipeline_shapes
 from search.algorithm.results import Split
@@ -207,24 +219,36 @@ def evaluate_stacks(tabs: StackTables, assignment: Assignment, split: Split) -> 
 class _Stages:
     """Each stage's factor over its interface, per (stage, first unit, units held), made once."""
 
-    def __init__(self, tabs: StackTables, eps: float, recompute: bool) -> None:
+    def __init__(self, tabs: StackTables, eps: float, recompute: bool, reuse: bool = True) -> None:
         self.tabs, self.eps = tabs, eps
         shape = tabs.shape
         self.weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule)
         self.layer_of = layer_index(tabs.graph) if recompute else {}
         self.memo: dict[tuple[int, int, int], Factor] = {}
+        self.recompute = recompute
+        self.var = FamilyVars(stage_families(tabs) if reuse else ())
+        self.domain = {name: len(oc.configs) for name, oc in tabs.op_costs.items()}
+        self.domain.update({recompute_var(i): 2 for i in set(self.layer_of.values())})
+        self.powers: dict[tuple[int, Weights], Powers] = {}
         # keyed by id, the factor held alongside so the id stays its own
-        self.group_memo: dict[int, tuple[Factor, dict[tuple[int, ...], np.ndarray]]] = {}
+        self.group_memo: dict[int, tuple[Factor, _GroupTable]] = {}
         self.stats = Stats()
         self.consumers = tabs.graph.consumers()
-        self.layer_of = layer_index(tabs.graph) if recompute else {}
 
-    def groups(self, f: Factor) -> dict[tuple[int, ...], np.ndarray]:
+    def table(self, f: Factor) -> _GroupTable:
         """A stage factor's rows per interface configuration, made once per factor (the same
         stage recurs in many cuts)."""
         key = id(f)
         if key not in self.group_memo:
-            self.group_memo[key] = (f, _by_key(f))
+            groups = _by_key(f)
+            dims = tuple(len(self.tabs.op_costs[v].configs) for v in f.scope)
+            gid = np.full(dims, -1, dtype=np.int64)
+            rows = list(groups.values())
+            for i, k in enumerate(groups):
+                gid[k] = i
+            t_min = np.array([float(f.t[r].min()) for r in rows]) if rows else np.zeros(1)
+            m_min = np.array([float(f.m[r].min()) for r in rows]) if rows else np.zeros(1)
+            self.group_memo[key] = (f, _GroupTable(gid=gid, rows=rows, t_min=t_min, m_min=m_min))
         return self.group_memo[key][1]
 
     def __call__(self, s: int, split: Split) -> Factor:
@@ -236,27 +260,70 @@ class _Stages:
 
     def _solve(self, s: int, split: Split) -> Factor:
         """Stage s's ops, the edges into them and the tensors it receives, eliminated down to its
-        interface: the received producers and its own ops read on other stages."""
-        tabs, w = self.tabs, self.weights[s]
+        interface: the received producers and its own ops read on other stages. A family's copies
+        on the stage are one factor: its template solved under this stage's weights, doubled."""
+        tabs, w, var = self.tabs, self.weights[s], self.var
         stage_of = tabs.stage_of(split)
-        mine = [op.name for op in tabs.graph.ops if stage_of[op.name] == s]
-        domain = {name: len(oc.configs) for name, oc in tabs.op_costs.items()}
-        domain.update({recompute_var(i): 2 for i in set(self.layer_of.values())})
+        runs = self._runs(s, stage_of)
+        covered = {name for fam, first, k in runs for i in range(first, first + k) for name in fam.chain.layers[i]}
+        mine = [op.name for op in tabs.graph.ops if stage_of[op.name] == s and op.name not in covered]
+        domain = self.domain
 
         def rc(name: str) -> str | None:
             return recompute_var(self.layer_of[name]) if name in self.layer_of else None
 
         factors = [_op_factor(name, weigh_op(tabs.op_costs[name], w), rc(name)) for name in mine]
-        factors += [_edge_factor(weigh_edge(ec, w), src, dst, rc(dst))
-                    for (src, dst), ec in tabs.edge_costs.items() if stage_of[dst] == s]
-        for src in tabs.received(stage_of, s):
+        factors += [_edge_factor(weigh_edge(ec, w), var(src), dst, rc(dst))
+                    for (src, dst), ec in tabs.edge_costs.items() if stage_of[dst] == s and dst not in covered]
+        for src in dict.fromkeys(var(x) for x in tabs.received(stage_of, s)):
             c = np.arange(domain[src])
+            # a tied boundary stands for every copy's output: all of one shape, one transfer table
             factors.append(leaf((src,), c[:, None], w.slots * tabs.p2p[src], np.zeros(len(c)), note=f"recv {src}"))
+        factors += tie_factors(var, domain, set(mine))
+        factors += [wrap(self._powers(fam, w)(k), fam, first) for fam, first, k in runs]
         # the interface: every op on one side of an edge (a read, or a pair constraint such as a
         # tied parameter's layouts) whose other side is on another stage
-        keep = tuple(dict.fromkeys(src for (src, dst) in tabs.edge_costs
+        keep = tuple(dict.fromkeys(var(src) for (src, dst) in tabs.edge_costs
                                    if (stage_of[dst] == s) != (stage_of[src] == s)))
         return eliminate_all(factors, domain, keep=keep, eps=self.eps, stats=self.stats)
+
+    def _runs(self, s: int, stage_of: dict[str, int]) -> list[tuple[Family, int, int]]:
+        """Per family, the run of its copies stage s holds: (family, first layer, count)."""
+        out = []
+        for fam in self.var.families:
+            on = [i for i in fam.copies if stage_of[fam.chain.layers[i][-1]] == s]
+            if on:
+                out.append((fam, on[0], len(on)))
+        return out
+
+    def _powers(self, fam: Family, w: Weights) -> Powers:
+        """k copies of the family's template under one stage's weights, memoised per weights."""
+        key = (fam.block, w)
+        if key not in self.powers:
+            tabs = self.tabs
+            inside = set(fam.chain.template)
+            ops = {name: weigh_op(tabs.op_costs[name], w) for name in fam.chain.template}
+            edges = {k: weigh_edge(ec, w) for k, ec in tabs.edge_costs.items() if k[1] in inside}
+            unit = solve_unit(fam, ops, edges, self.var, self.domain, self.recompute and fam.block == 0, self.eps,
+                              self.stats)
+            self.powers[key] = Powers(unit, self.domain, self.eps, self.stats)
+        return self.powers[key]
+
+
+def stage_families(tabs: StackTables) -> tuple[Family, ...]:
+    """The block families whose copies a stage may solve through their template: those whose
+    copies meet the rest of the graph only through the boundary, the side inputs and the last
+    layer's output (a pair constraint reaching into a copy is solved op by op)."""
+    out = []
+    for fam in find_families(tabs.graph):
+        covered = fam.covered
+        allowed_in = {fam.chain.boundary, *fam.sides, *(fam.chain.layers[i][-1] for i in fam.copies)}
+        last = fam.chain.layers[fam.chain.reused][-1]
+        ok = all((src in covered or src in allowed_in) if dst in covered else (src == last or src not in covered)
+                 for src, dst in tabs.edge_costs)
+        if ok:
+            out.append(fam)
+    return tuple(out)
 
 
 def _max_frontier(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -298,7 +365,7 @@ class StacksSolution:
 
     @property
     def chain(self) -> Chain | None:
-        return None  # every layer solved op by op
+        return None  # no single-stack chain: families are read back through each stage's factor
 
     @property
     def edge_costs(self) -> dict[tuple[str, str], EdgeCosts]:
@@ -356,53 +423,150 @@ class StacksSolution:
 
 
 def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
-                 cuts: list[Split] | None = None) -> StacksSolution | None:
-    """The exact frontier of one shape over every cut (`cuts`, or those of the band)."""
+                 cuts: list[Split] | None = None,
+                 envelope: tuple[np.ndarray, np.ndarray] | None = None, reuse: bool = True) -> StacksSolution | None:
+    """The exact frontier of one shape over every cut (`cuts`, or those of the band). With an
+    `envelope` of plans known to exist (time, memory with buffers), a joint interface
+    configuration whose every point one of them beats in both is not combined: exact."""
     p = tabs.shape.stages
     cuts = cuts if cuts is not None else partitions(tabs.n_units, p, 1, STACKS_BAND)
-    S = _Stages(tabs, eps, recompute)
-    ts, ms, prov = [], [], []  # prov: (cut index, per-stage factor rows)
-    stage_factors: dict[int, list[Factor]] = {}
-    for ci, split in enumerate(cuts):
-        fs = [S(s, split) for s in range(p)]
-        stage_factors[ci] = fs
-        iface = list(dict.fromkeys(v for f in fs for v in f.scope))
-        sizes = [len(tabs.op_costs[v].configs) for v in iface]
-        if math.prod(sizes) > MAX_INTERFACE:
-            continue
-        groups = [S.groups(f) for f in fs]
-        for combo in itertools.product(*[range(k) for k in sizes]):
-            val = dict(zip(iface, combo, strict=True))
-            found = [g.get(tuple(val[v] for v in f.scope)) for g, f in zip(groups, fs, strict=True)]
-            rows = [r for r in found if r is not None]
-            if len(rows) < len(fs):  # some stage has no plan under this interface
-                continue
-            t, m, chosen = _max_frontier([(f.t[r], f.m[r]) for f, r in zip(fs, rows, strict=True)])
-            ts.append(t)
-            ms.append(m)
-            for j in range(len(t)):
-                prov.append((ci, [int(r[chosen[j, k]]) for k, r in enumerate(rows)]))
-    if not ts:
+    S = _Stages(tabs, eps, recompute, reuse)
+    stage_factors = {ci: [S(s, split) for s in range(p)] for ci, split in enumerate(cuts)}
+    # every (cut, joint interface configuration) each stage has plans for, with its bound
+    cands = [c for ci in stage_factors for c in _combinations(S, ci, stage_factors[ci])]
+    if not cands:
         return None
-    t_all, m_all = np.concatenate(ts), np.concatenate(ms)
+    # combine the most promising first: their points bound the rest. The points are gathered
+    # back in (cut, configuration) order, so the frontier and its ties do not depend on this order.
+    stair = _Staircase(envelope, tabs.buffers)
+    done: list[tuple[int, int, np.ndarray, np.ndarray, list[np.ndarray], np.ndarray]] = []
+    for ci, combo, t_lb, m_lb, rows in sorted(cands, key=lambda c: (c[2], c[3], c[0], c[1])):
+        if stair.beats(t_lb, m_lb):
+            continue
+        fs = stage_factors[ci]
+        t, m, chosen = _max_frontier([(f.t[r], f.m[r]) for f, r in zip(fs, rows, strict=True)])
+        done.append((ci, combo, t, m, rows, chosen))
+        stair.add(t, m)
+    if not done:
+        return None
+    done.sort(key=lambda d: (d[0], d[1]))
+    t_all = np.concatenate([d[2] for d in done])
+    m_all = np.concatenate([d[3] for d in done])
+    owner = np.concatenate([np.full(len(d[2]), i) for i, d in enumerate(done)])
+    local = np.concatenate([np.arange(len(d[2])) for d in done])
     keep = pareto_mask(np.zeros(len(t_all), dtype=np.int64), t_all, m_all, eps)
     n = len(keep)
-    splits = [tuple(cuts[prov[int(k)][0]]) for k in keep]
+    splits = [tuple(cuts[done[owner[k]][0]]) for k in keep]
     # read back per (cut, stage), all its kept points in one walk: one walk per point cost
     # minutes on T5 (each walk visits the stage factor's whole provenance)
     by_cut: dict[int, list[int]] = {}
     for j, k in enumerate(keep):
-        by_cut.setdefault(prov[int(k)][0], []).append(j)
+        by_cut.setdefault(done[owner[k]][0], []).append(j)
     final: dict[str, np.ndarray] = {}
     for ci, js in by_cut.items():
         pos = np.array(js)
         for s, f in enumerate(stage_factors[ci]):
-            picked = np.array([prov[int(keep[j])][1][s] for j in js])
+            picked = np.array([_stage_row(done[owner[keep[j]]], int(local[keep[j]]), s) for j in js])
             for v, a in assignments(f, picked).items():
                 final.setdefault(v, np.zeros(n, dtype=np.int64))[pos] = a
     # every stage holds the mesh's constant buffers (evaluate_stacks adds them per stage)
     root = Factor(scope=(), keys=np.zeros((n, 0), dtype=np.int32), t=t_all[keep], m=m_all[keep] + tabs.buffers)
     return StacksSolution(tables=tabs, root=root, partitions=splits, assigns=final, stats=S.stats)
+
+
+def _stage_row(combined: tuple[int, int, np.ndarray, np.ndarray, list[np.ndarray], np.ndarray],
+               point: int, s: int) -> int:
+    """Stage s's factor row behind one point of a combined configuration."""
+    rows, chosen = combined[4], combined[5]
+    return int(rows[s][chosen[point, s]])
+
+
+def _combinations(S: _Stages, ci: int, fs: list[Factor]
+                  ) -> list[tuple[int, int, float, float, list[np.ndarray]]]:
+    """The joint interface configurations of one cut under which every stage has a plan, in
+    enumeration order: (cut, configuration index, time bound, memory bound, each stage's rows).
+    The bound is the slowest stage's fastest point and the heaviest stage's leanest one: no
+    point of the combination beats it."""
+    iface = list(dict.fromkeys(v for f in fs for v in f.scope))
+    sizes = [len(S.tabs.op_costs[v].configs) for v in iface]
+    total = math.prod(sizes)
+    if total > MAX_INTERFACE:
+        return []
+    digits = np.unravel_index(np.arange(total), sizes) if iface else ()
+    gids, t_lb, m_lb = [], np.zeros(total), np.zeros(total)
+    valid = np.ones(total, dtype=bool)
+    for f in fs:
+        table = S.table(f)
+        pos = [iface.index(v) for v in f.scope]
+        flat = (np.ravel_multi_index(tuple(digits[i] for i in pos), table.shape)
+                if pos else np.zeros(total, dtype=np.int64))
+        g = table.gid.reshape(-1)[flat]
+        valid &= g >= 0
+        g = np.maximum(g, 0)
+        gids.append(g)
+        t_lb = np.maximum(t_lb, table.t_min[g])
+        m_lb = np.maximum(m_lb, table.m_min[g])
+    out = []
+    for c in np.flatnonzero(valid):
+        rows = [S.table(f).rows[int(g[c])] for f, g in zip(fs, gids, strict=True)]
+        out.append((ci, int(c), float(t_lb[c]), float(m_lb[c]), rows))
+    return out
+
+
+@dataclass
+class _GroupTable:
+    """A stage factor's rows per interface configuration: a dense index over the configurations
+    (-1 where the stage has no plan), each group's rows and its fastest and leanest values."""
+
+    gid: np.ndarray
+    rows: list[np.ndarray]
+    t_min: np.ndarray
+    m_min: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.gid.shape)
+
+
+class _Staircase:
+    """The points found so far (and an envelope of known plans), asked whether one beats a
+    bound in both time and memory by more than rounding. New points wait in a small batch and
+    join the sorted staircase when it fills."""
+
+    BATCH = 256
+
+    def __init__(self, envelope: tuple[np.ndarray, np.ndarray] | None, buffers: float) -> None:
+        self.buffers = buffers
+        self.t = np.zeros(0)
+        self.m = np.zeros(0)  # running minimum of memory over t ascending
+        self.pending_t: list[np.ndarray] = []
+        self.pending_m: list[np.ndarray] = []
+        self.n_pending = 0
+        if envelope is not None and len(envelope[0]):
+            self._rebuild(np.asarray(envelope[0], float), np.asarray(envelope[1], float))
+
+    def _rebuild(self, t: np.ndarray, m: np.ndarray) -> None:
+        t = np.concatenate([self.t, t])
+        m = np.concatenate([self.m, m])
+        o = np.argsort(t, kind="stable")
+        self.t, self.m = t[o], np.minimum.accumulate(m[o])
+
+    def add(self, t: np.ndarray, m: np.ndarray) -> None:
+        self.pending_t.append(t)
+        self.pending_m.append(m + self.buffers)
+        self.n_pending += len(t)
+        if self.n_pending >= self.BATCH:
+            self._rebuild(np.concatenate(self.pending_t), np.concatenate(self.pending_m))
+            self.pending_t, self.pending_m, self.n_pending = [], [], 0
+
+    def beats(self, t_lb: float, m_lb: float) -> bool:
+        t_cut = t_lb * (1.0 - 1e-9)
+        m_cut = (m_lb + self.buffers) * (1.0 - 1e-9)
+        k = int(np.searchsorted(self.t, t_cut, side="left"))
+        if k and self.m[k - 1] < m_cut:
+            return True
+        return any(bool(np.any((pt < t_cut) & (pm < m_cut)))
+                   for pt, pm in zip(self.pending_t, self.pending_m, strict=True))
 
 
 def _by_key(f: Factor) -> dict[tuple[int, ...], np.ndarray]:
@@ -428,7 +592,7 @@ def search_stacks(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stage
                   profile: DeviceProfile | ProfileLookup | None = None, pipelines: bool = True,
                   accumulate: bool = False, shapes: list[PipeShape] | None = None,
                   counts: dict[str, int] | None = None,
-                  envelope: tuple[np.ndarray, np.ndarray] | None = None) -> list[StacksSolution]:
+                  envelope: tuple[np.ndarray, np.ndarray] | None = None, reuse: bool = True) -> list[StacksSolution]:
     """Every shape's frontier over the graph's block stacks (pipelines with p >= 2 and gradient
     accumulation with p = 1, as pipeline.search_pipelines offers them for one stack). With an
     `envelope` of plans known to exist, a shape whose bound (`shape_bound`) they beat is skipped."""
@@ -458,7 +622,7 @@ def search_stacks(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stage
             skipped += 1  # a known plan beats every plan of this shape in both: exact
             continue
         solved += 1
-        sol = solve_stacks(tabs, eps, recompute)
+        sol = solve_stacks(tabs, eps, recompute, envelope=envelope, reuse=reuse)
         if sol is not None and len(sol.root):
             out.append(sol)
             if envelope is not None:
@@ -485,12 +649,16 @@ def shape_bound(tabs: StackTables) -> tuple[float, float]:
     return t / p, m / p + tabs.buffers
 
 
-def exhaustive_stacks(tabs: StackTables, recompute: bool = True, limit: int = 2_000_000
-                      ) -> tuple[np.ndarray, np.ndarray]:
+def exhaustive_stacks(tabs: StackTables, recompute: bool = True, limit: int = 2_000_000,
+                      tie: tuple[Family, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
     """The reference: every cut and every assignment of every op (and recomputation choice),
-    priced by `evaluate_stacks`, Pareto-reduced. Exponential: tiny graphs only."""
+    priced by `evaluate_stacks`, Pareto-reduced. With `tie`, only the assignments in which each
+    family's copies (and a solo last layer) output in its boundary's configuration, as the
+    search with block reuse offers. Exponential: tiny graphs only."""
     p = tabs.shape.stages
-    names = [op.name for op in tabs.graph.ops]
+    # a tied output is not enumerated: it takes its boundary's configuration
+    tied = {layer[-1]: fam.chain.boundary for fam in tie for layer in fam.chain.layers[1:]}
+    names = [op.name for op in tabs.graph.ops if op.name not in tied]
     rc = sorted({recompute_var(i) for i in layer_index(tabs.graph).values()}) if recompute else []
     dims = [len(tabs.op_costs[v].configs) for v in names] + [2] * len(rc)
     total = math.prod(dims)
@@ -498,6 +666,7 @@ def exhaustive_stacks(tabs: StackTables, recompute: bool = True, limit: int = 2_
         raise ValueError(f"{total} assignments: too many for the reference")
     flat = np.unravel_index(np.arange(total), dims)
     assign = {v: flat[i] for i, v in enumerate(names + rc)}
+    assign.update({out: assign[boundary] for out, boundary in tied.items()})
     ts, ms = [], []
     for split in partitions(tabs.n_units, p, 1, STACKS_BAND):
         res = evaluate_stacks(tabs, assign, split)

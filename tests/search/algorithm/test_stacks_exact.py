@@ -16,11 +16,13 @@ from search.algorithm.stacks import (
     solve_stacks,
     stack_shapes,
     stack_tables,
+    stage_families,
 )
 from search.models.capture import capture_module
 from search.models.seq2seq import annotate_stacks
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import CostModel, TrainingJob
+from tests.search.algorithm.test_families_exact import _graph as _family_graph
 
 BATCH, DIM = 8, 16
 
@@ -106,6 +108,46 @@ def test_frontier_equals_exhaustive(stages: int, recompute: bool, tied: bool) ->
         np.testing.assert_allclose(again["memory"], sol.root.m, rtol=1e-9)
         checked += 1
     assert checked
+
+
+@pytest.mark.parametrize("stages,recompute", [(1, True), (2, False), (2, True), (3, False)])
+def test_block_reuse_equals_the_tied_reference(stages: int, recompute: bool) -> None:
+    """Three layers a stack (the block-family model of test_families_exact): each stack's copies
+    are solved through its template (families.py), their outputs tied to the boundary's layout;
+    the frontier equals the reference enumerating every tied assignment and cut, and the untied
+    space (no reuse) holds every tied point."""
+    g = _family_graph(3, 3)
+    cluster = make_cluster("cpu", 2 * stages if stages > 1 else 2, devices_per_node=8)
+    shapes = [s for s in stack_shapes(cluster, _job(), g, (0,), pipelines=stages > 1, accumulate=stages == 1)
+              if s.stages == stages]
+    shapes = [s for s in shapes if s.micro_batches == min(x.micro_batches for x in shapes)]
+    assert shapes
+    for shape in shapes:
+        mg = micro_batch_graph(g, shape.micro_batches)
+        cm = CostModel(mg, cluster, _job().model_copy(update={"global_batch": BATCH // shape.micro_batches}))
+        tabs = stack_tables(mg, cm, shape)
+        assert tabs is not None
+        families = stage_families(tabs)
+        assert [f.block for f in families] == [0, 1]  # both stacks solved through a template
+        sol = solve_stacks(tabs, recompute=recompute)
+        assert sol is not None
+        assert sol.stats.joins  # the copies were joined by doubling, not eliminated op by op
+        ref_t, ref_m = exhaustive_stacks(tabs, recompute=recompute, tie=families)
+        order = np.argsort(sol.root.t, kind="stable")
+        np.testing.assert_allclose(sol.root.t[order], ref_t, rtol=1e-9)
+        np.testing.assert_allclose(sol.root.m[order], ref_m, rtol=1e-9)
+        configs, splits = sol.read_back(np.arange(len(sol.root)))
+        again = sol.recost(g, configs, splits)
+        np.testing.assert_allclose(again["time"], sol.root.t, rtol=1e-9)
+        np.testing.assert_allclose(again["memory"], sol.root.m, rtol=1e-9)
+        for fam in families:  # every copy's output read back in its boundary's layout
+            for layer in fam.chain.layers[1:]:
+                np.testing.assert_array_equal(configs[layer[-1]], configs[fam.chain.boundary])
+        untied = solve_stacks(tabs, recompute=recompute, reuse=False)
+        assert untied is not None
+        # the untied space (exact by test_frontier_equals_exhaustive) holds the tied one
+        for t, m in zip(sol.root.t, sol.root.m, strict=True):
+            assert np.any((untied.root.t <= t * (1 + 1e-9)) & (untied.root.m <= m * (1 + 1e-9)))
 
 
 def test_the_encoder_output_is_sent_to_every_decoder_stage() -> None:
