@@ -687,8 +687,10 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         m = shape.micro_batches
         if m not in graphs:
             g = micro_batch_graph(graph, m)
+            # every micro-batch count's cost model shares the first one's shape-free parts
+            like = next(iter(graphs.values()))[1] if graphs else None
             graphs[m] = (g, CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}),
-                                      profile=profile, bounds=bounds), find_chain(g))
+                                      profile=profile, bounds=bounds, like=like), find_chain(g))
         g, cm, ch = graphs[m]
         key = (m, shape.mesh.axes, shape.zero)
         if key not in bases:
