@@ -239,7 +239,8 @@ class _Envelope:
 
     def join(self, a: Factor, b: Factor, domain: dict[str, int], eps: float, stats: Stats) -> Factor:
         admit = (lambda t, m, keys: self.admit(t, m)) if self.enabled else None
-        return join(a, b, domain=domain, eps=eps, stats=stats, admit=admit)
+        # `admit` refuses (t, m) only if it refuses every costlier point: it bounds whole rows too
+        return join(a, b, domain=domain, eps=eps, stats=stats, admit=admit, bound=self.admit if self.enabled else None)
 
 
 class _Powers:
