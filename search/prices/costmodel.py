@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -1035,14 +1036,34 @@ def _pairwise(src: list[str], dst: list[str], f, dtype=np.int64) -> np.ndarray:
     return table[ui][:, vi]
 
 
+# The placement matrices of edges and pair constraints, by their code lists: on one mesh many
+# edges convert between the same lists of placements (every layer's, every micro-batch count's)
+_MATRICES: dict[tuple[str, tuple[str, ...], tuple[str, ...]], np.ndarray] = {}
+_MATRICES_MAX = 100_000
+
+
+def _memo_matrix(what: str, src: list[str], dst: list[str], make: Callable[[], np.ndarray]) -> np.ndarray:
+    """`make()`, found once per (what, src, dst) and returned read-only (callers combine it into
+    new arrays, never write it)."""
+    key = (what, tuple(src), tuple(dst))
+    hit = _MATRICES.get(key)
+    if hit is None:
+        if len(_MATRICES) >= _MATRICES_MAX:
+            _MATRICES.clear()
+        hit = make()
+        hit.flags.writeable = False
+        _MATRICES[key] = hit
+    return hit
+
+
 def _differ(src: list[str], dst: list[str]) -> np.ndarray:
     """[len(src), len(dst)] matrix: whether the codes differ."""
-    return _pairwise(src, dst, lambda s, d: s != d, dtype=bool)
+    return _memo_matrix("differ", src, dst, lambda: _pairwise(src, dst, lambda s, d: s != d, dtype=bool))
 
 
 def _kind_matrix(src: list[str], dst: list[str], forward: bool) -> np.ndarray:
     """[len(src), len(dst)] matrix of collective kinds. Backward, gradients flow dst -> src: the
     consumer's input gradient becomes what the producer needs for its output gradient."""
     if forward:
-        return _pairwise(src, dst, forward_collective)
-    return _pairwise(src, dst, lambda s, d: forward_collective(d, s))
+        return _memo_matrix("forward", src, dst, lambda: _pairwise(src, dst, forward_collective))
+    return _memo_matrix("backward", src, dst, lambda: _pairwise(src, dst, lambda s, d: forward_collective(d, s)))
