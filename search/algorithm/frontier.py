@@ -190,12 +190,18 @@ CHUNK_PAIRS = 2_000_000  # pairs materialised at once: bounds memory on long blo
 
 def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int] | None = None,
          eps: float = 0.0, stats: Stats | None = None,
-         admit: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None) -> Factor:
+         admit: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None,
+         bound: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> Factor:
     """Minkowski sum of `a` and `b` per shared assignment, then reduce with `drop` eliminated.
 
     Pairs are formed in chunks of at most CHUNK_PAIRS and reduced as they go, so memory stays
     bounded however large the two frontiers are (the reduction is associative). `admit(t, m,
-    keys)` may veto pairs before the reduction (exact bounds from the caller)."""
+    keys)` may veto pairs before the reduction (exact bounds from the caller). `bound(t, m)`,
+    with `admit`: False only where `admit` vetoes every pair of time >= t and memory >= m; a row
+    of `a` or `b` whose least conceivable pair (its own costs plus the least time and the least
+    memory of the rows it meets) it refuses is left out before its pairs are formed - the same
+    pairs reach the reduction, in the same order and chunks, with far fewer made when known
+    plans beat most of them."""
     if admit is None and eps == 0.0 and a.m2 is None and b.m2 is None and len(a) * len(b) <= SMALL_PAIRS:
         small = _join_small(a, b, drop, domain or {}, stats)
         if small is not None:
@@ -212,6 +218,10 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
     ob = np.argsort(kb, kind="stable")
     lo = np.searchsorted(kb[ob], ka, "left")
     cnt = np.searchsorted(kb[ob], ka, "right") - lo
+    total = int(cnt.sum())
+    chunk_cnt = cnt  # chunks are cut as if every pair were formed: the same chunks reach `reduce`
+    if bound is not None and admit is not None and total:
+        ob, lo, cnt = _bounded_rows(a, b, ka, kb, ob, lo, cnt, bound)
     out_scope = tuple(v for v in a.scope if v not in drop) + tuple(
         v for v in b.scope if v not in a.scope and v not in drop)
     radix = _radix([dom[v] for v in out_scope])
@@ -240,11 +250,10 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
             keep = pareto_mask(_group_ids(keys, radix), t, m, eps)
         return t[keep], m[keep], keys[keep], ia[keep], ib[keep]
 
-    total = int(cnt.sum())
     if total <= CHUNK_PAIRS:
         t, m, keys, ia, ib = reduce(*pairs(np.arange(len(a))))
     else:
-        bounds = np.searchsorted(np.cumsum(cnt), np.arange(CHUNK_PAIRS, total + CHUNK_PAIRS, CHUNK_PAIRS), "left")
+        bounds = np.searchsorted(np.cumsum(chunk_cnt), np.arange(CHUNK_PAIRS, total + CHUNK_PAIRS, CHUNK_PAIRS), "left")
         acc: tuple[np.ndarray, ...] | None = None
         start = 0
         for stop in list(bounds) + [len(a)]:
@@ -264,6 +273,37 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
     if stats is not None:
         stats.max_factor_points = max(stats.max_factor_points, len(f))
     return f
+
+
+def _bounded_rows(a: Factor, b: Factor, ka: np.ndarray, kb: np.ndarray, ob: np.ndarray, lo: np.ndarray,
+                  cnt: np.ndarray, bound: Callable[[np.ndarray, np.ndarray], np.ndarray]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`join`'s (ob, lo, cnt) without the rows `bound` rules out: a row of `a` paired with the
+    least time and the least memory of its group's rows of `b`, then a row of `b` with those of
+    the rows of `a` left. Exact: float sums are monotone, so each pair left out costs at least
+    the pair refused, which `bound` says `admit` would veto. Rows keep their order."""
+    kbs = kb[ob]
+    starts = np.flatnonzero(np.r_[True, kbs[1:] != kbs[:-1]])
+    tb, mb = np.minimum.reduceat(b.t[ob], starts), np.minimum.reduceat(b.m[ob], starts)
+    gi = np.clip(np.searchsorted(kbs[starts], ka), 0, len(starts) - 1)
+    alive = (cnt > 0) & bound(a.t + tb[gi], a.m + mb[gi])
+    cnt = np.where(alive, cnt, 0)
+    rows = np.flatnonzero(alive)
+    if not len(rows):
+        return ob, lo, cnt
+    # the rows of b: each group's least time and memory over the rows of a left in it
+    oa = rows[np.argsort(ka[rows], kind="stable")]
+    kas = ka[oa]
+    a_starts = np.flatnonzero(np.r_[True, kas[1:] != kas[:-1]])
+    ta, ma = np.minimum.reduceat(a.t[oa], a_starts), np.minimum.reduceat(a.m[oa], a_starts)
+    ga = np.clip(np.searchsorted(kas[a_starts], kbs), 0, len(a_starts) - 1)
+    met = kas[a_starts][ga] == kbs
+    keep_b = met & bound(b.t[ob] + ta[ga], b.m[ob] + ma[ga])
+    ob = ob[keep_b]
+    kbs = kbs[keep_b]
+    lo = np.searchsorted(kbs, ka, "left")
+    cnt = np.where(alive, np.searchsorted(kbs, ka, "right") - lo, 0)
+    return ob, lo, cnt
 
 
 SMALL_PAIRS = 256  # at most this many point pairs: `_join_small` (numpy's per-call overhead dominates)

@@ -239,7 +239,8 @@ class _Envelope:
 
     def join(self, a: Factor, b: Factor, domain: dict[str, int], eps: float, stats: Stats) -> Factor:
         admit = (lambda t, m, keys: self.admit(t, m)) if self.enabled else None
-        return join(a, b, domain=domain, eps=eps, stats=stats, admit=admit)
+        # `admit` refuses (t, m) only if it refuses every costlier point: it bounds whole rows too
+        return join(a, b, domain=domain, eps=eps, stats=stats, admit=admit, bound=self.admit if self.enabled else None)
 
 
 class _Powers:
@@ -687,8 +688,10 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         m = shape.micro_batches
         if m not in graphs:
             g = micro_batch_graph(graph, m)
+            # every micro-batch count's cost model shares the first one's shape-free parts
+            like = next(iter(graphs.values()))[1] if graphs else None
             graphs[m] = (g, CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}),
-                                      profile=profile, bounds=bounds), find_chain(g))
+                                      profile=profile, bounds=bounds, like=like), find_chain(g))
         g, cm, ch = graphs[m]
         key = (m, shape.mesh.axes, shape.zero)
         if key not in bases:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -189,25 +190,92 @@ def add_edges(a: EdgeCosts | None, b: EdgeCosts) -> EdgeCosts:
                      estimated=a.estimated, time_rc=time_rc)
 
 
+@dataclass(frozen=True)
+class ParamTerms:
+    """What one op configuration costs that reads neither shapes nor FLOPs (`CostModel._param_terms`):
+    its shard factors and its parameters' sums, the same at every micro-batch count."""
+
+    shards: int                       # product of the axes that split the op (its FLOPs' divisor)
+    out_shards: int                   # the output's shard factor
+    in_shards: tuple[int, ...]        # each input's
+    col_shards: int                   # the output's last dimension's
+    param_moved: tuple[float, ...]    # each parameter's local bytes read, in the op's order
+    t_sync: float                     # per micro-batch gradient collectives
+    t_once: float                     # once an iteration (after the last micro-batch)
+    t_gather: float                   # ZeRO-3's forward all-gather, per micro-batch
+    t_after: float                    # after the step
+    held: tuple[float, float, float]  # parameters, gradients, optimizer state held per device
+    comm: np.ndarray                  # [n_axes] bytes of those collectives (read, never written)
+
+
+@dataclass(frozen=True)
+class ReadLayout:
+    """One tensor an edge reads, as `CostModel._edge_layout` finds it: per axis it pays
+    collectives on, (axis, per producer configuration the product of the other axes sharding
+    the tensor, (forward, backward) as (collective or not, alpha, beta, traffic per byte) per
+    configuration pair), the pairs that keep a converted copy, and the consumer's shard factors."""
+
+    axes: tuple[tuple[int, tuple[int, ...], tuple[tuple[np.ndarray, ...], ...]], ...]
+    changed: np.ndarray       # [Cu, Cv] bool
+    in_shards: tuple[int, ...]
+
+
+@dataclass
+class EdgeLayout:
+    """An edge's placement logic on one mesh, the same at every micro-batch count (its arrays
+    are read, never written)."""
+
+    reads: tuple[ReadLayout, ...]
+    blocked: np.ndarray       # [Cu, Cv] bool: no module boundary converts between the two
+    keeps: bool               # the edge carries the conversion and a reader keeps its input
+    free: EdgeCosts | None = None  # the table, once priced, of an edge that pays no collective
+
+
 class CostModel:
     """Prices ops and edges of one graph for one cluster and job, on any mesh."""
 
+    # what reads neither shapes nor FLOPs (shared by the cost models made `like` one another)
+    profile: ProfileLookup | None
+    contention: float
+    bounds: Boundaries
+    _coef: dict[tuple[Mesh, int], tuple[np.ndarray, np.ndarray]]
+    _unit_share: dict[str, float]
+    _unit_share_ep: dict[str, float]
+    _grad_bytes: float
+    _output_saved: dict[str, bool]
+    _held: dict[str, float]
+    _cast_params: set[str]
+    _shared_memos: dict[str, dict]
+
     def __init__(self, graph: OpGraph, cluster: Cluster, job: TrainingJob,
                  profile: DeviceProfile | ProfileLookup | dict | None = None,
-                 bounds: Boundaries | None = None) -> None:
+                 bounds: Boundaries | None = None, like: CostModel | None = None) -> None:
         """`bounds`: the Boundaries of a graph with the same ops, modules and parameters as this one
         (a micro-batch graph's full-batch graph: only shapes and FLOPs differ, and Boundaries reads
-        neither), shared instead of found again."""
+        neither), shared instead of found again. `like`: a cost model of such a graph (another
+        micro-batch count's) for the same cluster, precision and profile: what it holds that reads
+        neither shapes nor FLOPs is taken from it, its Boundaries included, and its memos of the
+        parts of op and edge tables that read neither (`_param_terms`, `_edge_layout`) are shared,
+        so the pipeline search finds each once for every micro-batch count."""
         self.graph = graph
         self.cluster = cluster
         self.job = job
-        self.profile = as_lookup(profile, job.precision)
-        self.contention = self.profile.contention(cluster.devices_per_node) if self.profile is not None else 1.0
-        self._coef: dict[tuple[Mesh, int], tuple[np.ndarray, np.ndarray]] = {}
         self.bytes = PRECISION_BYTES[job.precision]
         self.device = cluster.device
         self.peak = cluster.device.peak(self.bytes.compute_dtype)
         self.mem_bw = cluster.device.memory_bandwidth * cluster.device.memory_efficiency
+        if like is not None:
+            assert like.cluster == cluster and like.job.precision == job.precision, "`like` prices another cluster"
+            self.profile, self.contention, self.bounds = like.profile, like.contention, like.bounds
+            self._coef = like._coef
+            self._unit_share, self._unit_share_ep = like._unit_share, like._unit_share_ep
+            self._grad_bytes, self._output_saved = like._grad_bytes, like._output_saved
+            self._held, self._cast_params = like._held, like._cast_params
+            self._shared_memos = like._shared_memos
+            return
+        self.profile = as_lookup(profile, job.precision)
+        self.contention = self.profile.contention(cluster.devices_per_node) if self.profile is not None else 1.0
+        self._coef = {}
         consumers = graph.consumers()
         self.bounds = bounds if bounds is not None else Boundaries(graph)
         self._unit_share = sync_unit_shares(graph)
@@ -221,6 +289,7 @@ class CostModel:
         self._held = autocast_held(graph) if self.bytes.cast else {}
         # weights autocast casts (each once, cached): those an op of a CAST_KINDS kind reads
         self._cast_params = {p.name for op in graph.ops if op.kind in CAST_KINDS for p in op.params}
+        self._shared_memos = {"param_terms": {}, "edge_layout": {}}
 
     # ---- element sizes ----------------------------------------------------------------------
     def esize(self, t: TensorRef) -> int:
@@ -374,68 +443,19 @@ class CostModel:
         fsdp_cast = bool(b.cast) and data_parallel and zero != 1
         autocast = bool(b.cast) and not fsdp_cast
         r_opt = math.prod(ax.size for ax in mesh.axes if ax.role in BATCH_ROLES)
-        expert_axis = any(ax.role == EXPERT and ax.size > 1 for ax in mesh.axes)
+        terms = self._param_terms(op, mesh, zero, cfgs)
         for ci, cfg in enumerate(cfgs):
-            shards = math.prod(ax.size for ax, lab in zip(mesh.axes, cfg, strict=True) if lab is not None)
-            out_local = out_numel / shard_factor(output_placement(cfg, op), mesh)
-            in_locals = [t.numel / shard_factor(input_placement(cfg, t), mesh) for t in op.inputs]
+            pt = terms[ci]
+            shards = pt.shards
+            out_local = out_numel / pt.out_shards
+            in_locals = [t.numel / f for t, f in zip(op.inputs, pt.in_shards, strict=True)]
             moved = out_local * self.esize(op.output) + sum(n * self.esize(t) for n, t in zip(in_locals, op.inputs, strict=True))
-            # backward's collectives (per micro-batch: tensor-axis partial gradients, ZeRO-2/3's
-            # reduce-scatter; once an iteration: DDP's all-reduce after the last micro-batch),
-            # ZeRO-3's forward all-gather (per micro-batch), and what follows the step (once)
-            t_sync = t_once = t_gather = t_after = 0.0
-            for p in op.params:
-                local = p.numel / shard_factor(param_placement(cfg, p.dims), mesh)
-                moved += local * b.param
-                if not p.owner:
-                    continue
-                # a weight replicated on an axis whose split label reaches the output (the batch on
-                # a data axis, the sequence of a sequence-parallel norm) gets a partial gradient
-                # there; a label reduced away before the output (a row-parallel Linear's input
-                # features) leaves the bias gradient whole on every rank: nothing to synchronise
-                group = [ai for ai, lab in enumerate(cfg)
-                         if lab is not None and lab not in p.dims and lab in op.output.dims]
-                # ZeRO shards states over the data axes only (FSDP2 / ZeroRedundancyOptimizer run
-                # there); on a tensor axis the gradient is all-reduced whatever the stage
-                sharded = [ai for ai in group if mesh.axes[ai].role in BATCH_ROLES]
-                r = math.prod(mesh.axes[ai].size for ai in sharded)
-                for ai in group:
-                    n = mesh.axes[ai].size
-                    g, w = local * b.grad, local * b.param
-                    if zero in (0, 1) or ai not in sharded:
-                        steps = [(ALL_REDUCE, g)]
-                    else:  # reduce-scatter gradients, all-gather updated (stage 3: also used) params
-                        steps = [(REDUCE_SCATTER, g)] + [(ALL_GATHER, w)] * (2 if zero == 3 else 1)
-                    if zero == 1 and ai in sharded:
-                        # ZeRO-1 runs as DDP (gradients all-reduced in buckets) and
-                        # ZeroRedundancyOptimizer, whose owners broadcast each updated parameter
-                        # tensor after the step: one broadcast per tensor, every rank taking part
-                        t_after += self.broadcast_time(mesh, ai, w)
-                        comm[ci, ai] += w * (n - 1) / n
-                    # on a data axis FSDP2 syncs a unit per call (ZeRO-1's DDP: buckets); on a
-                    # tensor axis each partial gradient is all-reduced by a hook of its own
-                    share = (1.0 if mesh.axes[ai].role not in BATCH_ROLES else
-                             None if zero == 1 else (self._unit_share_ep if expert_axis else self._unit_share).get(p.name, 1.0))
-                    for i, (kind, nbytes) in enumerate(steps):
-                        t = self.bucketed_time(mesh, ai, kind, nbytes, share)
-                        if zero == 3 and i == 1 and ai in sharded:
-                            t_gather += t  # FSDP2 gathers the parameters before the forward uses them
-                        elif i == 1 and ai in sharded:
-                            t_after += t  # ZeRO-2 gathers the updated shards after the step: nothing to hide behind
-                        elif zero in (0, 1) and ai in sharded:
-                            t_once += t  # accumulation syncs only the last micro-batch (no_sync before)
-                        else:
-                            t_sync += t
-                        comm[ci, ai] += (2.0 if kind == ALL_REDUCE else 1.0) * nbytes * (n - 1) / n
-                # the low-precision copy: held to the end of the backward, except under ZeRO-3,
-                # whose gathered units `buffers` prices
-                cast = b.cast if (fsdp_cast and zero < 3) or (autocast and p.name in self._cast_params) else 0
-                parts[ci, 0] += local * (b.held_param / (r if zero >= 3 else 1) + cast)
-                parts[ci, 1] += local * b.held_grad / (r if zero >= 2 else 1)
-                parts[ci, 2] += local * b.held_optimizer / (r if zero >= 1 else 1)
-            out_pl = output_placement(cfg, op)
-            cols = op.output.shape[-1] / shard_factor(tuple(pl if pl == f"S:{op.output.dims[-1]}" else "R"
-                                                            for pl in out_pl), mesh) if op.output.shape else 1.0
+            for x in pt.param_moved:  # each parameter's local bytes, read in the order priced
+                moved += x
+            t_sync, t_once, t_gather, t_after = pt.t_sync, pt.t_once, pt.t_gather, pt.t_after
+            parts[ci, :3] = pt.held
+            comm[ci] = pt.comm
+            cols = op.output.shape[-1] / pt.col_shards if op.output.shape else 1.0
             rows, cols = gemm_shape(out_local, cols)
             moved += 2.0 * op.workspace * out_local * 4.0  # a scan's states: written, then read back
             kt = op_time(op, Kernel(flops=op.flops / shards, bytes=moved, rows=rows, cols=cols), self.device, self.peak)
@@ -493,6 +513,92 @@ class CostModel:
         return OpCosts(configs=cfgs, time=time, mem=parts.sum(axis=1), parts=parts, comm=comm,
                        time_rc=time + fwd, mem_rc=parts_rc.sum(axis=1), parts_rc=parts_rc, step=step,
                        estimated=not measured)
+
+    def _param_terms(self, op: Op, mesh: Mesh, zero: int, cfgs: list[Config]) -> list[ParamTerms]:
+        """Per configuration, the parts of `_op_costs` that read neither shapes nor FLOPs: the
+        shard factors, and everything its parameters cost (the same at every micro-batch count).
+        Found once per (op's name, dimensions and parameters, mesh, ZeRO stage, configurations) and
+        shared by every cost model made `like` this one."""
+        key = (op.name, op.output.dims, tuple(t.dims for t in op.inputs),
+               tuple((p.name, p.numel, p.dims, p.owner) for p in op.params), mesh, zero, tuple(cfgs))
+        memo: dict[tuple, list[ParamTerms]] = self._shared_memos["param_terms"]
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = [self._priced_param_terms(op, mesh, zero, cfg) for cfg in cfgs]
+        return hit
+
+    def _priced_param_terms(self, op: Op, mesh: Mesh, zero: int, cfg: Config) -> ParamTerms:
+        """`_param_terms` of one configuration, summed in the order `_op_costs` always has."""
+        b = self.bytes
+        data_parallel = any(ax.role in BATCH_ROLES and ax.size > 1 for ax in mesh.axes)
+        fsdp_cast = bool(b.cast) and data_parallel and zero != 1
+        autocast = bool(b.cast) and not fsdp_cast
+        expert_axis = any(ax.role == EXPERT and ax.size > 1 for ax in mesh.axes)
+        comm = np.zeros(len(mesh.axes))
+        held = [0.0, 0.0, 0.0]
+        moved: list[float] = []
+        # backward's collectives (per micro-batch: tensor-axis partial gradients, ZeRO-2/3's
+        # reduce-scatter; once an iteration: DDP's all-reduce after the last micro-batch),
+        # ZeRO-3's forward all-gather (per micro-batch), and what follows the step (once)
+        t_sync = t_once = t_gather = t_after = 0.0
+        for p in op.params:
+            local = p.numel / shard_factor(param_placement(cfg, p.dims), mesh)
+            moved.append(local * b.param)
+            if not p.owner:
+                continue
+            # a weight replicated on an axis whose split label reaches the output (the batch on
+            # a data axis, the sequence of a sequence-parallel norm) gets a partial gradient
+            # there; a label reduced away before the output (a row-parallel Linear's input
+            # features) leaves the bias gradient whole on every rank: nothing to synchronise
+            group = [ai for ai, lab in enumerate(cfg)
+                     if lab is not None and lab not in p.dims and lab in op.output.dims]
+            # ZeRO shards states over the data axes only (FSDP2 / ZeroRedundancyOptimizer run
+            # there); on a tensor axis the gradient is all-reduced whatever the stage
+            sharded = [ai for ai in group if mesh.axes[ai].role in BATCH_ROLES]
+            r = math.prod(mesh.axes[ai].size for ai in sharded)
+            for ai in group:
+                n = mesh.axes[ai].size
+                g, w = local * b.grad, local * b.param
+                if zero in (0, 1) or ai not in sharded:
+                    steps = [(ALL_REDUCE, g)]
+                else:  # reduce-scatter gradients, all-gather updated (stage 3: also used) params
+                    steps = [(REDUCE_SCATTER, g)] + [(ALL_GATHER, w)] * (2 if zero == 3 else 1)
+                if zero == 1 and ai in sharded:
+                    # ZeRO-1 runs as DDP (gradients all-reduced in buckets) and
+                    # ZeroRedundancyOptimizer, whose owners broadcast each updated parameter
+                    # tensor after the step: one broadcast per tensor, every rank taking part
+                    t_after += self.broadcast_time(mesh, ai, w)
+                    comm[ai] += w * (n - 1) / n
+                # on a data axis FSDP2 syncs a unit per call (ZeRO-1's DDP: buckets); on a
+                # tensor axis each partial gradient is all-reduced by a hook of its own
+                share = (1.0 if mesh.axes[ai].role not in BATCH_ROLES else
+                         None if zero == 1 else (self._unit_share_ep if expert_axis else self._unit_share).get(p.name, 1.0))
+                for i, (kind, nbytes) in enumerate(steps):
+                    t = self.bucketed_time(mesh, ai, kind, nbytes, share)
+                    if zero == 3 and i == 1 and ai in sharded:
+                        t_gather += t  # FSDP2 gathers the parameters before the forward uses them
+                    elif i == 1 and ai in sharded:
+                        t_after += t  # ZeRO-2 gathers the updated shards after the step: nothing to hide behind
+                    elif zero in (0, 1) and ai in sharded:
+                        t_once += t  # accumulation syncs only the last micro-batch (no_sync before)
+                    else:
+                        t_sync += t
+                    comm[ai] += (2.0 if kind == ALL_REDUCE else 1.0) * nbytes * (n - 1) / n
+            # the low-precision copy: held to the end of the backward, except under ZeRO-3,
+            # whose gathered units `buffers` prices
+            cast = b.cast if (fsdp_cast and zero < 3) or (autocast and p.name in self._cast_params) else 0
+            held[0] += local * (b.held_param / (r if zero >= 3 else 1) + cast)
+            held[1] += local * b.held_grad / (r if zero >= 2 else 1)
+            held[2] += local * b.held_optimizer / (r if zero >= 1 else 1)
+        out_pl = output_placement(cfg, op)
+        return ParamTerms(
+            shards=math.prod(ax.size for ax, lab in zip(mesh.axes, cfg, strict=True) if lab is not None),
+            out_shards=shard_factor(out_pl, mesh),
+            in_shards=tuple(shard_factor(input_placement(cfg, t), mesh) for t in op.inputs),
+            col_shards=shard_factor(tuple(pl if pl == f"S:{op.output.dims[-1]}" else "R" for pl in out_pl), mesh)
+            if op.output.dims else 1,
+            param_moved=tuple(moved), t_sync=t_sync, t_once=t_once, t_gather=t_gather, t_after=t_after,
+            held=(held[0], held[1], held[2]), comm=comm)
 
     def _ring_attention(self, op: Op, cfg: Config, mesh: Mesh, in_locals: list[float], fwd: float, bwd: float,
                         comm: np.ndarray) -> tuple[float, float]:
@@ -596,15 +702,75 @@ class CostModel:
         A tensor with several readers is converted once for all of them (search/prices/boundaries.py):
         its first reader's edge carries the collectives and the kept copy, the other readers' edges
         cost nothing and a pair constraint makes them read it alike. An edge with no module
-        boundary to convert at is INFEASIBLE wherever the placement would change."""
-        n_axes = len(mesh.axes)
+        boundary to convert at is INFEASIBLE wherever the placement would change. The placement
+        logic (`_edge_layout`) reads no shapes; here its terms meet the tensors' bytes."""
+        reads = [t for t in cons.inputs if t.source == prod.name]
+        layout = self._edge_layout(prod, cons, mesh, prod_cfgs, cons_cfgs, reads)
+        if layout.free is not None:
+            return layout.free
         Cu, Cv = len(prod_cfgs), len(cons_cfgs)
         time = np.zeros((Cu, Cv))
         time_fwd = np.zeros((Cu, Cv))
         mem = np.zeros((Cu, Cv))
-        comm = np.zeros((Cu, Cv, n_axes))
-        pays = self.bounds.pays(prod.name, cons.name)
+        comm = np.zeros((Cu, Cv, len(mesh.axes)))
+        full_bytes = prod.output.numel * self.esize(prod.output)
+        for t, read in zip(reads, layout.reads, strict=True):
+            for a, divisors, kinds in read.axes:
+                # bytes of the tensor as seen by a collective on axis a: sharded by the other axes
+                other = np.array([full_bytes / d for d in divisors])
+                for forward, (on, alpha, beta, vol) in zip((True, False), kinds, strict=True):
+                    t_kind = np.where(on, alpha + beta * other[:, None], 0.0)
+                    time += t_kind
+                    if forward:
+                        time_fwd += t_kind
+                    comm[:, :, a] += vol * other[:, None]
+            if layout.keeps:
+                local_in = np.array([t.numel / f * self.esize(t) for f in read.in_shards])
+                mem += np.where(read.changed, local_in[None, :], 0.0)
+        # recomputing the consumer's layer runs its forward again, the collectives its modules'
+        # hooks and styles perform included (Megatron's recomputation pays them twice too)
+        time_rc = time + time_fwd
+        blocked = layout.blocked
+        if blocked.any():
+            time = np.where(blocked, INFEASIBLE, time)
+            time_rc = np.where(blocked, INFEASIBLE, time_rc)
+            mem = np.where(blocked, INFEASIBLE, mem)
+        ec = EdgeCosts(src=prod.name, dst=cons.name, time=time, mem=mem, comm=comm,
+                       estimated=not self._comm_measured(mesh), time_rc=time_rc if time_fwd.any() else None)
+        if not any(read.axes for read in layout.reads):
+            # no collective anywhere (so no kept copy either): the same table at every micro-batch
+            # count, kept with the layout (tables are read, never written, by their users)
+            layout.free = ec
+        return ec
+
+    def _edge_layout(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config],
+                     reads: list[TensorRef]) -> EdgeLayout:
+        """What `_edge_costs` finds without reading a shape: the pairs no module boundary lets
+        convert, and per tensor read and axis the collective kinds with their alpha, beta and
+        traffic per byte. The same at every micro-batch count: found once per (ops' names and
+        dimensions, mesh, configurations, the two shape tests the boundaries make) and shared by
+        every cost model made `like` this one."""
         crossing = self.bounds.crossing(prod, cons)
+        tensor_axes = any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes)
+        shapes = tuple((t.dims, tuple(t.shape) == tuple(prod.output.shape),
+                        crossing == "entry" and tensor_axes and self.bounds.ambiguous_entry(prod, cons, tuple(t.shape)))
+                       for t in reads)
+        key = (prod.name, cons.name, prod.output.dims, self.graph.batch_label, mesh, tuple(prod_cfgs), tuple(cons_cfgs),
+               shapes)
+        memo: dict[tuple, EdgeLayout] = self._shared_memos["edge_layout"]
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = self._priced_edge_layout(prod, cons, mesh, prod_cfgs, cons_cfgs, reads, crossing,
+                                                       [(same, amb) for _, same, amb in shapes])
+        return hit
+
+    def _priced_edge_layout(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config],
+                            reads: list[TensorRef], crossing: str, tests: list[tuple[bool, bool]]) -> EdgeLayout:
+        """`_edge_layout` found; `tests`: per tensor read, whether it has its producer's output's
+        shape and whether converting it where the reader enters its module is ambiguous."""
+        n_axes = len(mesh.axes)
+        Cu, Cv = len(prod_cfgs), len(cons_cfgs)
+        pays = self.bounds.pays(prod.name, cons.name)
         blocked = np.zeros((Cu, Cv), dtype=bool)
         # on a context axis the tokens flattened into the batch dimension (the loss's input) are
         # split as the sequence is: the same local tokens, no conversion between the two
@@ -616,14 +782,12 @@ class CostModel:
 
         out_pl = [tokens(output_placement(c, prod)) for c in prod_cfgs]
         out_gpl = [tokens(output_grad_placement(c, prod)) for c in prod_cfgs]
-        full_bytes = prod.output.numel * self.esize(prod.output)
-        keeps_input = self.bounds.any_reader_keeps(prod.name)
-        for t in cons.inputs:
-            if t.source != prod.name:
-                continue
+        out: list[ReadLayout] = []
+        for t, (same_shape, ambiguous) in zip(reads, tests, strict=True):
             in_pl = [tokens(input_placement(c, t)) for c in cons_cfgs]
             in_gpl = [tokens(input_grad_placement(c, t)) for c in cons_cfgs]
             changed = np.zeros((Cu, Cv), dtype=bool)
+            axes: list[tuple[int, tuple[int, ...], tuple[tuple[np.ndarray, ...], ...]]] = []
             for a in range(n_axes):
                 if mesh.axes[a].size == 1:
                     continue
@@ -632,11 +796,10 @@ class CostModel:
                     changed_here = _differ(src, dst) | _differ([p[a] for p in out_gpl], [p[a] for p in in_gpl])
                     if crossing == "exit":  # leaving the producer's module: the style's output hook
                         # converts forward and its gradient back (search/prices/boundaries.py)
-                        same_shape = tuple(t.shape) == tuple(prod.output.shape)
                         changed_here &= ~_pairwise(src, dst, lambda s, d, same=same_shape: exit_allowed(s, d, same),
                                                    dtype=bool)
                     blocked |= changed_here
-                elif mesh.axes[a].role == TENSOR and self.bounds.ambiguous_entry(prod, cons, tuple(t.shape)):
+                elif mesh.axes[a].role == TENSOR and ambiguous:
                     # the module receives another tensor of this shape: torch cannot tell which to convert
                     src, dst = [p[a] for p in out_pl], [p[a] for p in in_pl]
                     blocked |= _differ(src, dst) | _differ([p[a] for p in out_gpl], [p[a] for p in in_gpl])
@@ -651,34 +814,22 @@ class CostModel:
                 if not pays:
                     continue
                 alpha, beta = self.collective_coefficients(mesh, a)
-                # bytes of the tensor as seen by a collective on axis a: sharded by the other axes
-                other = np.array([full_bytes / math.prod(ax.size for b_, ax in enumerate(mesh.axes)
-                                                         if b_ != a and pl[b_].startswith("S:"))
-                                  for pl in out_pl])
+                divisors = tuple(math.prod(ax.size for b_, ax in enumerate(mesh.axes) if b_ != a and pl[b_].startswith("S:"))
+                                 for pl in out_pl)
                 fk = _kind_matrix([p[a] for p in out_pl], [p[a] for p in in_pl], forward=True)
                 bk = _kind_matrix([p[a] for p in out_gpl], [p[a] for p in in_gpl], forward=False)
+                if not (fk != NONE).any() and not (bk != NONE).any():
+                    continue  # no collective on this axis: its terms would add zeros
                 n = mesh.axes[a].size
-                for kinds in (fk, bk):
-                    t_kind = np.where(kinds != NONE, alpha[kinds] + beta[kinds] * other[:, None], 0.0)
-                    time += t_kind
-                    if kinds is fk:
-                        time_fwd += t_kind
-                    vol = np.select([kinds == ALL_REDUCE, kinds == ALL_TO_ALL, kinds != NONE],
-                                    [2.0 * (n - 1) / n, (n - 1) / n / n, (n - 1) / n], 0.0)
-                    comm[:, :, a] += vol * other[:, None]
+                kinds = tuple((kk != NONE, alpha[kk], beta[kk],
+                               np.select([kk == ALL_REDUCE, kk == ALL_TO_ALL, kk != NONE],
+                                         [2.0 * (n - 1) / n, (n - 1) / n / n, (n - 1) / n], 0.0))
+                              for kk in (fk, bk))
+                axes.append((a, divisors, kinds))
                 changed |= fk != NONE
-            if pays and keeps_input:
-                local_in = np.array([t.numel / shard_factor(p, mesh) * self.esize(t) for p in in_pl])
-                mem += np.where(changed, local_in[None, :], 0.0)
-        # recomputing the consumer's layer runs its forward again, the collectives its modules'
-        # hooks and styles perform included (Megatron's recomputation pays them twice too)
-        time_rc = time + time_fwd
-        if blocked.any():
-            time = np.where(blocked, INFEASIBLE, time)
-            time_rc = np.where(blocked, INFEASIBLE, time_rc)
-            mem = np.where(blocked, INFEASIBLE, mem)
-        return EdgeCosts(src=prod.name, dst=cons.name, time=time, mem=mem, comm=comm,
-                         estimated=not self._comm_measured(mesh), time_rc=time_rc if time_fwd.any() else None)
+            in_shards = tuple(shard_factor(p, mesh) for p in in_pl)
+            out.append(ReadLayout(axes=tuple(axes), changed=changed, in_shards=in_shards))
+        return EdgeLayout(reads=tuple(out), blocked=blocked, keeps=pays and self.bounds.any_reader_keeps(prod.name))
 
     def pair_costs(self, pair: Pair, mesh: Mesh, cfgs_a: list[Config], cfgs_b: list[Config]) -> EdgeCosts:
         """A pair constraint as an edge between its two ops: free where they agree (the readers of
@@ -885,14 +1036,34 @@ def _pairwise(src: list[str], dst: list[str], f, dtype=np.int64) -> np.ndarray:
     return table[ui][:, vi]
 
 
+# The placement matrices of edges and pair constraints, by their code lists: on one mesh many
+# edges convert between the same lists of placements (every layer's, every micro-batch count's)
+_MATRICES: dict[tuple[str, tuple[str, ...], tuple[str, ...]], np.ndarray] = {}
+_MATRICES_MAX = 100_000
+
+
+def _memo_matrix(what: str, src: list[str], dst: list[str], make: Callable[[], np.ndarray]) -> np.ndarray:
+    """`make()`, found once per (what, src, dst) and returned read-only (callers combine it into
+    new arrays, never write it)."""
+    key = (what, tuple(src), tuple(dst))
+    hit = _MATRICES.get(key)
+    if hit is None:
+        if len(_MATRICES) >= _MATRICES_MAX:
+            _MATRICES.clear()
+        hit = make()
+        hit.flags.writeable = False
+        _MATRICES[key] = hit
+    return hit
+
+
 def _differ(src: list[str], dst: list[str]) -> np.ndarray:
     """[len(src), len(dst)] matrix: whether the codes differ."""
-    return _pairwise(src, dst, lambda s, d: s != d, dtype=bool)
+    return _memo_matrix("differ", src, dst, lambda: _pairwise(src, dst, lambda s, d: s != d, dtype=bool))
 
 
 def _kind_matrix(src: list[str], dst: list[str], forward: bool) -> np.ndarray:
     """[len(src), len(dst)] matrix of collective kinds. Backward, gradients flow dst -> src: the
     consumer's input gradient becomes what the producer needs for its output gradient."""
     if forward:
-        return _pairwise(src, dst, forward_collective)
-    return _pairwise(src, dst, lambda s, d: forward_collective(d, s))
+        return _memo_matrix("forward", src, dst, lambda: _pairwise(src, dst, forward_collective))
+    return _memo_matrix("backward", src, dst, lambda: _pairwise(src, dst, lambda s, d: forward_collective(d, s)))

@@ -180,3 +180,84 @@ def test_memoised_op_tables_equal_fresh_pricing() -> None:
                 if zero == 1 and tp:
                     shared += cm.op_costs(op, mesh, 2, checkpoint=ck) is got
     assert shared  # some mesh had a tensor axis: ZeRO-1 and ZeRO-2 shared their tables
+
+
+class _Forgetful(dict):
+    """A memo that keeps nothing: every lookup misses."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+
+def test_cost_models_made_alike_price_as_fresh_ones() -> None:
+    """Cost models of several micro-batch counts made `like` one another (sharing the parts of
+    op and edge tables that read no shape) price every op and edge on every mesh and ZeRO stage
+    to the bit as a cost model made alone, whichever count priced a shared part first."""
+    from search.algorithm.evaluate import micro_batch_graph, tables
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import CostModel, TrainingJob
+    from search.prices.mesh import Mesh, mesh_candidates, unplaceable_op
+
+    graph = capture_model(get_model("gpt2-mini"), 8, 64)
+    cluster = make_cluster("h100-80gb", 4)
+    job = TrainingJob(global_batch=8, seq_len=64, precision="bf16")
+    shared: CostModel | None = None
+    checked = 0
+    for m in (4, 1, 2, 8):  # the first priced shares its memos with the rest
+        g = micro_batch_graph(graph, m)
+        mjob = job.model_copy(update={"global_batch": 8 // m})
+        alike = CostModel(g, cluster, mjob, like=shared)
+        shared = shared or alike
+        fresh = CostModel(g, cluster, mjob)
+        fresh._shared_memos = {name: _Forgetful() for name in fresh._shared_memos}  # every part priced afresh
+        for mesh in [Mesh(pp=1, axes=c.axes) for c in mesh_candidates(cluster)]:
+            if unplaceable_op(g.ops, mesh, g.batch_label) is not None:
+                continue
+            for zero in range(4):
+                ops_a, edges_a = tables(g, alike, mesh, zero)
+                ops_f, edges_f = tables(g, fresh, mesh, zero)
+                for name, oc in ops_f.items():
+                    oa = ops_a[name]
+                    assert oa.configs == oc.configs and oa.estimated == oc.estimated
+                    for field in ("time", "mem", "parts", "comm", "time_rc", "mem_rc", "parts_rc", "step"):
+                        assert np.array_equal(getattr(oa, field), getattr(oc, field)), (m, mesh, zero, name, field)
+                assert edges_a.keys() == edges_f.keys()
+                for key, ec in edges_f.items():
+                    ea = edges_a[key]
+                    assert (ea.time_rc is None) == (ec.time_rc is None) and ea.estimated == ec.estimated
+                    for field in ("time", "mem", "comm", "recomputed_time"):
+                        assert np.array_equal(getattr(ea, field), getattr(ec, field)), (m, mesh, zero, key, field)
+                checked += 1
+    assert checked >= 8
+    # the shared memos were filled once and read by the other counts' models
+    assert shared._shared_memos["param_terms"] and shared._shared_memos["edge_layout"]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_join_bounded_rows_equal_the_full_join(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`join` with `bound` (rows of either side left out before their pairs are formed) gives
+    the same factor as vetoing the same pairs one by one, chunked or not, with the pairs counted
+    alike; the envelope of known plans is the stage search's (`pipeline._Envelope`)."""
+    from search.algorithm.pipeline import _Envelope
+
+    rng = np.random.default_rng(seed)
+    domain = {"u": int(rng.integers(1, 5)), "v": int(rng.integers(1, 3))}
+    ties = bool(rng.random() < 0.3)
+    a = _factor(rng, ("u",), domain, int(rng.integers(1, 80)), ties)
+    b = _factor(rng, ("u", "v"), domain, int(rng.integers(1, 80)), ties)
+    known = int(rng.integers(1, 12))
+    env = _Envelope(rng.uniform(2.0, 20.0, known), rng.uniform(2.0, 20.0, known), float(rng.uniform(0.0, 2.0)),
+                    (float(rng.uniform(0.0, 4.0)), float(rng.uniform(0.0, 4.0))))
+
+    def admit(t: np.ndarray, m: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        return env.admit(t, m)
+
+    if rng.random() < 0.5:
+        monkeypatch.setattr(frontier, "CHUNK_PAIRS", int(rng.integers(5, 200)))  # several chunks
+    s_full, s_bounded = Stats(), Stats()
+    full = join(a, b, drop=("u",), domain=domain, stats=s_full, admit=admit)
+    bounded = join(a, b, drop=("u",), domain=domain, stats=s_bounded, admit=admit, bound=env.admit)
+    _same(bounded, full)
+    assert s_bounded == s_full
