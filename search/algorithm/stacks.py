@@ -71,7 +71,7 @@ from search.algorithm.evaluate import (
 )
 from search.algorithm.factor_graph import _edge_factor, _op_factor, eliminate_all
 from search.algorithm.families import Family, FamilyVars, Powers, find_families, solve_unit, tie_factors, wrap
-from search.algorithm.frontier import Factor, Stats, assignments, leaf, pareto_mask
+from search.algorithm.frontier import Factor, Stats, _radix, assignments, leaf, pareto_mask
 from search.algorithm.pipeline import STAGE_BAND, partitions, pipeline_shapes
 from search.algorithm.results import Split
 from search.models.graph import OpGraph
@@ -240,15 +240,18 @@ class _Stages:
         stage recurs in many cuts)."""
         key = id(f)
         if key not in self.group_memo:
-            groups = _by_key(f)
             dims = tuple(len(self.tabs.op_costs[v].configs) for v in f.scope)
-            gid = np.full(dims, -1, dtype=np.int64)
-            rows = list(groups.values())
-            for i, k in enumerate(groups):
-                gid[k] = i
-            t_min = np.array([float(f.t[r].min()) for r in rows]) if rows else np.zeros(1)
-            m_min = np.array([float(f.m[r].min()) for r in rows]) if rows else np.zeros(1)
-            self.group_memo[key] = (f, _GroupTable(gid=gid, rows=rows, t_min=t_min, m_min=m_min))
+            flat = f.keys.astype(np.int64) @ _radix(list(dims)) if dims else np.zeros(len(f), dtype=np.int64)
+            order = np.argsort(flat, kind="stable")  # each group's rows in ascending order
+            sf = flat[order]
+            starts = np.flatnonzero(np.concatenate([[True], sf[1:] != sf[:-1]])) if len(sf) else np.zeros(0, int)
+            gid = np.full(math.prod(dims), -1, dtype=np.int64)
+            gid[sf[starts]] = np.arange(len(starts))
+            rows = np.split(order, starts[1:])
+            t_min = np.minimum.reduceat(f.t[order], starts) if len(starts) else np.zeros(1)
+            m_min = np.minimum.reduceat(f.m[order], starts) if len(starts) else np.zeros(1)
+            table = _GroupTable(gid=gid.reshape(dims), rows=rows, t_min=t_min, m_min=m_min)
+            self.group_memo[key] = (f, table)
         return self.group_memo[key][1]
 
     def __call__(self, s: int, split: Split) -> Factor:
@@ -433,20 +436,30 @@ def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
     S = _Stages(tabs, eps, recompute, reuse)
     stage_factors = {ci: [S(s, split) for s in range(p)] for ci, split in enumerate(cuts)}
     # every (cut, joint interface configuration) each stage has plans for, with its bound
-    cands = [c for ci in stage_factors for c in _combinations(S, ci, stage_factors[ci])]
+    cands = [c for ci in stage_factors if (c := _combinations(S, ci, stage_factors[ci])) is not None]
     if not cands:
         return None
+    cut_of = np.concatenate([np.full(len(c.combo), c.cut) for c in cands])
+    which = np.concatenate([np.arange(len(c.combo)) for c in cands])
+    combo = np.concatenate([c.combo for c in cands])
+    t_lb = np.concatenate([c.t_lb for c in cands])
+    m_lb = np.concatenate([c.m_lb for c in cands])
+    of_cut = {c.cut: c for c in cands}
     # combine the most promising first: their points bound the rest. The points are gathered
     # back in (cut, configuration) order, so the frontier and its ties do not depend on this order.
+    order = np.lexsort((combo, cut_of, m_lb, t_lb))
     stair = _Staircase(envelope, tabs.buffers)
     done: list[tuple[int, int, np.ndarray, np.ndarray, list[np.ndarray], np.ndarray]] = []
-    for ci, combo, t_lb, m_lb, rows in sorted(cands, key=lambda c: (c[2], c[3], c[0], c[1])):
-        if stair.beats(t_lb, m_lb):
-            continue
-        fs = stage_factors[ci]
-        t, m, chosen = _max_frontier([(f.t[r], f.m[r]) for f, r in zip(fs, rows, strict=True)])
-        done.append((ci, combo, t, m, rows, chosen))
-        stair.add(t, m)
+    for start in range(0, len(order), _Staircase.BATCH):
+        chunk = order[start:start + _Staircase.BATCH]
+        for i in chunk[~stair.beats_all(t_lb[chunk], m_lb[chunk])]:
+            if stair.beats(float(t_lb[i]), float(m_lb[i])):  # a point found within this chunk
+                continue
+            cand, fs = of_cut[int(cut_of[i])], stage_factors[int(cut_of[i])]
+            rows = [S.table(f).rows[int(g)] for f, g in zip(fs, cand.gids[int(which[i])], strict=True)]
+            t, m, chosen = _max_frontier([(f.t[r], f.m[r]) for f, r in zip(fs, rows, strict=True)])
+            done.append((cand.cut, int(combo[i]), t, m, rows, chosen))
+            stair.add(t, m)
     if not done:
         return None
     done.sort(key=lambda d: (d[0], d[1]))
@@ -481,17 +494,28 @@ def _stage_row(combined: tuple[int, int, np.ndarray, np.ndarray, list[np.ndarray
     return int(rows[s][chosen[point, s]])
 
 
-def _combinations(S: _Stages, ci: int, fs: list[Factor]
-                  ) -> list[tuple[int, int, float, float, list[np.ndarray]]]:
+@dataclass
+class _Combinations:
     """The joint interface configurations of one cut under which every stage has a plan, in
-    enumeration order: (cut, configuration index, time bound, memory bound, each stage's rows).
-    The bound is the slowest stage's fastest point and the heaviest stage's leanest one: no
-    point of the combination beats it."""
+    enumeration order: their indices, each stage's group (`gids`, one row per configuration)
+    and their bounds."""
+
+    cut: int
+    combo: np.ndarray
+    gids: np.ndarray
+    t_lb: np.ndarray
+    m_lb: np.ndarray
+
+
+def _combinations(S: _Stages, ci: int, fs: list[Factor]) -> _Combinations | None:
+    """One cut's joint interface configurations, enumerated at once. The bound of one is the
+    slowest stage's fastest point and the heaviest stage's leanest one: no point of it beats
+    that. None when none exists or the cut's interface is too large (MAX_INTERFACE)."""
     iface = list(dict.fromkeys(v for f in fs for v in f.scope))
     sizes = [len(S.tabs.op_costs[v].configs) for v in iface]
     total = math.prod(sizes)
     if total > MAX_INTERFACE:
-        return []
+        return None
     digits = np.unravel_index(np.arange(total), sizes) if iface else ()
     gids, t_lb, m_lb = [], np.zeros(total), np.zeros(total)
     valid = np.ones(total, dtype=bool)
@@ -506,11 +530,10 @@ def _combinations(S: _Stages, ci: int, fs: list[Factor]
         gids.append(g)
         t_lb = np.maximum(t_lb, table.t_min[g])
         m_lb = np.maximum(m_lb, table.m_min[g])
-    out = []
-    for c in np.flatnonzero(valid):
-        rows = [S.table(f).rows[int(g[c])] for f, g in zip(fs, gids, strict=True)]
-        out.append((ci, int(c), float(t_lb[c]), float(m_lb[c]), rows))
-    return out
+    keep = np.flatnonzero(valid)
+    if not len(keep):
+        return None
+    return _Combinations(cut=ci, combo=keep, gids=np.stack(gids, axis=1)[keep], t_lb=t_lb[keep], m_lb=m_lb[keep])
 
 
 @dataclass
@@ -559,6 +582,15 @@ class _Staircase:
             self._rebuild(np.concatenate(self.pending_t), np.concatenate(self.pending_m))
             self.pending_t, self.pending_m, self.n_pending = [], [], 0
 
+    def beats_all(self, t_lb: np.ndarray, m_lb: np.ndarray) -> np.ndarray:
+        """`beats` for many bounds against the staircase (not the pending batch)."""
+        t_cut = t_lb * (1.0 - 1e-9)
+        m_cut = (m_lb + self.buffers) * (1.0 - 1e-9)
+        k = np.searchsorted(self.t, t_cut, side="left")
+        if not len(self.t):
+            return np.zeros(len(t_lb), dtype=bool)
+        return (k > 0) & (self.m[np.maximum(k - 1, 0)] < m_cut)
+
     def beats(self, t_lb: float, m_lb: float) -> bool:
         t_cut = t_lb * (1.0 - 1e-9)
         m_cut = (m_lb + self.buffers) * (1.0 - 1e-9)
@@ -567,15 +599,6 @@ class _Staircase:
             return True
         return any(bool(np.any((pt < t_cut) & (pm < m_cut)))
                    for pt, pm in zip(self.pending_t, self.pending_m, strict=True))
-
-
-def _by_key(f: Factor) -> dict[tuple[int, ...], np.ndarray]:
-    if len(f) == 0:
-        return {}
-    uniq, inv = np.unique(f.keys, axis=0, return_inverse=True)
-    order = np.argsort(inv.reshape(-1), kind="stable")  # each group's rows in ascending order
-    bounds = np.cumsum(np.bincount(inv.reshape(-1), minlength=len(uniq)))[:-1]
-    return {tuple(int(x) for x in k): rows for k, rows in zip(uniq, np.split(order, bounds), strict=True)}
 
 
 def stack_shapes(cluster: Cluster, job: TrainingJob, graph: OpGraph, zero_stages: tuple[int, ...],
@@ -606,8 +629,10 @@ def search_stacks(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stage
         m = shape.micro_batches
         if m not in models:
             g = micro_batch_graph(graph, m)
+            # every micro-batch count's cost model shares the first one's shape-free parts
+            like = next(iter(models.values()))[1] if models else None
             models[m] = (g, CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}),
-                                      profile=profile))
+                                      profile=profile, like=like))
         g, cm = models[m]
         tabs = stack_tables(g, cm, shape)
         if tabs is not None:
