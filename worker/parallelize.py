@@ -219,7 +219,30 @@ def apply_tensor_parallel(module: nn.Module, spec: ExecSpec, tp_mesh: DeviceMesh
             Placed(st)._apply(module.get_submodule(st.module), tp_mesh)
         else:
             parallelize_module(module, tp_mesh, {st.module: parallel_style(st)})
+    if tp_mesh.ndim == 1:
+        local_heads(module, spec, tp_mesh.size())
     retie(module, spec.ties)
+
+
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def local_heads(module: nn.Module, spec: ExecSpec, ways: int) -> None:
+    """An attention module whose query, key and value projections are column-parallel computes on
+    its rank's heads: a head count it reads in its forward is made that share (Megatron's heads per
+    partition). Whisper views its keys and values as (batch, -1, self.num_heads, head_dim): with
+    the global count, a rank's one head of 32 positions read as four heads of 8."""
+    colwise = {st.module for st in spec.styles if st.style == "colwise"}
+    parents = {m.rpartition(".")[0] for m in colwise if m.rpartition(".")[2] in QKV}
+    for fqn in sorted(parents):
+        if not has_module(module, fqn):
+            continue
+        attn = module.get_submodule(fqn)
+        present = [n for n in QKV if isinstance(getattr(attn, n, None), nn.Module)]
+        heads = getattr(attn, "num_heads", None)
+        if (len(present) == len(QKV) and all(f"{fqn}.{n}" in colwise for n in present)
+                and isinstance(heads, int) and heads % ways == 0):
+            setattr(attn, "num_heads", heads // ways)  # noqa: B010 - an int attribute nn.Module types as Tensor | Module
 
 
 def retie(module: nn.Module, ties: list[list[str]]) -> None:

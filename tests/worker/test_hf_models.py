@@ -129,3 +129,38 @@ def test_t5_leanest_plan_trains_as_one_process_does():
     ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
                            lr=job.settings.lr, source=spec.source)
     assert_losses_match(f"t5 leanest ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+
+
+WHISPER = {"model_type": "whisper", "d_model": 64, "vocab_size": 256, "encoder_layers": 2, "decoder_layers": 2,
+           "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+           "pad_token_id": 0, "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_whisper_head_parallel_plan_trains_as_one_process_does():
+    """Whisper's leanest plan on a tp4 mesh (its query, key and value projections column-parallel,
+    both layers recomputed; once the leanest tiny plan of all) failed in out_proj: its attention
+    views keys and values as (batch, -1, self.num_heads, head_dim), so a rank's one head of 32
+    positions read as four heads of 8. Each rank's attention now counts its own heads
+    (worker/parallelize.py local_heads)."""
+    from search.algorithm.ft import SearchOptions, search
+    from search.plans.api import request_source, resolve, with_source
+    from search.plans.plan import build_plans
+    from search.prices.mesh import Mesh, MeshAxis
+    from worker.analyze import analyze
+
+    req = SearchRequest(hf_config=WHISPER, name="whisper", device="cpu", devices=4, devices_per_node=4,
+                        global_batch=8, seq_len=32, precision="fp32", baselines=False)
+    graph, cluster, job, _ = resolve(req)
+    tp4 = Mesh(pp=1, axes=(MeshAxis("dp", 1, 1, "data"), MeshAxis("tp", 4, 1, "tensor")))
+    r = search(graph, cluster, job, SearchOptions(meshes=(tp4,), zero_stages=(0,), recompute=True, pipeline=False,
+                                                  accumulate=False))
+    plans = with_source(build_plans(r, r.points), request_source(req, graph))
+    spec = analyze(min(plans, key=lambda p: p.predicted.memory_bytes))
+    colwise = {st.module for st in spec.styles if st.style == "colwise"}
+    assert {f"model.model.decoder.layers.0.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")} <= colwise
+    job_, raw = launch({"tp4": spec}, STEPS)["tp4"]
+    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job_.settings.seed,
+                           lr=job_.settings.lr, source=spec.source)
+    assert_losses_match(f"whisper tp4 ({spec.summary})", raw["losses"], ref, STEPS, TOL)
