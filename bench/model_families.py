@@ -100,9 +100,11 @@ def _seq(family: str) -> int:
     from transformers import AutoConfig
 
     try:
-        positions = getattr(AutoConfig.for_model(family), "max_position_embeddings", None)
+        config = AutoConfig.for_model(family)
     except ValueError:  # not a transformers model type: the search (or the service) refuses it by name
         return SEQ
+    # an encoder-decoder's sequence is its decoder's (Whisper: 448 positions; its encoder reads 1,500 frames)
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "max_target_positions", None)
     return min(SEQ, positions) if isinstance(positions, int) and positions > 0 else SEQ
 
 

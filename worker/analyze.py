@@ -119,14 +119,27 @@ def op_configs(plan: Plan, graph: OpGraph) -> dict[str, tuple[str | None, ...]]:
                 raise Unsupported(f"plan's block stack {bp.prefix!r}: a layer variant has {len(variant)} ops, "
                                   f"the model's layers {len(names)}")
             mine = [f"{bp.prefix}.{first + i * period + k}." for k in range(period)]
-            for name, o in zip(names, variant, strict=True):
+            for name, name0, o in zip(names, info.layers[0], variant, strict=True):
                 # a variant is written in layer 0's names, its dimension labels too ('blocks.0.mlp.fc1.weight/d0')
-                out[name] = tuple(None if c == "R" else _layer_name(c, zeros, mine) for c in o.config)
+                out[name] = tuple(None if c == "R" else _layer_label(c, graph.op(name0), graph.op(name), zeros, mine)
+                                  for c in o.config)
     missing = [op.name for op in graph.ops if op.name not in out]
     if missing:
         raise Unsupported(f"plan has no configuration for op {missing[0]!r} of model {plan.model!r} "
                           f"(was it made for another model or batch?)")
     return out
+
+
+def _layer_label(code: str, op0: Op, op: Op, zeros: list[str], mine: list[str]) -> str:
+    """The label layer 0's `op0` splits as `code`, in layer i's `op`. The search configures every
+    layer by the position of the label in the op's splittable dimensions (layer 0's tables serve
+    all layers), so that position names it: a label the layer reads from outside keeps its name
+    even when it is spelled in layer 0's (T5's position bias, made in block 0 and read by every
+    block's attention: renamed to block 1's, it named no dimension of the op, whose output then
+    read as a partial sum)."""
+    if code in op0.splittable and len(op0.splittable) == len(op.splittable):
+        return op.splittable[op0.splittable.index(code)]
+    return _layer_name(code, zeros, mine)
 
 
 def _layer_name(code: str, zeros: list[str], mine: list[str]) -> str:
@@ -246,6 +259,7 @@ class _TensorAxis:
         self.where: dict[tuple[str, str], str] = {}  # (producer, consumer) -> module that redistributes
         self.entries: dict[str, tuple[str, Codes]] = {}  # module -> (producer, target codes)
         self.entry_src: dict[str, Codes] = {}          # module -> the codes its entry converts from
+        self.entry_style: dict[str, tuple[StyleSpec, tuple[str, ...]]] = {}  # module -> its hook, the dims it sees
         self.exits: dict[str, Codes] = {}              # producer -> target codes
         self.bounds = Boundaries(graph)
 
@@ -380,6 +394,8 @@ class _TensorAxis:
                     # several readers return partial gradients (q, k, v reading ln1): convert where
                     # they enter together, so autograd sums them and reduces once, as the plan prices
                     self.redistribute(self.ops[t.source], v, i, src, dst)
+        self.nest_entries()
+        self.schedule_calls()
         for op in self.g.ops:
             st = self.styles.get(op.name)
             if st and st.style in ("rowwise", "placed") and "Partial()" in (st.output_layout or "").split(","):
@@ -429,12 +445,29 @@ class _TensorAxis:
             return
         ua = self.mods.ancestors(u.module) if u else []
         entry = [m for m in self.mods.ancestors(v.module) if m not in ua]
-        if entry:
+        if entry and u is not None and self.reduces_on_exit(u, src, dst):
+            self.convert_on_exit(u, v, i, src, dst, key)
+        elif entry:
             self.convert_on_entry(u, v, i, src, dst, entry, key)
         elif u is None:
             raise Unsupported(f"op {v.name!r} needs a graph input split on tensor axis {self.axis!r} outside any module")
         else:
             self.convert_on_exit(u, v, i, src, dst, key)
+
+    def reduces_on_exit(self, u: Op, src: Codes, dst: Codes) -> bool:
+        """A row-parallel op's partial sum that every reader wants reduced alike is reduced by the
+        op's own style as it leaves its module, even where the readers enter modules of their own
+        (T5's attention output projection, read by the dropout module of the layer around it): a
+        partial sum handed on as a local shard to another module's input hook would carry its
+        gradient back marked partial, and the style's output layout would stay Partial()."""
+        st = self.styles.get(u.name)
+        if (st is None or st.style not in ("rowwise", "placed") or "P" not in src or u.name in self.exits
+                or not self.own_leaf(u)):
+            return False
+        if not all(exit_allowed(a, b, True) for a, b in zip(src, dst, strict=True) if a != b):
+            return False
+        return all(self.inp(self.ops[c], j) == dst and tuple(self.ops[c].inputs[j].shape) == tuple(u.output.shape)
+                   for c, j in self.consumers[u.name])
 
     def convert_on_entry(self, u: Op | None, v: Op, i: int, src: Codes, dst: Codes, entry: list[str],
                          key: tuple[str, str]) -> None:
@@ -465,7 +498,7 @@ class _TensorAxis:
             # a module called once per time step converts each call's input alike, in its own hook
             again = ((self.bounds.calls_of_one_op.get(m_in, False) or self.one_tensor_per_call(m_in))
                      and prev[1] == dst and self.entry_src.get(m_in) == src)
-            if prev != (pname, dst) and not again:
+            if prev != (pname, dst) and not again and (self.nd or not self.one_tensor_per_call(m_in)):
                 raise Unsupported(f"module {m_in!r} receives two tensors that the plan redistributes "
                                   f"(from {prev[0]!r} and {pname!r}); PrepareModuleInput here handles one")
             self.where[key] = m_in
@@ -475,6 +508,7 @@ class _TensorAxis:
         vst = self.styles.get(v.name)
         if m_in == v.module and vst and vst.style in ("colwise", "rowwise", "placed"):
             vst.input_layout = dtensor(src, dims)
+            self.entry_style[m_in] = (vst, dims)
         else:
             self.refuse_ambiguous_entry(m_in, pname, tuple(v.inputs[i].shape))
             # a DTensor may flow into the module only if every reader is a style that accepts one
@@ -482,9 +516,51 @@ class _TensorAxis:
             self.extra.append(StyleSpec(module=m_in, style="prepare_input", input_layout=dtensor(src, dims),
                                         desired_input_layout=dtensor(dst, dims), use_local_output=not dt_ok,
                                         ops=[f"{pname} -> {v.name}"]))
+            self.entry_style[m_in] = (self.extra[-1], dims)
         self.entries[m_in] = (pname, dst)
         self.entry_src[m_in] = src
         self.where[key] = m_in
+
+    def nest_entries(self) -> None:
+        """A module's input hook converts its first input for everything inside the module: a reader
+        whose own conversion of that tensor lies at a module inside it (T5's layer norm, inside the
+        attention layer whose residual add reads the layer's input too) receives the outer hook's
+        result and converts from there (often nothing left to do: the plan priced a conversion for
+        each, the outer one serves both)."""
+        for m, (pname, _) in self.entries.items():
+            if m not in self.entry_style or self.one_tensor_per_call(m):
+                continue
+            outer = [a for a in self.mods.ancestors(m)[:-1] if a in self.entries and self.entries[a][0] == pname]
+            if not outer:
+                continue
+            arrives = self.entries[outer[-1]][1]
+            st, dims = self.entry_style[m]
+            st.input_layout = dtensor(arrives, dims)
+            self.entry_src[m] = arrives
+
+    def schedule_calls(self) -> None:
+        """A module's input hook fires on every call. On a module called once per tensor whose calls
+        the plan converts differently (T5's stack dropout: the embedding's output arrives split as the
+        dropout reads it, the final norm's whole and is split there), each call gets its own layouts
+        in forward order, a call converted elsewhere or not at all none (worker/parallelize.py)."""
+        for st in self.extra:
+            if st.style != "prepare_input" or not self.one_tensor_per_call(st.module):
+                continue
+            calls: list[list[str]] = []
+            for w in self.g.ops:
+                if w.module != st.module:
+                    continue
+                t = w.inputs[0]
+                u = self.ops[t.source] if t.source else None
+                key = (u.name if u else "<input 0>", w.name)
+                src = self.out(u) if u else ("R",) * len(self.axes)
+                converted = self.where.get(key) == st.module
+                calls.append([dtensor(src, t.dims), dtensor(self.inp(w, 0), t.dims)] if converted else [])
+            if any(c != [st.input_layout, st.desired_input_layout] for c in calls):
+                if self.nd:
+                    raise Unsupported(f"module {st.module!r} is called once per tensor and the plan converts its "
+                                      f"calls differently on {len(self.axes)} tensor axes: not executed")
+                st.call_layouts = calls
 
     def one_tensor_per_call(self, m: str) -> bool:
         """m is a leaf module called several times on one tensor each (ViT's one dropout after the
@@ -825,7 +901,11 @@ def _unit_namer(graph: OpGraph) -> Callable[[str], str]:
 def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph, stages: int = 1) -> None:
     """A tied parameter must be placed alike by every module that holds it."""
     placed = [st for st in styles if st.style == "placed"]
+    called = {op.module for op in graph.ops}
     for group in ties:
+        # a holder the forward never calls (T5's `shared`, whose weight its two stacks' embeddings and
+        # the lm head tie to) places nothing: it takes the weight of those that do (parallelize.py retie)
+        group = [g for g in group if g.rpartition(".")[0] in called] or group
         if placed:
             _check_placed_tie(group, placed, stages)
             continue

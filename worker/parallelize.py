@@ -92,19 +92,32 @@ class PrepareFirstInput(ParallelStyle):
     of transformers). The local shard arrives in `input_layout` and is redistributed to
     `desired_input_layout` by DTensor."""
 
-    def __init__(self, input_layout: Placement, desired_input_layout: Placement, use_local_output: bool) -> None:
+    def __init__(self, input_layout: Placement, desired_input_layout: Placement, use_local_output: bool,
+                 calls: list[tuple[Placement, Placement] | None] | None = None) -> None:
         super().__init__()
         self.received, self.wanted, self.local = input_layout, desired_input_layout, use_local_output
+        # a module called once per tensor whose calls convert differently (T5's stack dropout, after the
+        # embedding and after the final norm): call k of every forward (and of every recomputation,
+        # which replays the calls in order) takes calls[k % n]; None keeps that call's tensor as it is
+        self.calls = calls
+        self.count = 0
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         from torch.distributed.tensor import DTensor
 
         def enter(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            received, wanted = self.received, self.wanted
+            if self.calls:
+                layouts = self.calls[self.count % len(self.calls)]
+                self.count += 1
+                if layouts is None:
+                    return args, kwargs
+                received, wanted = layouts
             x = first_input(mod, args, kwargs)
             if not isinstance(x, DTensor):
-                x = DTensor.from_local(x, device_mesh, (self.received,), run_check=False)
-            if x.placements != (self.wanted,):
-                x = x.redistribute(device_mesh, (self.wanted,))
+                x = DTensor.from_local(x, device_mesh, (received,), run_check=False)
+            if x.placements != (wanted,):
+                x = x.redistribute(device_mesh, (wanted,))
             return with_first_input(args, kwargs, x.to_local() if self.local else x)
 
         module.register_forward_pre_hook(enter, with_kwargs=True)
@@ -174,9 +187,16 @@ def parallel_style(st: StyleSpec) -> ParallelStyle:
                                 use_local_output=st.use_local_output)
     if st.style == "prepare_input":
         assert i is not None and di is not None, "analyze gives a prepare_input both of its layouts"
-        return PrepareFirstInput(i, di, st.use_local_output)
+        calls = [(_layout(c[0]), _layout(c[1])) if c else None for c in st.call_layouts]
+        return PrepareFirstInput(i, di, st.use_local_output, calls or None)
     assert o is not None and do is not None, "analyze gives a prepare_output both of its layouts"
     return PrepareModuleOutput(output_layouts=(o,), desired_output_layouts=(do,), use_local_output=st.use_local_output)
+
+
+def _layout(text: str) -> Placement:
+    p = placement(text)
+    assert p is not None, f"a call's layout names a placement, got {text!r}"
+    return p
 
 
 def has_module(root: nn.Module, fqn: str) -> bool:
@@ -199,16 +219,45 @@ def apply_tensor_parallel(module: nn.Module, spec: ExecSpec, tp_mesh: DeviceMesh
             Placed(st)._apply(module.get_submodule(st.module), tp_mesh)
         else:
             parallelize_module(module, tp_mesh, {st.module: parallel_style(st)})
+    if tp_mesh.ndim == 1:
+        local_heads(module, spec, tp_mesh.size())
     retie(module, spec.ties)
+
+
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def local_heads(module: nn.Module, spec: ExecSpec, ways: int) -> None:
+    """An attention module whose query, key and value projections are column-parallel computes on
+    its rank's heads: a head count it reads in its forward is made that share (Megatron's heads per
+    partition). Whisper views its keys and values as (batch, -1, self.num_heads, head_dim): with
+    the global count, a rank's one head of 32 positions read as four heads of 8."""
+    colwise = {st.module for st in spec.styles if st.style == "colwise"}
+    parents = {m.rpartition(".")[0] for m in colwise if m.rpartition(".")[2] in QKV}
+    for fqn in sorted(parents):
+        if not has_module(module, fqn):
+            continue
+        attn = module.get_submodule(fqn)
+        present = [n for n in QKV if isinstance(getattr(attn, n, None), nn.Module)]
+        heads = getattr(attn, "num_heads", None)
+        if (len(present) == len(QKV) and all(f"{fqn}.{n}" in colwise for n in present)
+                and isinstance(heads, int) and heads % ways == 0):
+            setattr(attn, "num_heads", heads // ways)  # noqa: B010 - an int attribute nn.Module types as Tensor | Module
 
 
 def retie(module: nn.Module, ties: list[list[str]]) -> None:
     """Make the FQNs of each tied group one Parameter again (TP and ``to_empty`` replace each
-    module's parameter separately). Within a pipeline stage only the names present are tied."""
+    module's parameter separately). Within a pipeline stage only the names present are tied. The
+    group takes a tensor-parallel holder's weight (a DTensor) where there is one: a holder the
+    forward never calls (T5's `shared`) has no style and keeps a whole tensor, which the styled
+    holders cannot compute with."""
+    from torch.distributed.tensor import DTensor
+
     for group in ties:
         present = [n for n in group if _has_param(module, n)]
         if len(present) < 2:
             continue
+        present.sort(key=lambda n: not isinstance(module.get_parameter(n), DTensor))  # stable: DTensors first
         first = module.get_parameter(present[0])
         for name in present[1:]:
             owner, _, attr = name.rpartition(".")

@@ -46,6 +46,9 @@ class StyleSpec(BaseModel):
                                    "op ('' where it replicates)")
     param_layouts: dict[str, str] = Field(default_factory=dict, description="placed (two tensor axes): each "
                                           "parameter's placements, one per tensor axis, comma-separated")
+    call_layouts: list[list[str]] = Field(default_factory=list, description="prepare_input on a module called once "
+                                          "per tensor: per call in forward order, [input, desired input] layouts, or "
+                                          "[] for a call that keeps its tensor as it comes; empty: every call alike")
 
 
 class ExpectedComm(BaseModel):

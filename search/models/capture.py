@@ -974,6 +974,12 @@ class _Capture:
             split = [acts[0].labels[0]] if acts and acts[0].shape and final and acts[0].shape[0] == out_shape[0] else []
             if split:
                 L.union(split[0], final[0])
+            elif not acts and broadcast_ok and nd >= 3 and out_shape[0] > 1 and labels[0] is None:
+                # a table read at ids broadcast over the batch (Whisper's decoder positions:
+                # weight[position_ids], the ids one row expanded over the batch): no operand
+                # carries the leading dimension, which joins the batch later; every rank has the
+                # table and the ids, so it splits as the batch does, as embedding's broadcast ids
+                split = [final[0]]
         res = self.emit(node, kind, acts, out_shape, final, _dtype(out0), prms, split,
                         float(math.prod(out_shape)), _elementwise_saves(_short(node.target), bool(acts)))
         if isinstance(out_val, (tuple, list)):

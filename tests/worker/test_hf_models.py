@@ -5,9 +5,11 @@ runs every family (the suite pays the process start-up once)."""
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
 
-from search.plans.api import SearchRequest, run_search
+from search.plans.api import SearchOutcome, SearchRequest, run_search
 from search.plans.plan import Plan
 from tests.worker.parity import assert_losses_match, launch
 from worker.reference import reference_losses
@@ -75,3 +77,90 @@ def test_vit_leanest_plan_trains_as_one_process_does():
     ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
                            lr=job.settings.lr, source=spec.source)
     assert_losses_match(f"vit leanest ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+
+
+T5 = {"model_type": "t5", "num_layers": 2, "d_model": 64, "d_ff": 128, "num_heads": 4, "vocab_size": 256,
+      "pad_token_id": 0, "classifier_dropout": 0.0, "dropout_rate": 0.0}
+
+
+@cache
+def _t5_search() -> SearchOutcome:
+    return run_search(SearchRequest(hf_config=T5, name="t5", device="cpu", devices=4, devices_per_node=4,
+                                    global_batch=8, seq_len=32, precision="fp32", baselines=False))
+
+
+def _t5_leanest() -> Plan:
+    return min(_t5_search().plans, key=lambda p: p.predicted.memory_bytes)
+
+
+@pytest.mark.slow
+def test_t5_leanest_plan_is_analysed_as_the_search_configured_it():
+    """T5's leanest tiny plan (tp4) was refused: block 1's attention reads the position bias block 0
+    made, whose heads' label the plan's layer variant spells in block 0's names; renamed to block
+    1's, it named no dimension of the op. Layer i now reads layer 0's labels by their position in
+    the op's splittable dimensions, as the search configures them. Its stack dropout, called on the
+    embedding's output and on the final norm's, converts only the second (one layout per call)."""
+    from worker.analyze import analyze, op_configs
+
+    plan = _t5_leanest()
+    assert any(a.role == "tensor" and a.size > 1 for a in plan.mesh.axes)
+    spec = analyze(plan)
+    graph = _t5_search().result.graph
+    for name, cfg in op_configs(plan, graph).items():
+        op = graph.op(name)
+        assert all(lab is None or lab in op.splittable for lab in cfg), (name, cfg)
+    per_call = {st.module: st.call_layouts for st in spec.styles if st.call_layouts}
+    assert per_call.get("model.encoder.dropout", [None])[0] == []
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_t5_leanest_plan_trains_as_one_process_does():
+    """T5's leanest tiny plan (tp4, 8 micro-batches, both layers recomputed) runs at parity: past the
+    layer labels (above), its attention output projection's partial sum is reduced by its own
+    row-parallel style where the dropout module reads it; the stacks' embeddings and the lm head,
+    tied to `shared` (a module the forward never calls), share the tensor-parallel weight; and the
+    residual stream, converted where the attention layer starts, reaches the layer norm inside it
+    already whole."""
+    from worker.analyze import analyze
+
+    job, raw = launch({"leanest": analyze(_t5_leanest())}, STEPS)["leanest"]
+    spec = job.spec
+    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
+                           lr=job.settings.lr, source=spec.source)
+    assert_losses_match(f"t5 leanest ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+
+
+WHISPER = {"model_type": "whisper", "d_model": 64, "vocab_size": 256, "encoder_layers": 2, "decoder_layers": 2,
+           "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+           "pad_token_id": 0, "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_whisper_head_parallel_plan_trains_as_one_process_does():
+    """Whisper's leanest plan on a tp4 mesh (its query, key and value projections column-parallel,
+    both layers recomputed; once the leanest tiny plan of all) failed in out_proj: its attention
+    views keys and values as (batch, -1, self.num_heads, head_dim), so a rank's one head of 32
+    positions read as four heads of 8. Each rank's attention now counts its own heads
+    (worker/parallelize.py local_heads)."""
+    from search.algorithm.ft import SearchOptions, search
+    from search.plans.api import request_source, resolve, with_source
+    from search.plans.plan import build_plans
+    from search.prices.mesh import Mesh, MeshAxis
+    from worker.analyze import analyze
+
+    req = SearchRequest(hf_config=WHISPER, name="whisper", device="cpu", devices=4, devices_per_node=4,
+                        global_batch=8, seq_len=32, precision="fp32", baselines=False)
+    graph, cluster, job, _ = resolve(req)
+    tp4 = Mesh(pp=1, axes=(MeshAxis("dp", 1, 1, "data"), MeshAxis("tp", 4, 1, "tensor")))
+    r = search(graph, cluster, job, SearchOptions(meshes=(tp4,), zero_stages=(0,), recompute=True, pipeline=False,
+                                                  accumulate=False))
+    plans = with_source(build_plans(r, r.points), request_source(req, graph))
+    spec = analyze(min(plans, key=lambda p: p.predicted.memory_bytes))
+    colwise = {st.module for st in spec.styles if st.style == "colwise"}
+    assert {f"model.model.decoder.layers.0.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")} <= colwise
+    job_, raw = launch({"tp4": spec}, STEPS)["tp4"]
+    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job_.settings.seed,
+                           lr=job_.settings.lr, source=spec.source)
+    assert_losses_match(f"whisper tp4 ({spec.summary})", raw["losses"], ref, STEPS, TOL)

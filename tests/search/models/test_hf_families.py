@@ -30,6 +30,21 @@ def test_ids_broadcast_over_the_batch_do_not_block_data_parallelism(model_type):
     assert all(g.batch_label in op.splittable for op in g.ops if g.batch_label in op.output.dims)
 
 
+def test_a_table_read_at_positions_broadcast_over_the_batch_does_not_block_data_parallelism():
+    """Whisper's decoder reads its positions table as `weight[position_ids]`, the ids one row
+    expanded over the batch: an index op reading a parameter and constants only, whose leading
+    dimension no operand carries. It splits as the batch does (its default config was refused:
+    the op could not split its batch over the data-parallel ranks)."""
+    cfg = {"model_type": "whisper", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 128,
+           "decoder_ffn_dim": 128, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "vocab_size": 256,
+           "pad_token_id": 0}
+    g = capture_model(spec_from_hf_config(cfg, "whisper"), 8, 32)
+    lookup = next(op for op in g.ops if op.name.endswith("decoder.embed_positions:index"))
+    assert not lookup.inputs and lookup.output.dims[0] == g.batch_label and g.batch_label in lookup.splittable
+    cluster = make_cluster("cpu", 4, devices_per_node=4)
+    assert any(m.axes[0].size == 4 and m.axes[0].role == "data" for m in placeable_meshes(g, mesh_candidates(cluster)))
+
+
 def test_a_weight_used_transposed_is_still_a_parameter_that_zero_shards():
     """Falcon computes `x @ self.weight.T`: the transposed weight is the parameter (a linear op
     owning it, whose batch-split gradient ZeRO shards), not an activation of its own."""
