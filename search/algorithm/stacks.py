@@ -434,32 +434,45 @@ def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
     p = tabs.shape.stages
     cuts = cuts if cuts is not None else partitions(tabs.n_units, p, 1, STACKS_BAND)
     S = _Stages(tabs, eps, recompute, reuse)
-    stage_factors = {ci: [S(s, split) for s in range(p)] for ci, split in enumerate(cuts)}
-    # every (cut, joint interface configuration) each stage has plans for, with its bound
-    cands = [c for ci in stage_factors if (c := _combinations(S, ci, stage_factors[ci])) is not None]
-    if not cands:
-        return None
-    cut_of = np.concatenate([np.full(len(c.combo), c.cut) for c in cands])
-    which = np.concatenate([np.arange(len(c.combo)) for c in cands])
-    combo = np.concatenate([c.combo for c in cands])
-    t_lb = np.concatenate([c.t_lb for c in cands])
-    m_lb = np.concatenate([c.m_lb for c in cands])
-    of_cut = {c.cut: c for c in cands}
-    # combine the most promising first: their points bound the rest. The points are gathered
-    # back in (cut, configuration) order, so the frontier and its ties do not depend on this order.
-    order = np.lexsort((combo, cut_of, m_lb, t_lb))
     stair = _Staircase(envelope, tabs.buffers)
+    stage_factors: dict[int, list[Factor]] = {}
     done: list[tuple[int, int, np.ndarray, np.ndarray, list[np.ndarray], np.ndarray]] = []
-    for start in range(0, len(order), _Staircase.BATCH):
-        chunk = order[start:start + _Staircase.BATCH]
-        for i in chunk[~stair.beats_all(t_lb[chunk], m_lb[chunk])]:
-            if stair.beats(float(t_lb[i]), float(m_lb[i])):  # a point found within this chunk
-                continue
-            cand, fs = of_cut[int(cut_of[i])], stage_factors[int(cut_of[i])]
-            rows = [S.table(f).rows[int(g)] for f, g in zip(fs, cand.gids[int(which[i])], strict=True)]
-            t, m, chosen = _max_frontier([(f.t[r], f.m[r]) for f, r in zip(fs, rows, strict=True)])
-            done.append((cand.cut, int(combo[i]), t, m, rows, chosen))
-            stair.add(t, m)
+    # the cuts most promising first: their points bound the rest, and a cut whose bound a found
+    # point beats is never solved. The points are gathered back in (cut, configuration) order,
+    # so the frontier and its ties do not depend on the order of work.
+    t_cut, m_cut, t_stage, m_stage = _cut_bounds(S, cuts)
+    for ci in np.lexsort((np.arange(len(cuts)), m_cut, t_cut)):
+        if stair.beats(float(t_cut[ci]), float(m_cut[ci])):
+            continue
+        # the end stages first (the head's and the embedding's; few variants across cuts): each
+        # solved stage's own fastest and leanest points tighten the cut's bound
+        tb, mb = t_stage[ci].copy(), m_stage[ci].copy()
+        beaten = False
+        for s in (p - 1, 0, *range(1, p - 1)) if p > 1 else (0,):
+            f = S(s, cuts[ci])
+            if len(f) == 0:
+                beaten = True
+                break
+            tb[s], mb[s] = float(f.t.min()), float(f.m.min())
+            if stair.beats(float(tb.max()), float(mb.max())):
+                beaten = True
+                break
+        if beaten:
+            continue
+        fs = stage_factors[int(ci)] = [S(s, cuts[ci]) for s in range(p)]
+        c = _combinations(S, int(ci), fs)  # the cut's joint interface configurations and their bounds
+        if c is None:
+            continue
+        order = np.lexsort((c.combo, c.m_lb, c.t_lb))
+        for start in range(0, len(order), _Staircase.BATCH):
+            chunk = order[start:start + _Staircase.BATCH]
+            for i in chunk[~stair.beats_all(c.t_lb[chunk], c.m_lb[chunk])]:
+                if stair.beats(float(c.t_lb[i]), float(c.m_lb[i])):  # a point found within this chunk
+                    continue
+                rows = [S.table(f).rows[int(g)] for f, g in zip(fs, c.gids[i], strict=True)]
+                t, m, chosen = _max_frontier([(f.t[r], f.m[r]) for f, r in zip(fs, rows, strict=True)])
+                done.append((c.cut, int(c.combo[i]), t, m, rows, chosen))
+                stair.add(t, m)
     if not done:
         return None
     done.sort(key=lambda d: (d[0], d[1]))
@@ -492,6 +505,37 @@ def _stage_row(combined: tuple[int, int, np.ndarray, np.ndarray, list[np.ndarray
     """Stage s's factor row behind one point of a combined configuration."""
     rows, chosen = combined[4], combined[5]
     return int(rows[s][chosen[point, s]])
+
+
+def _cut_bounds(S: _Stages, cuts: list[Split]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per cut, a (time, memory) none of its plans beats: per stage, every op it holds at its
+    cheapest under the stage's weights (edges and transfers cost >= 0), the slowest and the
+    heaviest stage; and those per-stage bounds ([cut, stage]). Per-unit sums, so a cut's bound
+    is prefix-sum lookups."""
+    tabs = S.tabs
+    unit = np.array([tabs.anchor[name] for name in tabs.op_costs])
+    per_w: dict[Weights, tuple[np.ndarray, np.ndarray]] = {}
+    pt, pm = [], []
+    for w in S.weights:
+        if w not in per_w:
+            t = np.array([float(min(o.time.min(), o.time_rc.min()))
+                          for o in (weigh_op(oc, w) for oc in tabs.op_costs.values())])
+            m = np.array([float(min(o.mem.min(), o.mem_rc.min()))
+                          for o in (weigh_op(oc, w) for oc in tabs.op_costs.values())])
+            ut, um = np.zeros(tabs.n_units), np.zeros(tabs.n_units)
+            np.add.at(ut, unit, t)
+            np.add.at(um, unit, m)
+            per_w[w] = (np.concatenate([[0.0], np.cumsum(ut)]), np.concatenate([[0.0], np.cumsum(um)]))
+        pt.append(per_w[w][0])
+        pm.append(per_w[w][1])
+    p = len(S.weights)
+    t_s, m_s = np.zeros((len(cuts), p)), np.zeros((len(cuts), p))
+    for ci, split in enumerate(cuts):
+        ends = np.cumsum(split)
+        for s, (a, b) in enumerate(zip(ends - np.asarray(split), ends, strict=True)):
+            t_s[ci, s] = pt[s][b] - pt[s][a]
+            m_s[ci, s] = pm[s][b] - pm[s][a]
+    return t_s.max(axis=1), m_s.max(axis=1), t_s, m_s
 
 
 @dataclass
