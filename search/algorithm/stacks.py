@@ -53,6 +53,7 @@ either).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -432,7 +433,7 @@ def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
     `envelope` of plans known to exist (time, memory with buffers), a joint interface
     configuration whose every point one of them beats in both is not combined: exact."""
     p = tabs.shape.stages
-    cuts = cuts if cuts is not None else partitions(tabs.n_units, p, 1, STACKS_BAND)
+    cuts = cuts if cuts is not None else _partitions(tabs.n_units, p)
     S = _Stages(tabs, eps, recompute, reuse)
     stair = _Staircase(envelope, tabs.buffers)
     stage_factors: dict[int, list[Factor]] = {}
@@ -441,7 +442,9 @@ def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
     # point beats is never solved. The points are gathered back in (cut, configuration) order,
     # so the frontier and its ties do not depend on the order of work.
     t_cut, m_cut, t_stage, m_stage = _cut_bounds(S, cuts)
-    for ci in np.lexsort((np.arange(len(cuts)), m_cut, t_cut)):
+    order = np.lexsort((np.arange(len(cuts)), m_cut, t_cut))
+    order = order[~stair.beats_all(t_cut[order], m_cut[order])]  # the known plans, at once
+    for ci in order:
         if stair.beats(float(t_cut[ci]), float(m_cut[ci])):
             continue
         # the end stages first (the head's and the embedding's; few variants across cuts): each
@@ -507,6 +510,13 @@ def _stage_row(combined: tuple[int, int, np.ndarray, np.ndarray, list[np.ndarray
     return int(rows[s][chosen[point, s]])
 
 
+@functools.lru_cache(maxsize=64)
+def _partitions(n_units: int, p: int) -> list[Split]:
+    """The cuts of the band, made once per (units, stages): every shape with p stages shares
+    them (hundreds of thousands for 16 stages over 24 units)."""
+    return partitions(n_units, p, 1, STACKS_BAND)
+
+
 def _cut_bounds(S: _Stages, cuts: list[Split]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per cut, a (time, memory) none of its plans beats: per stage, every op it holds at its
     cheapest under the stage's weights (edges and transfers cost >= 0), the slowest and the
@@ -528,13 +538,11 @@ def _cut_bounds(S: _Stages, cuts: list[Split]) -> tuple[np.ndarray, np.ndarray, 
             per_w[w] = (np.concatenate([[0.0], np.cumsum(ut)]), np.concatenate([[0.0], np.cumsum(um)]))
         pt.append(per_w[w][0])
         pm.append(per_w[w][1])
-    p = len(S.weights)
-    t_s, m_s = np.zeros((len(cuts), p)), np.zeros((len(cuts), p))
-    for ci, split in enumerate(cuts):
-        ends = np.cumsum(split)
-        for s, (a, b) in enumerate(zip(ends - np.asarray(split), ends, strict=True)):
-            t_s[ci, s] = pt[s][b] - pt[s][a]
-            m_s[ci, s] = pm[s][b] - pm[s][a]
+    arr = np.asarray(cuts, dtype=np.int64).reshape(len(cuts), len(S.weights))
+    ends = np.cumsum(arr, axis=1)
+    starts = ends - arr
+    t_s = np.stack([pt[s][ends[:, s]] - pt[s][starts[:, s]] for s in range(arr.shape[1])], axis=1)
+    m_s = np.stack([pm[s][ends[:, s]] - pm[s][starts[:, s]] for s in range(arr.shape[1])], axis=1)
     return t_s.max(axis=1), m_s.max(axis=1), t_s, m_s
 
 
