@@ -444,6 +444,21 @@ def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
     t_cut, m_cut, t_stage, m_stage = _cut_bounds(S, cuts)
     order = np.lexsort((np.arange(len(cuts)), m_cut, t_cut))
     order = order[~stair.beats_all(t_cut[order], m_cut[order])]  # the known plans, at once
+    if p > 1 and len(order):
+        # the end stages' few variants solved for every remaining cut at once, their own
+        # fastest and leanest points in place of the ops' cheapest
+        for s in (p - 1, 0):
+            starts = np.array([sum(cuts[ci][:s]) for ci in order])
+            sizes = np.array([cuts[ci][s] for ci in order])
+            for a, k in set(zip(starts.tolist(), sizes.tolist(), strict=True)):
+                f = S(s, cuts[int(order[np.flatnonzero((starts == a) & (sizes == k))[0]])])
+                at = order[(starts == a) & (sizes == k)]
+                t_stage[at, s] = float(f.t.min()) if len(f) else np.inf
+                m_stage[at, s] = float(f.m.min()) if len(f) else np.inf
+        t_cut, m_cut = t_stage.max(axis=1), m_stage.max(axis=1)
+        order = order[np.isfinite(t_cut[order])]
+        order = order[np.lexsort((order, m_cut[order], t_cut[order]))]
+        order = order[~stair.beats_all(t_cut[order], m_cut[order])]
     for ci in order:
         if stair.beats(float(t_cut[ci]), float(m_cut[ci])):
             continue
