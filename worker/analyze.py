@@ -629,7 +629,6 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     for r in plan.recompute:
         if r not in modules.by_name:
             raise Unsupported(f"plan recomputes {r!r}, which is not a module of {plan.model!r}")
-    period = _recompute_period(plan, graph)
     if plan.precision != "fp32":
         notes.append(f"{plan.precision}: FSDP2 MixedPrecisionPolicy when FSDP shards, torch.autocast otherwise "
                      f"(fp32 master weights either way)")
@@ -637,27 +636,9 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
         model=plan.model, source=plan.source, kind=spec.kind, global_batch=plan.global_batch, seq_len=plan.seq_len,
         precision=plan.precision, num_devices=plan.num_devices, mesh=mesh, data_parallel=mode,
         reshard_after_forward=reshard, zero_stage=plan.zero_stage, styles=styles, ties=ties,
-        recompute=list(plan.recompute), recompute_period=period, pipeline=pipe, expected_comms=expected, notes=notes,
+        recompute=list(plan.recompute), pipeline=pipe, expected_comms=expected, notes=notes,
         summary=plan.summary, predicted_time_s=plan.predicted.time_s,
         predicted_memory_bytes=plan.predicted.memory_bytes, plan=plan.model_dump())
-
-
-def _recompute_period(plan: Plan, graph: OpGraph) -> int:
-    """The module layers checkpointed as one unit: a periodic stack's period, as the search prices
-    a recomputed block layer (its input alone held, worker.periods); 1 otherwise. The plan must
-    recompute whole periods."""
-    for b in graph.blocks:
-        first, period = block_layout(graph, b)
-        mine = [r for r in plan.recompute if r.startswith(b.prefix + ".")]
-        if period == 1 or not mine:
-            continue
-        starts = [int(t) for r in mine[::period] if (t := r.rpartition(".")[2]).isdigit()]
-        whole = [f"{b.prefix}.{k + i}" for k in starts for i in range(period)]
-        if mine != whole or any((k - first) % period for k in starts):
-            raise Unsupported(f"plan recomputes {mine} of the periodic stack {b.prefix!r} (period {period}): a "
-                              f"recomputed block layer is one whole period, checkpointed as one")
-        return period
-    return 1
 
 
 def _check_experts(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None, ...]]) -> None:

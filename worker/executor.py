@@ -183,17 +183,17 @@ def _parallelize(module: nn.Module, spec: ExecSpec, mesh: DeviceMesh | None, dev
         ep = _made(mesh)["ep"]
         experts = shard_experts(module, ep.get_group(), ep.get_local_rank(), ep.size())
     rows = expert_rows(module)
-    periods = apply_recompute(module, spec.recompute, spec.recompute_period)
+    apply_recompute(module, spec.recompute)
     prefixes = [blocks_attr] if blocks_attr else []
     if spec.dim("context"):  # parameters replicated over the context ranks too: one data group
         group = _made(mesh)["dp", "cp"]._flatten("dp_cp") if spec.dim("data") else _made(mesh)["cp"]
-        apply_data_parallel(module, spec, group, prefixes, together=periods)
+        apply_data_parallel(module, spec, group, prefixes)
     elif spec.dim("data") and spec.dim("expert"):
         apply_data_parallel(module, spec, _made(mesh)["dp", "ep"]._flatten("dp_ep"), prefixes, experts,
-                            _made(mesh)["dp"], together=periods)
+                            _made(mesh)["dp"])
     elif spec.dim("data") or spec.dim("expert"):
         dim = "dp" if spec.dim("data") else "ep"
-        apply_data_parallel(module, spec, _made(mesh)[dim], prefixes, experts, None, together=periods)
+        apply_data_parallel(module, spec, _made(mesh)[dim], prefixes, experts, None)
     if initialise:
         materialize(module, spec.model, seed, device, spec.ties, rows)
     else:

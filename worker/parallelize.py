@@ -220,14 +220,9 @@ def _has_param(module: nn.Module, name: str) -> bool:
     return has_module(module, owner) and isinstance(getattr(module.get_submodule(owner), attr, None), nn.Parameter)
 
 
-def apply_recompute(module: nn.Module, fqns: list[str], period: int = 1) -> list[list[nn.Module]]:
+def apply_recompute(module: nn.Module, fqns: list[str]) -> None:
     """Wrap each recomputed block with non-reentrant activation checkpointing (the reentrant
-    variant does not compose with DTensor and FSDP2). Under `period` > 1 (a periodic stack,
-    worker.periods) each run of `period` consecutive layers is one checkpoint instead, holding the
-    period's input alone as the search prices it; those runs are returned, for data parallelism to
-    make each one unit (`block_units`)."""
-    if period > 1:
-        return _checkpoint_periods(module, fqns, period)
+    variant does not compose with DTensor and FSDP2)."""
     for fqn in fqns:
         if not has_module(module, fqn):
             continue
@@ -235,60 +230,30 @@ def apply_recompute(module: nn.Module, fqns: list[str], period: int = 1) -> list
         parent = module.get_submodule(parent_name)
         parent.register_module(child, checkpoint_wrapper(parent.get_submodule(child),
                                                          checkpoint_impl=CheckpointImpl.NO_REENTRANT))
-    return []
 
 
-def _checkpoint_periods(module: nn.Module, fqns: list[str], period: int) -> list[list[nn.Module]]:
-    from worker.periods import PeriodCheckpoint
-
-    present = [f for f in fqns if has_module(module, f)]
-    runs: list[list[nn.Module]] = []
-    for k in range(0, len(present), period):
-        names = present[k:k + period]
-        parent = names[0].rpartition(".")[0]
-        first = names[0].rpartition(".")[2]
-        expected = [f"{parent}.{int(first) + i}" for i in range(period)] if first.isdigit() else []
-        if names != expected or int(first) % period:
-            raise ValueError(f"recompute {names} is not one period of {period} consecutive layers of {parent!r}")
-        layers = [module.get_submodule(n) for n in names]
-        PeriodCheckpoint(layers, f"{names[0]}..{names[-1]}")
-        runs.append(layers)
-    return runs
-
-
-def block_units(module: nn.Module, prefixes: list[str], together: list[list[nn.Module]] | None = None
-                ) -> list[nn.Module | list[nn.Module]]:
-    """The modules data parallelism wraps one by one (each block layer), before the root; a run of
-    layers in `together` (a recomputed period) is one unit, so that its backward's replay of the
-    whole period finds every layer's parameters gathered (FSDP2's grouped `fully_shard`)."""
-    first_of = {id(run[0]): run for run in together or []}
-    inside = {id(m) for run in together or [] for m in run}
-    out: list[nn.Module | list[nn.Module]] = []
+def block_units(module: nn.Module, prefixes: list[str]) -> list[nn.Module]:
+    """The modules data parallelism wraps one by one (each block layer), before the root."""
+    out: list[nn.Module] = []
     for prefix in prefixes:
         if has_module(module, prefix):
-            for child in module.get_submodule(prefix).children():
-                if id(child) in first_of:
-                    out.append(first_of[id(child)])
-                elif id(child) not in inside:
-                    out.append(child)
+            out.extend(module.get_submodule(prefix).children())
     return out
 
 
 def apply_data_parallel(module: nn.Module, spec: ExecSpec, dp_mesh: DeviceMesh, prefixes: list[str],
-                        experts: list[str] | None = None, experts_mesh: DeviceMesh | None = None,
-                        together: list[list[nn.Module]] | None = None) -> None:
+                        experts: list[str] | None = None, experts_mesh: DeviceMesh | None = None) -> None:
     """fully_shard / replicate over the data-parallel mesh dimension, block by block, then the root.
     Under expert parallelism `dp_mesh` is data x expert, and each experts module of `experts` (each
     rank holding different experts) is wrapped first on its own over `experts_mesh`, the data
-    dimension alone, or, with none, left out of every unit: its gradients need no synchronisation.
-    `together`: runs of block layers wrapped as one unit (`block_units`)."""
+    dimension alone, or, with none, left out of every unit: its gradients need no synchronisation."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy()
     if spec.precision != "fp32":
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[spec.precision], reduce_dtype=torch.float32)
-    units = block_units(module, prefixes, together)
+    units = block_units(module, prefixes)
     experts = [e for e in experts or [] if has_module(module, e)]
     ignored = ({p for e in experts for p in module.get_submodule(e).parameters()}
                if experts and experts_mesh is None else None)

@@ -91,9 +91,6 @@ class ExecSpec(BaseModel):
     styles: list[StyleSpec] = Field(default_factory=list)
     ties: list[list[str]] = Field(default_factory=list, description="parameter FQNs that are one parameter")
     recompute: list[str] = Field(default_factory=list)
-    recompute_period: int = Field(default=1, ge=1, description="module layers checkpointed as one unit: a periodic "
-                                  "stack's period (search.models.graph.block_layout), `recompute` listing whole "
-                                  "periods; each such period is also one data-parallel unit")
     pipeline: PipelineExec = Field(default_factory=PipelineExec)
     expected_comms: list[ExpectedComm] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list, description="where execution knowingly differs from the Plan")
