@@ -54,17 +54,20 @@ HF_BATCH, HF_SEQ = 8, 32
 def test_a_recomputed_period_holds_what_the_search_keeps() -> None:
     """The executor checkpoints each module layer of a recomputed period, so after the forward the
     input of every layer is alive; the search keeps, per recomputed period, the output of each of
-    its module layers (`layer_outputs`): as many tensors, of the same sizes (a layer's input is the
-    previous one's output)."""
+    its module layers (`layer_outputs`): as many tensors, priced at the bytes the run holds (a layer's
+    input is the previous one's output; HF's RMSNorm reads it through a cast, so no backward saves
+    it: the checkpoint alone holds it)."""
     import gc
     import weakref
 
     import torch
 
     from search.algorithm.chain import layer_outputs
+    from search.algorithm.evaluate import tables
     from search.models.capture import capture_model
     from search.models.zoo import spec_from_hf_config
     from search.plans.api import SearchRequest, run_search
+    from search.prices.costmodel import CostModel
     from worker.analyze import analyze
     from worker.executor import build
 
@@ -80,9 +83,12 @@ def test_a_recomputed_period_holds_what_the_search_keeps() -> None:
     tokens = torch.randint(0, 256, (HF_BATCH, HF_SEQ + 1), generator=torch.Generator().manual_seed(1))
     loss = module(tokens[:, :-1], tokens[:, 1:])
     gc.collect()
-    held = sorted(t.numel() for r in inputs if (t := r()) is not None)
+    held = sorted(float(t.numel() * t.element_size()) for r in inputs if (t := r()) is not None)
     loss.backward()
-
-    g = capture_model(spec_from_hf_config(PERIODIC_HF, "llama4p"), HF_BATCH, HF_SEQ)
-    assert sorted(g.op(name).output.numel for name in layer_outputs(g)) == held
     assert len(held) == PERIODIC_HF["num_hidden_layers"]
+
+    # what the price keeps of them when every period is recomputed, on this one device
+    g = capture_model(spec_from_hf_config(PERIODIC_HF, "llama4p"), HF_BATCH, HF_SEQ)
+    cm = CostModel(g, make_cluster("cpu", 1), TrainingJob(global_batch=HF_BATCH, seq_len=HF_SEQ, precision="fp32"))
+    ops, _ = tables(g, cm, Mesh(pp=1, axes=(MeshAxis("dp", 1, 1, "data"),)))
+    assert sorted(float(ops[name].parts_rc[0, 3]) for name in layer_outputs(g)) == held
