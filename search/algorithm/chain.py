@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from search.models.graph import Op, OpGraph
+from search.models.graph import Op, OpGraph, block_layout, module_layer
 from search.prices.boundaries import Boundaries
 
 
@@ -67,8 +67,27 @@ def layer_index(graph: OpGraph) -> dict[str, int]:
 
 
 def layer_outputs(graph: OpGraph) -> set[str]:
-    """The last op of every layer: its output is kept even when its layer is recomputed."""
-    return {layer[-1] for b in graph.blocks[:1] for layer in b.layers}
+    """The last op of every layer: its output is kept even when its layer is recomputed. A
+    periodic stack's layer is p module layers (search/models/capture.py), each checkpointed on its
+    own by the executor (worker/parallelize.py), which so holds every module layer's input: the
+    last op of each of them is kept too. (One checkpoint per period would hold its input alone,
+    but its backward's replay would hold p layers' activations at once: far more, measured.)"""
+    out: set[str] = set()
+    for b in graph.blocks[:1]:
+        period = block_layout(graph, b)[1]
+        for layer in b.layers:
+            out.add(layer[-1])
+            if period > 1:
+                # a module layer's input: what its ops read from an earlier module layer of the period
+                where = {name: module_layer(graph, b, name) for name in layer}
+                for name in layer:
+                    for t in graph.op(name).inputs:
+                        if t.source is None:
+                            continue
+                        src, mine = where.get(t.source), where[name]
+                        if src is not None and mine is not None and src < mine:
+                            out.add(t.source)
+    return out
 
 
 def _signature(op: Op) -> tuple[object, ...]:

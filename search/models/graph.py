@@ -14,6 +14,7 @@ The JSON form (``format: paretoplan.graph/1``) is documented in docs/cli.md.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable
@@ -148,9 +149,19 @@ def block_layout(graph: OpGraph, block: BlockInfo) -> tuple[int, int]:
     first + k * period .. first + (k + 1) * period - 1. first > 0 where the stack starts with a
     shorter run of other layers (DeepSeek-V3's 3 dense layers before 58 MoE ones, left out of the
     stack); period > 1 for a periodic stack (Jamba's 8); see search/models/capture.py."""
-    pat = re.compile(re.escape(block.prefix) + r"\.(\d+)(?:[.:#]|$)")
-    found = {int(m.group(1)) for name in block.layers[0] if (m := pat.match(graph.op(name).module or name))}
+    found = {i for name in block.layers[0] if (i := module_layer(graph, block, name)) is not None}
     return (min(found), len(found)) if found else (0, 1)
+
+
+def module_layer(graph: OpGraph, block: BlockInfo, name: str) -> int | None:
+    """The module layer ('prefix.i') op `name` belongs to, or None."""
+    m = _layer_pattern(block.prefix).match(graph.op(name).module or name)
+    return int(m.group(1)) if m else None
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_pattern(prefix: str) -> re.Pattern[str]:
+    return re.compile(re.escape(prefix) + r"\.(\d+)(?:[.:#]|$)")
 
 
 class OpGraph(BaseModel):

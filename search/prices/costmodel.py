@@ -287,6 +287,7 @@ class CostModel:
             for op in graph.ops
         }
         self._held = autocast_held(graph) if self.bytes.cast else {}
+        self._dtypes = autocast_dtypes(graph) if self.bytes.cast else {}
         # weights autocast casts (each once, cached): those an op of a CAST_KINDS kind reads
         self._cast_params = {p.name for op in graph.ops if op.kind in CAST_KINDS for p in op.params}
         self._shared_memos = {"param_terms": {}, "edge_layout": {}}
@@ -429,6 +430,7 @@ class CostModel:
         step = np.zeros(C)
         parts = np.zeros((C, 4))
         comm = np.zeros((C, n_axes))
+        kept = np.zeros(C)  # recomputed: a checkpoint's output, as the next layer's checkpoint holds it
         b = self.bytes
         out_numel = op.output.numel
         measured, comm_ok = self.profile is not None, self._comm_measured(mesh)
@@ -507,9 +509,13 @@ class CostModel:
             step[ci] = once + t_opt
             fwd[ci] = t_fwd + rc_extra
             parts[ci, 3] = self._saved_bytes(op, cfg, mesh, out_local, in_locals, autocast)
+            if checkpoint:
+                # the next layer's checkpoint holds this output as its input, whether or not a
+                # consumer's backward would save it (HF's RMSNorm reads it through a cast); what
+                # the op itself saves for its backward is recomputed
+                kept[ci] = out_local * (self._dtypes[op.name] if autocast else self.esize(op.output))
         parts_rc = parts.copy()
-        if not checkpoint:
-            parts_rc[:, 3] = 0.0
+        parts_rc[:, 3] = kept
         return OpCosts(configs=cfgs, time=time, mem=parts.sum(axis=1), parts=parts, comm=comm,
                        time_rc=time + fwd, mem_rc=parts_rc.sum(axis=1), parts_rc=parts_rc, step=step,
                        estimated=not measured)

@@ -10,11 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from search.algorithm.chain import find_chain
+from search.algorithm.chain import find_chain, layer_outputs
+from search.algorithm.evaluate import tables
 from search.models.capture import capture_with_blocks
 from search.models.graph import OpGraph, block_layout
 from search.prices.cluster import make_cluster
-from search.prices.costmodel import TrainingJob
+from search.prices.costmodel import CostModel, TrainingJob
 from search.prices.mesh import Mesh, MeshAxis
 from tests.search.algorithm.tied_exact import assert_ft_equals_exhaustive
 
@@ -89,3 +90,16 @@ def test_ft_equals_the_tied_exhaustive(kinds: str, devices: int, recompute: bool
                    for t in (1, 2))
     ft = assert_ft_equals_exhaustive(g, cluster, job, meshes, recompute)
     assert ft.stats["block_reuse"]
+
+
+def test_a_recomputed_period_keeps_each_module_layers_input() -> None:
+    """The executor checkpoints each module layer of a recomputed period (worker/parallelize.py),
+    so it holds each one's input: the price keeps the output of every module layer (p per block
+    layer), not only the period's last."""
+    g = _graph("ABABAB")
+    assert layer_outputs(g) == {f"layers.{i}.{'fc' if i % 2 == 0 else 'down'}:linear" for i in range(6)}
+    cm = CostModel(g, make_cluster("h100-80gb", 1), TrainingJob(global_batch=BATCH, precision="fp32"))
+    ops, _ = tables(g, cm, Mesh(pp=1, axes=(MeshAxis("dp", 1, 1, "data"),)))
+    stack = [name for layer in g.blocks[0].layers for name in layer]
+    kept = {name: float(ops[name].parts_rc[0, 3]) for name in stack if ops[name].parts_rc[0, 3] > 0}
+    assert kept == {name: BATCH * DIM * 4.0 for name in layer_outputs(g)}  # one fp32 layer output each
