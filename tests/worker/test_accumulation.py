@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from search.plans.estimate import EstimateRequest, estimate
-from tests.worker.parity import assert_losses_match, launch
+from tests.worker.parity import assert_losses_match
+from tests.worker.shared import share
 from worker.reference import reference_losses
 
 MODEL, BATCH, SEQ, STEPS = "llama-tiny", 16, 32, 3
@@ -28,11 +29,18 @@ def accumulated(tp: int, micro_batch: int, zero: int):
     return est
 
 
-@pytest.fixture(scope="module")
-def runs():
+def _specs():
     from worker.analyze import analyze
 
-    return launch({name: analyze(accumulated(*p).plan) for name, p in PLANS.items()}, STEPS)
+    return {name: analyze(accumulated(*p).plan) for name, p in PLANS.items()}
+
+
+share(__name__, "runs", _specs, STEPS)
+
+
+@pytest.fixture(scope="module")
+def runs(shared_launch):
+    return shared_launch[(__name__, "runs")]
 
 
 @pytest.fixture(scope="module")

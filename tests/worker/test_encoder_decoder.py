@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from search.plans.plan import Plan
-from tests.worker.parity import assert_losses_match, frontier_on, launch, mesh
+from tests.worker.parity import assert_losses_match, frontier_on, mesh
+from tests.worker.shared import share
 from worker.commcheck import mismatches
 from worker.reference import reference_losses
 
@@ -56,11 +57,18 @@ PLANS = {
 COMM = ("bart tp",)
 
 
-@pytest.fixture(scope="module")
-def runs():
+def _specs():
     from worker.analyze import analyze
 
-    return launch({name: analyze(build()) for name, build in PLANS.items()}, STEPS, lambda name: name in COMM)
+    return {name: analyze(build()) for name, build in PLANS.items()}
+
+
+share(__name__, "runs", _specs, STEPS, lambda name: name in COMM)
+
+
+@pytest.fixture(scope="module")
+def runs(shared_launch):
+    return shared_launch[(__name__, "runs")]
 
 
 @pytest.mark.parametrize("name", list(PLANS))

@@ -13,10 +13,10 @@ from search.prices.mesh import Mesh, MeshAxis
 from tests.worker.parity import (
     all_to_alls_outside_layers,
     assert_losses_match,
-    launch,
     layer_all_to_alls,
     searched_plan,
 )
+from tests.worker.shared import share
 from worker.reference import reference_losses
 
 MODEL, BATCH, SEQ, STEPS = "moe-tiny", 8, 16, 3
@@ -32,11 +32,18 @@ def plan_on(mesh: Mesh, zero: int) -> Plan:
     return searched_plan(MODEL, BATCH, SEQ, mesh, zero)
 
 
-@pytest.fixture(scope="module")
-def runs():
+def _specs():
     from worker.analyze import analyze
 
-    return launch({name: analyze(plan_on(*m)) for name, m in MESHES.items()}, STEPS, lambda name: True)
+    return {name: analyze(plan_on(*m)) for name, m in MESHES.items()}
+
+
+share(__name__, "runs", _specs, STEPS, lambda name: True)
+
+
+@pytest.fixture(scope="module")
+def runs(shared_launch):
+    return shared_launch[(__name__, "runs")]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import pytest
 
 from search.plans.api import SearchOutcome, SearchRequest, run_search
 from search.plans.plan import Plan
-from tests.worker.parity import assert_losses_match, launch
+from tests.worker.parity import assert_losses_match
+from tests.worker.shared import share
 from worker.reference import reference_losses
 
 STEPS = 3
@@ -38,11 +39,37 @@ def _plan(family: str) -> Plan:
     return Plan.model_validate(next(b.plan for b in o.report.baselines if b.name == baseline))
 
 
-@pytest.fixture(scope="module")
-def hf_runs():
+def _specs():
     from worker.analyze import analyze
 
-    return launch({family: analyze(_plan(family)) for family in CASES}, STEPS)
+    return {family: analyze(_plan(family)) for family in CASES}
+
+
+VIT = {"model_type": "vit", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+       "num_attention_heads": 4, "image_size": 32, "patch_size": 8, "hidden_dropout_prob": 0.0,
+       "attention_probs_dropout_prob": 0.0}
+
+
+def _vit_leanest():
+    from worker.analyze import analyze
+
+    o = run_search(SearchRequest(hf_config=VIT, name="vit", device="cpu", devices=4, devices_per_node=4,
+                                 global_batch=8, precision="fp32", baselines=False))
+    return {"leanest": analyze(min(o.plans, key=lambda p: p.predicted.memory_bytes))}
+
+
+share(__name__, "hf_runs", _specs, STEPS)
+share(__name__, "vit_run", _vit_leanest, STEPS)
+
+
+@pytest.fixture(scope="module")
+def hf_runs(shared_launch):
+    return shared_launch[(__name__, "hf_runs")]
+
+
+@pytest.fixture(scope="module")
+def vit_run(shared_launch):
+    return shared_launch[(__name__, "vit_run")]["leanest"]
 
 
 @pytest.mark.processes
@@ -59,20 +86,12 @@ def test_a_plan_of_an_hf_config_trains_as_one_process_does(family, hf_runs):
 
 @pytest.mark.processes
 @pytest.mark.slow
-def test_vit_leanest_plan_trains_as_one_process_does():
+def test_vit_leanest_plan_trains_as_one_process_does(vit_run):
     """Tiny ViT's leanest plan (dp2 x tp2, FSDP over tensor-parallel shards) once could not run:
     its one dropout module, called after the attention and again after the MLP, converts each
     call's input (analyze refused two conversions at one module), and its classifier's 2 rows,
     split over tp2 and then FSDP's dp2, are loaded without torch's padded scatter (which asserted)."""
-    from worker.analyze import analyze
-
-    config = {"model_type": "vit", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
-              "num_attention_heads": 4, "image_size": 32, "patch_size": 8, "hidden_dropout_prob": 0.0,
-              "attention_probs_dropout_prob": 0.0}
-    o = run_search(SearchRequest(hf_config=config, name="vit", device="cpu", devices=4, devices_per_node=4,
-                                 global_batch=8, precision="fp32", baselines=False))
-    leanest = min(o.plans, key=lambda p: p.predicted.memory_bytes)
-    job, raw = launch({"leanest": analyze(leanest)}, STEPS)["leanest"]
+    job, raw = vit_run
     spec = job.spec
     ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
                            lr=job.settings.lr, source=spec.source)

@@ -5,11 +5,14 @@ tensor axis, which the executor cannot run, is refused at launch."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from search.plans.api import SearchRequest, run_search
 from search.plans.plan import Plan
-from tests.worker.parity import assert_losses_match, launch
+from tests.worker.parity import assert_losses_match
+from tests.worker.shared import share
 from worker.analyze import Unsupported, analyze
 from worker.reference import reference_losses
 
@@ -19,18 +22,30 @@ MAMBA = {"model_type": "mamba", "num_hidden_layers": 2, "hidden_size": 64, "inte
          "state_size": 16, "vocab_size": 256}
 
 
-@pytest.fixture(scope="module")
-def frontier() -> list[Plan]:
+@functools.cache
+def _frontier() -> tuple[Plan, ...]:
     o = run_search(SearchRequest(hf_config=MAMBA, name="mamba", device="cpu", devices=4, devices_per_node=4,
                                  global_batch=8, seq_len=32, precision="fp32", baselines=False))
-    return o.plans
+    return tuple(o.plans)
 
 
 @pytest.fixture(scope="module")
-def runs(frontier):
-    ends = {"fastest": min(frontier, key=lambda p: p.predicted.time_s),
-            "leanest": min(frontier, key=lambda p: p.predicted.memory_bytes)}
-    return launch({what: analyze(plan) for what, plan in ends.items()}, STEPS)
+def frontier() -> list[Plan]:
+    return list(_frontier())
+
+
+def _specs():
+    ends = {"fastest": min(_frontier(), key=lambda p: p.predicted.time_s),
+            "leanest": min(_frontier(), key=lambda p: p.predicted.memory_bytes)}
+    return {what: analyze(plan) for what, plan in ends.items()}
+
+
+share(__name__, "runs", _specs, STEPS)
+
+
+@pytest.fixture(scope="module")
+def runs(shared_launch):
+    return shared_launch[(__name__, "runs")]
 
 
 @pytest.mark.processes
