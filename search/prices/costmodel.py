@@ -271,6 +271,7 @@ class CostModel:
             self._unit_share, self._unit_share_ep = like._unit_share, like._unit_share_ep
             self._grad_bytes, self._output_saved = like._grad_bytes, like._output_saved
             self._held, self._cast_params = like._held, like._cast_params
+            self._dtypes: dict[str, int] = like._dtypes
             self._shared_memos = like._shared_memos
             return
         self.profile = as_lookup(profile, job.precision)

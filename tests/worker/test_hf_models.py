@@ -11,7 +11,7 @@ import pytest
 
 from search.plans.api import SearchOutcome, SearchRequest, run_search
 from search.plans.plan import Plan
-from tests.worker.parity import assert_losses_match
+from tests.worker.parity import assert_losses_match, launch
 from tests.worker.shared import share
 from worker.reference import reference_losses
 
