@@ -32,8 +32,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # Under `pytest -n 2 --dist loadgroup -m processes` (.ci/run), the tests that launch training ranks
-# run one after the other on one xdist worker, since each keeps both cores busy (two such launches
-# at once, 8 ranks on 2 cores, made the suite slower: 23 min against 18 one after the other), while
+# run one after the other on one xdist worker, since each keeps both cores busy (8 ranks on 2
+# cores only contend), while
 # the service and dashboard tests, which mostly wait on HTTP, a database or a browser, run beside
 # them on the other worker. The groups are made here, by the test's directory, in the scheduler
 # itself: xdist's own `xdist_group` mark renames the test (`item._nodeid`), which pytest 9 ignores
