@@ -696,10 +696,8 @@ def search_stacks(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stage
         m = shape.micro_batches
         if m not in models:
             g = micro_batch_graph(graph, m)
-            # every micro-batch count's cost model shares the first one's shape-free parts
-            like = next(iter(models.values()))[1] if models else None
             models[m] = (g, CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}),
-                                      profile=profile, like=like))
+                                      profile=profile))
         g, cm = models[m]
         tabs = stack_tables(g, cm, shape)
         if tabs is not None:
