@@ -41,6 +41,18 @@ def share(module: str, fixture: str, build: Callable[[], dict[str, ExecSpec]], s
     GROUPS[(module, fixture)] = Group(build, steps, comm_debug)
 
 
+def analyzed(plans: dict[str, Callable[[], Any]]) -> Callable[[], dict[str, ExecSpec]]:
+    """A `share` build for plans named by builders (each returns a Plan): each analysed into its
+    ExecSpec when the launch is made."""
+
+    def build() -> dict[str, ExecSpec]:
+        from worker.analyze import analyze
+
+        return {name: analyze(make()) for name, make in plans.items()}
+
+    return build
+
+
 def wanted(items: Iterable[Any]) -> list[tuple[str, str]]:
     """The groups that the selected test items read."""
     keys = set()

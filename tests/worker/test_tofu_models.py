@@ -10,7 +10,7 @@ import pytest
 from search.models.zoo import get_model
 from search.plans.plan import Plan
 from tests.worker.parity import assert_losses_match, frontier_on, mesh
-from tests.worker.shared import share
+from tests.worker.shared import analyzed, share
 from worker.commcheck import mismatches
 from worker.reference import reference_losses
 
@@ -42,13 +42,7 @@ PLANS = {
 COMM = ("lstm tp",)  # the plan's expected collectives are the tensor axis's (worker/commcheck.py)
 
 
-def _specs():
-    from worker.analyze import analyze
-
-    return {name: analyze(build()) for name, build in PLANS.items()}
-
-
-share(__name__, "runs", _specs, STEPS, lambda name: name in COMM)
+share(__name__, "runs", analyzed(PLANS), STEPS, lambda name: name in COMM)
 
 
 @pytest.fixture(scope="module")
