@@ -31,6 +31,7 @@ import numpy as np
 from search.algorithm.chain import Chain, _uniform, layer_index, layer_outputs, recompute_var
 from search.algorithm.factor_graph import MeshFactors, MeshProblem, _edge_factor, _op_factor, eliminate_all
 from search.algorithm.frontier import Factor, Stats, eliminate_var, join, leaf, restrict_equal, union
+from search.algorithm.minsum import least_sums
 from search.models.graph import OpGraph
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, recomputed_mem
 from search.prices.mesh import Mesh
@@ -175,6 +176,26 @@ def solve_unit(family: Family, op_costs: dict[str, OpCosts], edges: dict[tuple[s
     unit.layer_leaf = True
     unit.layers = 1
     return unit
+
+
+def unit_least(family: Family, op_costs: dict[str, OpCosts], edges: dict[tuple[str, str], EdgeCosts],
+               var: FamilyVars, domain: dict[str, int], recompute: bool) -> tuple[float, float]:
+    """The least time and the least memory of one copy of the template (each on its own) under
+    the given (weighed) tables: `solve_unit`'s least point in each objective, by min-sum
+    elimination (minsum.py) instead of a frontier - a bound needs no more (stacks.py)."""
+    template = family.chain.template
+    inside = set(template)
+
+    def factors(r: int) -> list[Factor]:
+        fs = [_op_factor(name, _recomputed_op(op_costs[name]) if r else op_costs[name]) for name in template]
+        fs += [_edge_factor(_recomputed(ec) if r else ec, src if src in inside else var(src), dst)
+               for (src, dst), ec in edges.items() if dst in inside]
+        return fs
+
+    boundary, out = family.chain.boundary, template[-1]
+    least = least_sums([factors(r) for r in ((0, 1) if recompute else (0,))], domain, (boundary, out), np.eye(2))
+    tied = least[np.arange(domain[boundary]), np.arange(domain[boundary])]  # output in the boundary's layout
+    return float(tied[..., 0].min()), float(tied[..., 1].min())
 
 
 class Powers:

@@ -191,8 +191,10 @@ CHUNK_PAIRS = 2_000_000  # pairs materialised at once: bounds memory on long blo
 def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int] | None = None,
          eps: float = 0.0, stats: Stats | None = None,
          admit: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None,
-         bound: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> Factor:
+         bound: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None, peak: bool = False) -> Factor:
     """Minkowski sum of `a` and `b` per shared assignment, then reduce with `drop` eliminated.
+    With `peak`, each pair costs the larger time and the larger memory of the two instead of
+    their sums: two pipeline stages side by side (stacks.py), the slower and the heavier.
 
     Pairs are formed in chunks of at most CHUNK_PAIRS and reduced as they go, so memory stays
     bounded however large the two frontiers are (the reduction is associative). `admit(t, m,
@@ -202,7 +204,8 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
     memory of the rows it meets) it refuses is left out before its pairs are formed - the same
     pairs reach the reduction, in the same order and chunks, with far fewer made when known
     plans beat most of them."""
-    if admit is None and eps == 0.0 and a.m2 is None and b.m2 is None and len(a) * len(b) <= SMALL_PAIRS:
+    assert not (peak and (bound is not None or a.m2 is not None)), "`bound` and the second memory add up"
+    if not peak and admit is None and eps == 0.0 and a.m2 is None and b.m2 is None and len(a) * len(b) <= SMALL_PAIRS:
         small = _join_small(a, b, drop, domain or {}, stats)
         if small is not None:
             return small
@@ -234,6 +237,8 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
         ib = ob[np.repeat(lo[rows], c) + (np.arange(n) - np.repeat(np.cumsum(c) - c, c))]
         cols = [a.keys[ia, j] if in_a else b.keys[ib, j] for in_a, j in from_a]
         keys = np.stack(cols, axis=1) if cols else np.zeros((n, 0), dtype=np.int32)
+        if peak:
+            return np.maximum(a.t[ia], b.t[ib]), np.maximum(a.m[ia], b.m[ib]), keys, ia, ib
         return a.t[ia] + b.t[ib], a.m[ia] + b.m[ib], keys, ia, ib
 
     three = a.m2 is not None

@@ -21,14 +21,18 @@ constraint between ops on two stages (a tied parameter's layouts: T5's and BART'
 embedding, read by the encoder, the decoder and the head). A tied parameter's copy on a second
 stage is not counted, as in pipeline.py.
 
-Exact search. Fix the shape (p, m, sub-mesh, ZeRO stage, schedule) and the cut. Each stage's cost
-is a sum over its ops, edges and received tensors under its weights (evaluate.stage_weights), so
-FT's elimination solves it down to a factor over its *interface*: the ops whose outputs cross a
-cut into or out of it. Stages share no variable but the interface, so for every joint interface
-configuration the pipeline's frontier is the Pareto set of (max stage time, max stage memory)
-over one point per stage - the pointwise maximum of the stages' staircases (`_max_frontier`).
-The union over interface configurations and cuts, Pareto-reduced, is the shape's frontier:
-exact, and equal to the enumeration of every assignment and cut (`exhaustive_stacks`).
+Exact search. Fix the shape (p, m, sub-mesh, ZeRO stage, schedule). Each stage's cost is a sum
+over its ops, edges and received tensors under its weights (evaluate.stage_weights), so FT's
+elimination solves stage s holding units [a, e) down to a factor over its *interface*: the ops
+whose outputs cross a cut into or out of it. Stages share no variable but the interface, and a
+pipeline's time and memory are those of its slowest and its heaviest stage, so the cuts are a DP
+over the stages: the state after s stages is the units they cover and the frontier of (max time,
+max memory) per configuration of the variables carried across that position (`_carried`: each
+interface variable from the first to the last position one of its edges crosses); a step pairs a
+state with stage s's factor, each pair costing the larger time and the larger memory (`join(...,
+peak=True)`), eliminates what is carried no further, and the states reaching one position are
+united. Exact - equal to the enumeration of every assignment and cut (`exhaustive_stacks`) - and
+linear in the stages, where enumerating the cuts was not (477k cuts for 16 stages over 24 units).
 
 Gradient accumulation is the one-stage case: every unit on one stage, m micro-batches as m slots,
 one micro-batch's activations held, no interface.
@@ -40,20 +44,19 @@ factor over (boundary, side inputs), and a stage's run of k copies is k copies b
 tie is part of the space, as on flat meshes (the reference ties too: `exhaustive_stacks(tie=)`);
 `reuse=False` solves every stage op by op, untied.
 
-Combining the stages. A cut's joint interface configurations are enumerated at once (numpy);
-each gets a bound - the slowest stage's fastest point, the heaviest stage's leanest - and they
-are combined cheapest bound first, skipping any that a point already found (or a known plan of
-another shape) beats in both: exact, since none of its points could be on the frontier.
+Pruning, exact. A partial plan ends in plans at least as slow and as heavy as it, and as the
+stages still to come (`_rest_bounds`: per stage its ops at their cheapest, the best cut of the
+rest): where a known plan (the envelope: plans of other shapes) beats that in both, it is
+dropped, and a stage none of whose partial plans survive is never solved.
 
-Left out on purpose: a cut whose interface has more than MAX_INTERFACE joint configurations
-(the stages are combined per joint configuration; counted out of the space, so the search stays
+Left out on purpose: a DP step whose variables (carried in, the stage's interface, carried on)
+have more than MAX_INTERFACE joint configurations (counted out of the space, so the search stays
 exact over what it offers); interleaved 1F1B (virtual stages of a two-stack sequence have no executor
 either).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -71,9 +74,18 @@ from search.algorithm.evaluate import (
     weigh_op,
 )
 from search.algorithm.factor_graph import _edge_factor, _op_factor, eliminate_all
-from search.algorithm.families import Family, FamilyVars, Powers, find_families, solve_unit, tie_factors, wrap
-from search.algorithm.frontier import Factor, Stats, _radix, assignments, leaf, pareto_mask
-from search.algorithm.pipeline import STAGE_BAND, partitions, pipeline_shapes
+from search.algorithm.families import (
+    Family,
+    FamilyVars,
+    Powers,
+    find_families,
+    solve_unit,
+    tie_factors,
+    unit_least,
+    wrap,
+)
+from search.algorithm.frontier import Factor, Stats, assignments, eliminate_var, join, leaf, pareto_mask, staircase, union
+from search.algorithm.pipeline import STAGE_BAND, partitions, pipeline_shapes, stage_band
 from search.algorithm.results import Split
 from search.models.graph import OpGraph
 from search.prices.cluster import Cluster
@@ -85,8 +97,8 @@ from search.prices.profile import DeviceProfile, ProfileLookup
 # and the embeddings and the head sit on the end stages, so balanced cuts stray further than
 # in one stack of identical layers
 STACKS_BAND = STAGE_BAND + 1
-# joint interface configurations of one cut beyond which the cut is left out of the space (each
-# joint configuration is combined on its own: the cost grows with their product)
+# joint configurations of one DP step's variables beyond which the step is left out of the space
+# (its states and pairs grow with their product)
 MAX_INTERFACE = 4_096
 
 
@@ -231,55 +243,66 @@ class _Stages:
         self.domain = {name: len(oc.configs) for name, oc in tabs.op_costs.items()}
         self.domain.update({recompute_var(i): 2 for i in set(self.layer_of.values())})
         self.powers: dict[tuple[int, Weights], Powers] = {}
-        # keyed by id, the factor held alongside so the id stays its own
-        self.group_memo: dict[int, tuple[Factor, _GroupTable]] = {}
         self.stats = Stats()
-        self.consumers = tabs.graph.consumers()
+        self._index(tabs)
 
-    def table(self, f: Factor) -> _GroupTable:
-        """A stage factor's rows per interface configuration, made once per factor (the same
-        stage recurs in many cuts)."""
-        key = id(f)
-        if key not in self.group_memo:
-            dims = tuple(len(self.tabs.op_costs[v].configs) for v in f.scope)
-            flat = f.keys.astype(np.int64) @ _radix(list(dims)) if dims else np.zeros(len(f), dtype=np.int64)
-            order = np.argsort(flat, kind="stable")  # each group's rows in ascending order
-            sf = flat[order]
-            starts = np.flatnonzero(np.concatenate([[True], sf[1:] != sf[:-1]])) if len(sf) else np.zeros(0, int)
-            gid = np.full(math.prod(dims), -1, dtype=np.int64)
-            gid[sf[starts]] = np.arange(len(starts))
-            rows = np.split(order, starts[1:])
-            t_min = np.minimum.reduceat(f.t[order], starts) if len(starts) else np.zeros(1)
-            m_min = np.minimum.reduceat(f.m[order], starts) if len(starts) else np.zeros(1)
-            table = _GroupTable(gid=gid.reshape(dims), rows=rows, t_min=t_min, m_min=m_min)
-            self.group_memo[key] = (f, table)
-        return self.group_memo[key][1]
+    def _index(self, tabs: StackTables) -> None:
+        """Per unit, what a stage holding it solves - its ops outside any family copy, the edges
+        into them, the tensors its ops read, the edges touching it - each in the order the
+        graph (or the edge table) lists them, so a stage gathers its units' lists: thousands of
+        stages per shape, where scanning the whole graph for each cost more than solving it."""
+        anchor = tabs.anchor
+        covered = {name for fam in self.var.families for name in fam.covered}
+        n = tabs.n_units
+        self.loose: list[list[tuple[int, str]]] = [[] for _ in range(n)]
+        self.reads: list[list[tuple[int, int, str]]] = [[] for _ in range(n)]
+        for i, op in enumerate(tabs.graph.ops):
+            u = anchor[op.name]
+            if op.name not in covered:
+                self.loose[u].append((i, op.name))
+            self.reads[u] += [(i, j, t.source) for j, t in enumerate(op.inputs) if t.source is not None]
+        self.into: list[list[tuple[int, str, str]]] = [[] for _ in range(n)]
+        self.touch: list[list[tuple[int, str, str]]] = [[] for _ in range(n)]
+        for i, (src, dst) in enumerate(tabs.edge_costs):
+            if dst not in covered:
+                self.into[anchor[dst]].append((i, src, dst))
+            self.touch[anchor[dst]].append((i, src, dst))
+            if anchor[src] != anchor[dst]:
+                self.touch[anchor[src]].append((i, src, dst))
+        self.weighed: dict[tuple[str, Weights], OpCosts] = {}
 
-    def __call__(self, s: int, split: Split) -> Factor:
-        start = sum(split[:s])
-        key = (s, start, split[s])
+    def _weigh(self, name: str, w: Weights) -> OpCosts:
+        key = (name, w)
+        if key not in self.weighed:
+            self.weighed[key] = weigh_op(self.tabs.op_costs[name], w)
+        return self.weighed[key]
+
+    def at(self, s: int, a: int, k: int) -> Factor:
+        """Stage s holding units [a, a + k), solved once."""
+        key = (s, a, k)
         if key not in self.memo:
-            self.memo[key] = self._solve(s, split)
+            self.memo[key] = self._solve(s, a, a + k)
         return self.memo[key]
 
-    def _solve(self, s: int, split: Split) -> Factor:
-        """Stage s's ops, the edges into them and the tensors it receives, eliminated down to its
-        interface: the received producers and its own ops read on other stages. A family's copies
-        on the stage are one factor: its template solved under this stage's weights, doubled."""
-        tabs, w, var = self.tabs, self.weights[s], self.var
-        stage_of = tabs.stage_of(split)
-        runs = self._runs(s, stage_of)
-        covered = {name for fam, first, k in runs for i in range(first, first + k) for name in fam.chain.layers[i]}
-        mine = [op.name for op in tabs.graph.ops if stage_of[op.name] == s and op.name not in covered]
+    def _solve(self, s: int, a: int, e: int) -> Factor:
+        """Stage s (units [a, e)): its ops, the edges into them and the tensors it receives,
+        eliminated down to its interface: the received producers and its own ops read on other
+        stages. A family's copies on the stage are one factor: its template solved under this
+        stage's weights, doubled."""
+        tabs, w, var, anchor = self.tabs, self.weights[s], self.var, self.tabs.anchor
+        span = range(a, e)
+        runs = self._runs(a, e)
+        mine = [name for _, name in sorted(x for u in span for x in self.loose[u])]
         domain = self.domain
 
         def rc(name: str) -> str | None:
             return recompute_var(self.layer_of[name]) if name in self.layer_of else None
 
-        factors = [_op_factor(name, weigh_op(tabs.op_costs[name], w), rc(name)) for name in mine]
-        factors += [_edge_factor(weigh_edge(ec, w), var(src), dst, rc(dst))
-                    for (src, dst), ec in tabs.edge_costs.items() if stage_of[dst] == s and dst not in covered]
-        for src in dict.fromkeys(var(x) for x in tabs.received(stage_of, s)):
+        factors = [_op_factor(name, self._weigh(name, w), rc(name)) for name in mine]
+        factors += [_edge_factor(weigh_edge(tabs.edge_costs[(src, dst)], w), var(src), dst, rc(dst))
+                    for _, src, dst in sorted(x for u in span for x in self.into[u])]
+        received = [src for _, _, src in sorted(x for u in span for x in self.reads[u]) if not a <= anchor[src] < e]
+        for src in dict.fromkeys(var(x) for x in received):
             c = np.arange(domain[src])
             # a tied boundary stands for every copy's output: all of one shape, one transfer table
             factors.append(leaf((src,), c[:, None], w.slots * tabs.p2p[src], np.zeros(len(c)), note=f"recv {src}"))
@@ -287,27 +310,38 @@ class _Stages:
         factors += [wrap(self._powers(fam, w)(k), fam, first) for fam, first, k in runs]
         # the interface: every op on one side of an edge (a read, or a pair constraint such as a
         # tied parameter's layouts) whose other side is on another stage
-        keep = tuple(dict.fromkeys(var(src) for (src, dst) in tabs.edge_costs
-                                   if (stage_of[dst] == s) != (stage_of[src] == s)))
+        crossing = sorted({x for u in span for x in self.touch[u] if (a <= anchor[x[1]] < e) != (a <= anchor[x[2]] < e)})
+        keep = tuple(dict.fromkeys(var(src) for _, src, _ in crossing))
         return eliminate_all(factors, domain, keep=keep, eps=self.eps, stats=self.stats)
 
-    def _runs(self, s: int, stage_of: dict[str, int]) -> list[tuple[Family, int, int]]:
-        """Per family, the run of its copies stage s holds: (family, first layer, count)."""
+    def _runs(self, a: int, e: int) -> list[tuple[Family, int, int]]:
+        """Per family, the run of its copies a stage over units [a, e) holds: (family, first
+        layer, count)."""
         out = []
+        anchor = self.tabs.anchor
         for fam in self.var.families:
-            on = [i for i in fam.copies if stage_of[fam.chain.layers[i][-1]] == s]
+            on = [i for i in fam.copies if a <= anchor[fam.chain.layers[i][-1]] < e]
             if on:
                 out.append((fam, on[0], len(on)))
         return out
+
+    def _template(self, fam: Family, w: Weights) -> tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts]]:
+        """The family's template ops and the edges into them, weighed by w."""
+        inside = set(fam.chain.template)
+        ops = {name: self._weigh(name, w) for name in fam.chain.template}
+        edges = {k: weigh_edge(ec, w) for k, ec in self.tabs.edge_costs.items() if k[1] in inside}
+        return ops, edges
+
+    def least(self, fam: Family, w: Weights) -> tuple[float, float]:
+        """The least time and memory of one of the family's copies under weights w."""
+        ops, edges = self._template(fam, w)
+        return unit_least(fam, ops, edges, self.var, self.domain, self.recompute and fam.block == 0)
 
     def _powers(self, fam: Family, w: Weights) -> Powers:
         """k copies of the family's template under one stage's weights, memoised per weights."""
         key = (fam.block, w)
         if key not in self.powers:
-            tabs = self.tabs
-            inside = set(fam.chain.template)
-            ops = {name: weigh_op(tabs.op_costs[name], w) for name in fam.chain.template}
-            edges = {k: weigh_edge(ec, w) for k, ec in tabs.edge_costs.items() if k[1] in inside}
+            ops, edges = self._template(fam, w)
             unit = solve_unit(fam, ops, edges, self.var, self.domain, self.recompute and fam.block == 0, self.eps,
                               self.stats)
             self.powers[key] = Powers(unit, self.domain, self.eps, self.stats)
@@ -328,33 +362,6 @@ def stage_families(tabs: StackTables) -> tuple[Family, ...]:
         if ok:
             out.append(fam)
     return tuple(out)
-
-
-def _max_frontier(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The Pareto set of (max_s t, max_s m) over one point per stage: for each candidate time,
-    every stage's leanest point within it. Returns t, m and the chosen point of each stage."""
-    order = [np.argsort(t, kind="stable") for t, _ in parts]
-    sorted_t = [t[o] for (t, _), o in zip(parts, order, strict=True)]
-    run_min = []
-    for (_, m), o in zip(parts, order, strict=True):
-        mm = m[o]
-        # the leanest point among the first i + 1 (the first of equals): a new prefix minimum
-        # wherever a point is strictly leaner than all before it
-        before = np.concatenate([[np.inf], np.minimum.accumulate(mm)[:-1]])
-        run_min.append(np.maximum.accumulate(np.where(mm < before, np.arange(len(mm)), 0)))
-    floor = max(st[0] for st in sorted_t)
-    taus = np.unique(np.concatenate([st[st >= floor] for st in sorted_t]))
-    chosen = []
-    T = np.zeros(len(taus))
-    M = np.zeros(len(taus))
-    for st, o, rm, (t, m) in zip(sorted_t, order, run_min, parts, strict=True):
-        k = np.searchsorted(st, taus, side="right") - 1
-        pick = o[rm[k]]
-        chosen.append(pick)
-        T = np.maximum(T, t[pick])
-        M = np.maximum(M, m[pick])
-    keep = pareto_mask(np.zeros(len(T), dtype=np.int64), T, M)
-    return T[keep], M[keep], np.stack(chosen, axis=1)[keep]
 
 
 @dataclass
@@ -427,245 +434,182 @@ class StacksSolution:
 
 
 def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
-                 cuts: list[Split] | None = None,
                  envelope: tuple[np.ndarray, np.ndarray] | None = None, reuse: bool = True) -> StacksSolution | None:
-    """The exact frontier of one shape over every cut (`cuts`, or those of the band). With an
-    `envelope` of plans known to exist (time, memory with buffers), a joint interface
-    configuration whose every point one of them beats in both is not combined: exact."""
-    p = tabs.shape.stages
-    cuts = cuts if cuts is not None else _partitions(tabs.n_units, p)
+    """The exact frontier of one shape over every cut of the band, by a DP over the stages
+    (module docstring: combining the stages). With an `envelope` of plans known to exist (time,
+    memory with buffers), a partial plan that one of them beats in both is dropped: exact, since
+    the stages still to come can only raise its slowest stage's time and its heaviest's memory."""
+    p, n = tabs.shape.stages, tabs.n_units
     S = _Stages(tabs, eps, recompute, reuse)
+    band = list(stage_band(n, p, 1, STACKS_BAND))
+    carried = _carried(S)
     stair = _Staircase(envelope, tabs.buffers)
-    stage_factors: dict[int, list[Factor]] = {}
-    done: list[tuple[int, int, np.ndarray, np.ndarray, list[np.ndarray], np.ndarray]] = []
-    # the cuts most promising first: their points bound the rest, and a cut whose bound a found
-    # point beats is never solved. The points are gathered back in (cut, configuration) order,
-    # so the frontier and its ties do not depend on the order of work.
-    t_cut, m_cut, t_stage, m_stage = _cut_bounds(S, cuts)
-    order = np.lexsort((np.arange(len(cuts)), m_cut, t_cut))
-    order = order[~stair.beats_all(t_cut[order], m_cut[order])]  # the known plans, at once
-    if p > 1 and len(order):
-        # the end stages' few variants solved for every remaining cut at once, their own
-        # fastest and leanest points in place of the ops' cheapest
-        for s in (p - 1, 0):
-            starts = np.array([sum(cuts[ci][:s]) for ci in order])
-            sizes = np.array([cuts[ci][s] for ci in order])
-            for a, k in set(zip(starts.tolist(), sizes.tolist(), strict=True)):
-                f = S(s, cuts[int(order[np.flatnonzero((starts == a) & (sizes == k))[0]])])
-                at = order[(starts == a) & (sizes == k)]
-                t_stage[at, s] = float(f.t.min()) if len(f) else np.inf
-                m_stage[at, s] = float(f.m.min()) if len(f) else np.inf
-        t_cut, m_cut = t_stage.max(axis=1), m_stage.max(axis=1)
-        order = order[np.isfinite(t_cut[order])]
-        order = order[np.lexsort((order, m_cut[order], t_cut[order]))]
-        order = order[~stair.beats_all(t_cut[order], m_cut[order])]
-    for ci in order:
-        if stair.beats(float(t_cut[ci]), float(m_cut[ci])):
-            continue
-        # the end stages first (the head's and the embedding's; few variants across cuts): each
-        # solved stage's own fastest and leanest points tighten the cut's bound
-        tb, mb = t_stage[ci].copy(), m_stage[ci].copy()
-        beaten = False
-        for s in (p - 1, 0, *range(1, p - 1)) if p > 1 else (0,):
-            f = S(s, cuts[ci])
-            if len(f) == 0:
-                beaten = True
-                break
-            tb[s], mb[s] = float(f.t.min()), float(f.m.min())
-            if stair.beats(float(tb.max()), float(mb.max())):
-                beaten = True
-                break
-        if beaten:
-            continue
-        fs = stage_factors[int(ci)] = [S(s, cuts[ci]) for s in range(p)]
-        c = _combinations(S, int(ci), fs)  # the cut's joint interface configurations and their bounds
-        if c is None:
-            continue
-        order = np.lexsort((c.combo, c.m_lb, c.t_lb))
-        for start in range(0, len(order), _Staircase.BATCH):
-            chunk = order[start:start + _Staircase.BATCH]
-            for i in chunk[~stair.beats_all(c.t_lb[chunk], c.m_lb[chunk])]:
-                if stair.beats(float(c.t_lb[i]), float(c.m_lb[i])):  # a point found within this chunk
-                    continue
-                rows = [S.table(f).rows[int(g)] for f, g in zip(fs, c.gids[i], strict=True)]
-                t, m, chosen = _max_frontier([(f.t[r], f.m[r]) for f, r in zip(fs, rows, strict=True)])
-                done.append((c.cut, int(c.combo[i]), t, m, rows, chosen))
-                stair.add(t, m)
-    if not done:
+    t_stage, m_stage = _stage_bounds(S)
+    t_rest, m_rest = _rest_bounds(t_stage, m_stage, p, n, band)
+    # state after s stages: the units they cover -> the frontier of (slowest stage's time,
+    # heaviest stage's memory) over the configurations of the variables carried across that cut
+    states: dict[int, Factor] = {0: leaf((), np.zeros((1, 0)), np.zeros(1), np.zeros(1))}
+    came_from: dict[tuple[int, int], list[int]] = {}  # (stage, end) -> each union part's start
+    for s in range(p):
+        parts: dict[int, list[tuple[int, Factor]]] = {}
+        for a, state in states.items():
+            for k in band:
+                e = a + k
+                if e > n or not np.isfinite(t_rest[s + 1, e]):
+                    continue  # the stages left cannot cover the units left within the band
+                lb_t, lb_m = max(t_stage[s][a, e], t_rest[s + 1, e]), max(m_stage[s][a, e], m_rest[s + 1, e])
+                if stair.beats_all(np.maximum(state.t, lb_t), np.maximum(state.m, lb_m)).all():
+                    continue  # every plan through this stage is beaten: the stage is never solved
+                f = S.at(s, a, k)
+                joined = _step(S, state, f, s, carried[a], carried[e], stair, lb_t, lb_m)
+                if joined is not None and len(joined):
+                    parts.setdefault(e, []).append((a, joined))
+        states = {}
+        for e, got in parts.items():
+            came_from[(s, e)] = [a for a, _ in got]
+            tag = f"cut:{s}"
+            both = union([f for _, f in got], tag)
+            states[e] = eliminate_var(both, tag, {**S.domain, tag: len(got)}, eps)
+    root = states.get(n)
+    if root is None or not len(root):
         return None
-    done.sort(key=lambda d: (d[0], d[1]))
-    t_all = np.concatenate([d[2] for d in done])
-    m_all = np.concatenate([d[3] for d in done])
-    owner = np.concatenate([np.full(len(d[2]), i) for i, d in enumerate(done)])
-    local = np.concatenate([np.arange(len(d[2])) for d in done])
-    keep = pareto_mask(np.zeros(len(t_all), dtype=np.int64), t_all, m_all, eps)
-    n = len(keep)
-    splits = [tuple(cuts[done[owner[k]][0]]) for k in keep]
-    # read back per (cut, stage), all its kept points in one walk: one walk per point cost
-    # minutes on T5 (each walk visits the stage factor's whole provenance)
-    by_cut: dict[int, list[int]] = {}
-    for j, k in enumerate(keep):
-        by_cut.setdefault(done[owner[k]][0], []).append(j)
-    final: dict[str, np.ndarray] = {}
-    for ci, js in by_cut.items():
-        pos = np.array(js)
-        for s, f in enumerate(stage_factors[ci]):
-            picked = np.array([_stage_row(done[owner[keep[j]]], int(local[keep[j]]), s) for j in js])
-            for v, a in assignments(f, picked).items():
-                final.setdefault(v, np.zeros(n, dtype=np.int64))[pos] = a
-    # every stage holds the mesh's constant buffers (evaluate_stacks adds them per stage)
-    root = Factor(scope=(), keys=np.zeros((n, 0), dtype=np.int32), t=t_all[keep], m=m_all[keep] + tabs.buffers)
-    return StacksSolution(tables=tabs, root=root, partitions=splits, assigns=final, stats=S.stats)
+    splits, final = _read_back(S, root, came_from, p, n)
+    out = Factor(scope=(), keys=np.zeros((len(root), 0), dtype=np.int32), t=root.t, m=root.m + tabs.buffers)
+    return StacksSolution(tables=tabs, root=out, partitions=splits, assigns=final, stats=S.stats)
 
 
-def _stage_row(combined: tuple[int, int, np.ndarray, np.ndarray, list[np.ndarray], np.ndarray],
-               point: int, s: int) -> int:
-    """Stage s's factor row behind one point of a combined configuration."""
-    rows, chosen = combined[4], combined[5]
-    return int(rows[s][chosen[point, s]])
-
-
-@functools.lru_cache(maxsize=64)
-def _partitions(n_units: int, p: int) -> list[Split]:
-    """The cuts of the band, made once per (units, stages): every shape with p stages shares
-    them (hundreds of thousands for 16 stages over 24 units)."""
-    return partitions(n_units, p, 1, STACKS_BAND)
-
-
-def _cut_bounds(S: _Stages, cuts: list[Split]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per cut, a (time, memory) none of its plans beats: per stage, every op it holds at its
-    cheapest under the stage's weights (edges and transfers cost >= 0), the slowest and the
-    heaviest stage; and those per-stage bounds ([cut, stage]). Per-unit sums, so a cut's bound
-    is prefix-sum lookups."""
+def _carried(S: _Stages) -> list[tuple[str, ...]]:
+    """Per cut position (0 .. n units), the variables the DP carries across it: every variable a
+    stage's interface may hold, from the first position to the last where one of its edges
+    crosses (a tied boundary stands for all its copies' outputs, so a stage may eliminate it
+    inside while another still reads it: it is carried over the whole span, not only where it
+    crosses)."""
     tabs = S.tabs
-    unit = np.array([tabs.anchor[name] for name in tabs.op_costs])
+    span: dict[str, tuple[int, int]] = {}
+    for src, dst in tabs.edge_costs:
+        lo, hi = sorted((tabs.anchor[src], tabs.anchor[dst]))
+        if lo < hi:  # crosses the positions lo + 1 .. hi
+            v = S.var(src)
+            was = span.get(v, (lo + 1, hi))
+            span[v] = (min(was[0], lo + 1), max(was[1], hi))
+    return [tuple(v for v, (lo, hi) in span.items() if lo <= e <= hi) for e in range(tabs.n_units + 1)]
+
+
+def _step(S: _Stages, state: Factor, f: Factor, s: int, before: tuple[str, ...], after: tuple[str, ...],
+          stair: _Staircase, lb_t: float, lb_m: float) -> Factor | None:
+    """The state after stage s holds `f` (its factor over its interface): each pair of a partial
+    plan and a stage point costs the slower time and the heavier memory; the variables not
+    carried on are eliminated, those carried on that neither side holds yet are left free (a
+    later stage fixes them), and the rows of `f` are kept as `row:s` for the read-back. None
+    when the joint configurations exceed MAX_INTERFACE (left out of the space)."""
+    dom = S.domain
+    joint = dict.fromkeys((*before, *f.scope, *after))
+    if math.prod(dom[v] for v in joint) > MAX_INTERFACE:
+        return None
+    tag = f"row:{s}"
+    rows = Factor(scope=(*f.scope, tag), keys=np.c_[f.keys, np.arange(len(f))], t=f.t, m=f.m)
+
+    def admit(t: np.ndarray, m: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        return ~stair.beats_all(np.maximum(t, lb_t), np.maximum(m, lb_m))
+
+    drop = tuple(v for v in (*state.scope, *rows.scope) if v not in after)
+    out = join(state, rows, drop=drop, domain=dom, eps=S.eps, stats=S.stats, admit=admit, peak=True)
+    for v in after:
+        if v not in out.scope:  # free until a later stage reads it
+            d = dom[v]
+            idx = np.repeat(np.arange(len(out)), d)
+            out = Factor(scope=(*out.scope, v), keys=np.c_[out.keys[idx], np.tile(np.arange(d), len(out))],
+                         t=out.t[idx], m=out.m[idx], parents=(out,), parent_idx=(idx,))
+    cols = [out.scope.index(v) for v in after]
+    return Factor(scope=after, keys=out.keys[:, cols], t=out.t, m=out.m, parents=(out,),
+                  parent_idx=(np.arange(len(out)),))
+
+
+def _read_back(S: _Stages, root: Factor, came_from: dict[tuple[int, int], list[int]], p: int, n: int
+               ) -> tuple[list[Split], dict[str, np.ndarray]]:
+    """Every point's cut, then every op's configuration from its stages' factors (walked once per
+    stage and start for all the points through it)."""
+    got = assignments(root, np.arange(len(root)))
+    k = len(root)
+    starts = np.zeros((k, p + 1), dtype=np.int64)
+    starts[:, p] = n
+    for s in range(p - 1, -1, -1):
+        which = got[f"cut:{s}"]
+        starts[:, s] = [came_from[(s, int(e))][int(w)] for e, w in zip(starts[:, s + 1], which, strict=True)]
+    sizes = np.diff(starts, axis=1)
+    splits: list[Split] = [tuple(int(x) for x in row) for row in sizes]
+    final: dict[str, np.ndarray] = {}
+    for s in range(p):  # a later stage's read-back of a shared variable overwrites, as it agrees
+        for a, size in {(int(a), int(z)) for a, z in zip(starts[:, s], sizes[:, s], strict=True)}:
+            pos = np.flatnonzero((starts[:, s] == a) & (sizes[:, s] == size))
+            for v, col in assignments(S.at(s, a, size), got[f"row:{s}"][pos]).items():
+                final.setdefault(v, np.zeros(k, dtype=np.int64))[pos] = col
+    return splits, final
+
+
+def _stage_bounds(S: _Stages) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per stage s, a time and a memory no plan of stage s holding units [a, e) beats
+    ([a, e] tables): each family copy it holds at its template's cheapest (solved under the
+    stage's weights with the edges inside it, which on a tensor-parallel mesh are most of a
+    layer's cost), every other op at its cheapest (edges and transfers cost >= 0). Per-unit
+    sums, so each is a prefix-sum difference."""
+    tabs = S.tabs
+    covered = {name for fam in S.var.families for name in fam.covered}
+    loose = [name for name in tabs.op_costs if name not in covered]
+    unit = np.array([tabs.anchor[name] for name in loose], dtype=np.int64)
     per_w: dict[Weights, tuple[np.ndarray, np.ndarray]] = {}
-    pt, pm = [], []
+    ts, ms = [], []
     for w in S.weights:
         if w not in per_w:
-            t = np.array([float(min(o.time.min(), o.time_rc.min()))
-                          for o in (weigh_op(oc, w) for oc in tabs.op_costs.values())])
-            m = np.array([float(min(o.mem.min(), o.mem_rc.min()))
-                          for o in (weigh_op(oc, w) for oc in tabs.op_costs.values())])
+            weighed = [S._weigh(name, w) for name in loose]
             ut, um = np.zeros(tabs.n_units), np.zeros(tabs.n_units)
-            np.add.at(ut, unit, t)
-            np.add.at(um, unit, m)
-            per_w[w] = (np.concatenate([[0.0], np.cumsum(ut)]), np.concatenate([[0.0], np.cumsum(um)]))
-        pt.append(per_w[w][0])
-        pm.append(per_w[w][1])
-    arr = np.asarray(cuts, dtype=np.int64).reshape(len(cuts), len(S.weights))
-    ends = np.cumsum(arr, axis=1)
-    starts = ends - arr
-    t_s = np.stack([pt[s][ends[:, s]] - pt[s][starts[:, s]] for s in range(arr.shape[1])], axis=1)
-    m_s = np.stack([pm[s][ends[:, s]] - pm[s][starts[:, s]] for s in range(arr.shape[1])], axis=1)
-    return t_s.max(axis=1), m_s.max(axis=1), t_s, m_s
+            np.add.at(ut, unit, [float(min(o.time.min(), o.time_rc.min())) for o in weighed])
+            np.add.at(um, unit, [float(min(o.mem.min(), o.mem_rc.min())) for o in weighed])
+            for fam in S.var.families:
+                t1, m1 = S.least(fam, w)
+                at = [tabs.anchor[fam.chain.layers[i][-1]] for i in fam.copies]
+                np.add.at(ut, at, t1)
+                np.add.at(um, at, m1)
+            ct, cm = np.concatenate([[0.0], np.cumsum(ut)]), np.concatenate([[0.0], np.cumsum(um)])
+            per_w[w] = (ct[None, :] - ct[:, None], cm[None, :] - cm[:, None])
+        ts.append(per_w[w][0])
+        ms.append(per_w[w][1])
+    return ts, ms
 
 
-@dataclass
-class _Combinations:
-    """The joint interface configurations of one cut under which every stage has a plan, in
-    enumeration order: their indices, each stage's group (`gids`, one row per configuration)
-    and their bounds."""
-
-    cut: int
-    combo: np.ndarray
-    gids: np.ndarray
-    t_lb: np.ndarray
-    m_lb: np.ndarray
-
-
-def _combinations(S: _Stages, ci: int, fs: list[Factor]) -> _Combinations | None:
-    """One cut's joint interface configurations, enumerated at once. The bound of one is the
-    slowest stage's fastest point and the heaviest stage's leanest one: no point of it beats
-    that. None when none exists or the cut's interface is too large (MAX_INTERFACE)."""
-    iface = list(dict.fromkeys(v for f in fs for v in f.scope))
-    sizes = [len(S.tabs.op_costs[v].configs) for v in iface]
-    total = math.prod(sizes)
-    if total > MAX_INTERFACE:
-        return None
-    digits = np.unravel_index(np.arange(total), sizes) if iface else ()
-    gids, t_lb, m_lb = [], np.zeros(total), np.zeros(total)
-    valid = np.ones(total, dtype=bool)
-    for f in fs:
-        table = S.table(f)
-        pos = [iface.index(v) for v in f.scope]
-        flat = (np.ravel_multi_index(tuple(digits[i] for i in pos), table.shape)
-                if pos else np.zeros(total, dtype=np.int64))
-        g = table.gid.reshape(-1)[flat]
-        valid &= g >= 0
-        g = np.maximum(g, 0)
-        gids.append(g)
-        t_lb = np.maximum(t_lb, table.t_min[g])
-        m_lb = np.maximum(m_lb, table.m_min[g])
-    keep = np.flatnonzero(valid)
-    if not len(keep):
-        return None
-    return _Combinations(cut=ci, combo=keep, gids=np.stack(gids, axis=1)[keep], t_lb=t_lb[keep], m_lb=m_lb[keep])
-
-
-@dataclass
-class _GroupTable:
-    """A stage factor's rows per interface configuration: a dense index over the configurations
-    (-1 where the stage has no plan), each group's rows and its fastest and leanest values."""
-
-    gid: np.ndarray
-    rows: list[np.ndarray]
-    t_min: np.ndarray
-    m_min: np.ndarray
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.gid.shape)
+def _rest_bounds(t_stage: list[np.ndarray], m_stage: list[np.ndarray], p: int, n: int, band: list[int]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """[s, e]: a time and a memory no plan of stages s .. p - 1 over units [e, n) beats (the least
+    over their cuts of the slowest stage's bound, and of the heaviest's, each on its own); inf
+    where those stages cannot cover those units within the band."""
+    t = np.full((p + 1, n + 1), np.inf)
+    m = np.full((p + 1, n + 1), np.inf)
+    t[p, n] = m[p, n] = 0.0
+    for s in range(p - 1, -1, -1):
+        for e in range(n):
+            for k in band:
+                if e + k <= n and np.isfinite(t[s + 1, e + k]):
+                    t[s, e] = min(t[s, e], max(t_stage[s][e, e + k], t[s + 1, e + k]))
+                    m[s, e] = min(m[s, e], max(m_stage[s][e, e + k], m[s + 1, e + k]))
+    return t, m
 
 
 class _Staircase:
-    """The points found so far (and an envelope of known plans), asked whether one beats a
-    bound in both time and memory by more than rounding. New points wait in a small batch and
-    join the sorted staircase when it fills."""
-
-    BATCH = 256
+    """Plans known to exist, asked whether one beats a bound in both time and memory by more
+    than rounding (memory with the mesh's buffers, which a stage's points leave out)."""
 
     def __init__(self, envelope: tuple[np.ndarray, np.ndarray] | None, buffers: float) -> None:
         self.buffers = buffers
-        self.t = np.zeros(0)
-        self.m = np.zeros(0)  # running minimum of memory over t ascending
-        self.pending_t: list[np.ndarray] = []
-        self.pending_m: list[np.ndarray] = []
-        self.n_pending = 0
+        self.t, self.m = np.zeros(0), np.zeros(0)
         if envelope is not None and len(envelope[0]):
-            self._rebuild(np.asarray(envelope[0], float), np.asarray(envelope[1], float))
-
-    def _rebuild(self, t: np.ndarray, m: np.ndarray) -> None:
-        t = np.concatenate([self.t, t])
-        m = np.concatenate([self.m, m])
-        o = np.argsort(t, kind="stable")
-        self.t, self.m = t[o], np.minimum.accumulate(m[o])
-
-    def add(self, t: np.ndarray, m: np.ndarray) -> None:
-        self.pending_t.append(t)
-        self.pending_m.append(m + self.buffers)
-        self.n_pending += len(t)
-        if self.n_pending >= self.BATCH:
-            self._rebuild(np.concatenate(self.pending_t), np.concatenate(self.pending_m))
-            self.pending_t, self.pending_m, self.n_pending = [], [], 0
+            self.t, self.m = staircase(np.asarray(envelope[0], float), np.asarray(envelope[1], float))
 
     def beats_all(self, t_lb: np.ndarray, m_lb: np.ndarray) -> np.ndarray:
-        """`beats` for many bounds against the staircase (not the pending batch)."""
-        t_cut = t_lb * (1.0 - 1e-9)
-        m_cut = (m_lb + self.buffers) * (1.0 - 1e-9)
-        k = np.searchsorted(self.t, t_cut, side="left")
+        """Per bound, whether a known plan is faster and leaner than it."""
         if not len(self.t):
-            return np.zeros(len(t_lb), dtype=bool)
-        return (k > 0) & (self.m[np.maximum(k - 1, 0)] < m_cut)
-
-    def beats(self, t_lb: float, m_lb: float) -> bool:
-        t_cut = t_lb * (1.0 - 1e-9)
-        m_cut = (m_lb + self.buffers) * (1.0 - 1e-9)
-        k = int(np.searchsorted(self.t, t_cut, side="left"))
-        if k and self.m[k - 1] < m_cut:
-            return True
-        return any(bool(np.any((pt < t_cut) & (pm < m_cut)))
-                   for pt, pm in zip(self.pending_t, self.pending_m, strict=True))
+            return np.zeros(np.shape(t_lb), dtype=bool)
+        k = np.searchsorted(self.t, t_lb * (1.0 - 1e-9), side="left")
+        return (k > 0) & (self.m[np.maximum(k - 1, 0)] < (m_lb + self.buffers) * (1.0 - 1e-9))
 
 
 def stack_shapes(cluster: Cluster, job: TrainingJob, graph: OpGraph, zero_stages: tuple[int, ...],

@@ -261,3 +261,35 @@ def test_join_bounded_rows_equal_the_full_join(seed: int, monkeypatch: pytest.Mo
     bounded = join(a, b, drop=("u",), domain=domain, stats=s_bounded, admit=admit, bound=env.admit)
     _same(bounded, full)
     assert s_bounded == s_full
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_peak_join_is_the_pareto_set_of_pairwise_maxima(seed: int) -> None:
+    """`join(peak=True)` (two pipeline stages side by side, stacks.py): per kept assignment, the
+    Pareto set of (max time, max memory) over every pair that agrees on the shared variables."""
+    rng = np.random.default_rng(seed)
+    names = ["u", "v", "w"]
+    domain = {v: int(rng.integers(1, 4)) for v in names}
+    a_scope = tuple(v for v in names if rng.random() < 0.6)
+    b_scope = tuple(v for v in names if rng.random() < 0.6)
+    ties = bool(rng.random() < 0.3)
+    a = _factor(rng, a_scope, domain, int(rng.integers(1, 12)), ties)
+    b = _factor(rng, b_scope, domain, int(rng.integers(1, 12)), ties)
+    drop = tuple(v for v in dict.fromkeys(a_scope + b_scope) if rng.random() < 0.5)
+    got = join(a, b, drop=drop, domain=domain, peak=True)
+    out = got.scope
+    want: dict[tuple[int, ...], list[tuple[float, float]]] = {}
+    for i in range(len(a)):
+        for j in range(len(b)):
+            val = {**dict(zip(b.scope, b.keys[j], strict=True)), **dict(zip(a.scope, a.keys[i], strict=True))}
+            if any(val[v] != b.keys[j][b.scope.index(v)] for v in b.scope):
+                continue  # the pair disagrees on a shared variable
+            want.setdefault(tuple(int(val[v]) for v in out), []).append((max(a.t[i], b.t[j]), max(a.m[i], b.m[j])))
+    pareto = {k: sorted({p for p in pts if not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in pts)})
+              for k, pts in want.items()}
+    mine: dict[tuple[int, ...], list[tuple[float, float]]] = {}
+    for r in range(len(got)):
+        mine.setdefault(tuple(int(x) for x in got.keys[r]), []).append((float(got.t[r]), float(got.m[r])))
+        i, j = got.parent_idx[0][r], got.parent_idx[1][r]  # provenance: the pair it came from
+        assert (got.t[r], got.m[r]) == (max(a.t[i], b.t[j]), max(a.m[i], b.m[j]))
+    assert {k: sorted(v) for k, v in mine.items()} == pareto
