@@ -252,7 +252,8 @@ class CostModel:
                  bounds: Boundaries | None = None, like: CostModel | None = None) -> None:
         """`bounds`: the Boundaries of a graph with the same ops, modules and parameters as this one
         (a micro-batch graph's full-batch graph: only shapes and FLOPs differ, and Boundaries reads
-        neither), shared instead of found again. `like`: a cost model of such a graph (another
+        neither but in `ambiguous_entry`, which is handed this graph to read its shapes from),
+        shared instead of found again. `like`: a cost model of such a graph (another
         micro-batch count's) for the same cluster, precision and profile: what it holds that reads
         neither shapes nor FLOPs is taken from it, its Boundaries included, and its memos of the
         parts of op and edge tables that read neither (`_param_terms`, `_edge_layout`) are shared,
@@ -760,7 +761,8 @@ class CostModel:
         crossing = self.bounds.crossing(prod, cons)
         tensor_axes = any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes)
         shapes = tuple((t.dims, tuple(t.shape) == tuple(prod.output.shape),
-                        crossing == "entry" and tensor_axes and self.bounds.ambiguous_entry(prod, cons, tuple(t.shape)))
+                        crossing == "entry" and tensor_axes and self.bounds.ambiguous_entry(prod, cons, tuple(t.shape),
+                                                                                               self.graph))
                        for t in reads)
         key = (prod.name, cons.name, prod.output.dims, self.graph.batch_label, mesh, tuple(prod_cfgs), tuple(cons_cfgs),
                shapes)
