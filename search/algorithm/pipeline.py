@@ -516,9 +516,9 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             by_m = np.argsort(sm, kind="stable")
             run = np.minimum.accumulate(st[by_m])
             at = np.searchsorted(sm[by_m], grid, side="right") - 1
-            f = np.where(at >= 0, run[np.clip(at, 0, None)], np.inf)
+            f = np.where(at >= 0, run[np.maximum(at, 0)], np.inf)
             best = np.flatnonzero(np.r_[True, st[by_m][1:] < run[:-1]])  # where the running min is set
-            which = by_m[best[np.searchsorted(best, np.clip(at, 0, None), side="right") - 1]]
+            which = by_m[best[np.searchsorted(best, np.maximum(at, 0), side="right") - 1]]
             picks[k] = (f, idx[which])
             ok = (rows + left_after * band.start <= n) & (rows + left_after * (band.stop - 1) >= n) & (rows >= k)
             tgt = rows[ok]
