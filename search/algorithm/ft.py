@@ -126,7 +126,8 @@ def _search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchO
                         stats={**_stats(graph, solutions, points, options),
                                "pipeline_shapes_tried": shape_counts.get("shapes", 0),
                                "pipeline_shapes_bounded_out": shape_counts.get("bounded_out", 0),
-                               "pipeline_shapes_solved": shape_counts.get("solved", 0)})
+                               "pipeline_shapes_solved": shape_counts.get("solved", 0),
+                               "pipeline_shapes_twins": shape_counts.get("twins", 0)})
 
 
 # ---- 1. meshes and ZeRO stages -----------------------------------------------------------------

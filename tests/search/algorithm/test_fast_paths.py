@@ -271,3 +271,31 @@ def test_join_bounded_rows_equal_the_full_join(seed: int, monkeypatch: pytest.Mo
     bounded = join(a, b, drop=("u",), domain=domain, stats=s_bounded, admit=admit, bound=env.admit)
     _same(bounded, full)
     assert s_bounded == s_full
+
+
+def test_twin_shapes_left_unsolved_change_no_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipeline shape that prices as an earlier one with another ZeRO stage (ZeRO 0 and 1 on
+    stages without data parallelism) is left unsolved: the frontier is the one solving it gives,
+    point by point, plan by plan."""
+    from search.algorithm import pipeline
+    from search.algorithm.ft import SearchOptions, search
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import TrainingJob
+
+    graph = capture_model(get_model("gpt2-mini"), 8, 64)
+    cluster = make_cluster("h100-80gb", 4)
+    job = TrainingJob(global_batch=8, seq_len=64, precision="bf16")
+    options = SearchOptions(pipeline=True, accumulate=True)
+
+    def plans(r) -> list[tuple]:
+        return [(p.time_s, p.memory_bytes, r.solutions[p.mesh_index].describe(), p.stages, sorted(p.assignment.items()))
+                for p in r.points]
+
+    fast = search(graph, cluster, job, options)
+    assert fast.stats["pipeline_shapes_twins"] > 0
+    monkeypatch.setattr(pipeline, "_twin_taken", lambda *a: False)
+    slow = search(graph, cluster, job, options)
+    assert slow.stats["pipeline_shapes_twins"] == 0
+    assert plans(fast) == plans(slow)
