@@ -133,7 +133,7 @@ def pareto_mask(group: np.ndarray, t: np.ndarray, m: np.ndarray, eps: float = 0.
     prev = np.empty(k, dtype=np.int64)
     prev[0] = 0
     prev[1:] = acc[:-1]
-    prev_m = np.where(start, np.inf, cm[order][np.clip(prev + gi * k, 0, k - 1)])
+    prev_m = np.where(start, np.inf, cm[order][np.minimum(np.maximum(prev + gi * k, 0), k - 1)])
     keep = cm < prev_m * (1.0 - RTOL)
     return cand[keep]
 
@@ -182,7 +182,7 @@ def least_memory(stair: tuple[np.ndarray, np.ndarray], within: np.ndarray) -> np
     """Per query, the least memory of the staircase's points whose time is <= `within` (inf if none)."""
     st, sm = stair
     i = np.searchsorted(st, within, side="right") - 1
-    return np.where(i >= 0, sm[np.clip(i, 0, None)] if len(sm) else np.inf, np.inf)
+    return np.where(i >= 0, sm[np.maximum(i, 0)] if len(sm) else np.inf, np.inf)
 
 
 CHUNK_PAIRS = 2_000_000  # pairs materialised at once: bounds memory on long block stacks
@@ -290,7 +290,7 @@ def _bounded_rows(a: Factor, b: Factor, ka: np.ndarray, kb: np.ndarray, ob: np.n
     kbs = kb[ob]
     starts = np.flatnonzero(np.r_[True, kbs[1:] != kbs[:-1]])
     tb, mb = np.minimum.reduceat(b.t[ob], starts), np.minimum.reduceat(b.m[ob], starts)
-    gi = np.clip(np.searchsorted(kbs[starts], ka), 0, len(starts) - 1)
+    gi = np.minimum(np.searchsorted(kbs[starts], ka), len(starts) - 1)
     alive = (cnt > 0) & bound(a.t + tb[gi], a.m + mb[gi])
     cnt = np.where(alive, cnt, 0)
     rows = np.flatnonzero(alive)
@@ -301,7 +301,7 @@ def _bounded_rows(a: Factor, b: Factor, ka: np.ndarray, kb: np.ndarray, ob: np.n
     kas = ka[oa]
     a_starts = np.flatnonzero(np.r_[True, kas[1:] != kas[:-1]])
     ta, ma = np.minimum.reduceat(a.t[oa], a_starts), np.minimum.reduceat(a.m[oa], a_starts)
-    ga = np.clip(np.searchsorted(kas[a_starts], kbs), 0, len(a_starts) - 1)
+    ga = np.minimum(np.searchsorted(kas[a_starts], kbs), len(a_starts) - 1)
     met = kas[a_starts][ga] == kbs
     keep_b = met & bound(b.t[ob] + ta[ga], b.m[ob] + ma[ga])
     ob = ob[keep_b]

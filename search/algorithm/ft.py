@@ -126,7 +126,8 @@ def _search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchO
                         stats={**_stats(graph, solutions, points, options),
                                "pipeline_shapes_tried": shape_counts.get("shapes", 0),
                                "pipeline_shapes_bounded_out": shape_counts.get("bounded_out", 0),
-                               "pipeline_shapes_solved": shape_counts.get("solved", 0)})
+                               "pipeline_shapes_solved": shape_counts.get("solved", 0),
+                               "pipeline_shapes_twins": shape_counts.get("twins", 0)})
 
 
 # ---- 1. meshes and ZeRO stages -----------------------------------------------------------------
@@ -402,9 +403,9 @@ class _StackBound:
             t1 = b - lam * m0
             i0 = np.searchsorted(et, t0, side="right") - 1
             i1 = np.searchsorted(et, t1, side="right") - 1
-            ok = (i0 >= 0) & (em[np.clip(i1, 0, None)] <= m0)
+            ok = (i0 >= 0) & (em[np.maximum(i1, 0)] <= m0)
             inner = i1 > i0
-            steps_max = _range_max(self.tables[j], np.clip(i0, 0, None), np.clip(i1 - 1, 0, None))
+            steps_max = _range_max(self.tables[j], np.maximum(i0, 0), np.maximum(i1 - 1, 0))
             dominated |= ok & (~inner | (steps_max <= b))
         return ~dominated
 
@@ -446,6 +447,6 @@ def _range_max(table: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     valid = length >= 1
     k = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
     k = np.minimum(k, table.shape[0] - 1)
-    a = table[k, np.clip(lo, 0, table.shape[1] - 1)]
-    b = table[k, np.clip(hi - (1 << k) + 1, 0, table.shape[1] - 1)]
+    a = table[k, np.minimum(np.maximum(lo, 0), table.shape[1] - 1)]
+    b = table[k, np.minimum(np.maximum(hi - (1 << k) + 1, 0), table.shape[1] - 1)]
     return np.where(valid, np.maximum(a, b), -np.inf)

@@ -516,9 +516,9 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             by_m = np.argsort(sm, kind="stable")
             run = np.minimum.accumulate(st[by_m])
             at = np.searchsorted(sm[by_m], grid, side="right") - 1
-            f = np.where(at >= 0, run[np.clip(at, 0, None)], np.inf)
+            f = np.where(at >= 0, run[np.maximum(at, 0)], np.inf)
             best = np.flatnonzero(np.r_[True, st[by_m][1:] < run[:-1]])  # where the running min is set
-            which = by_m[best[np.searchsorted(best, np.clip(at, 0, None), side="right") - 1]]
+            which = by_m[best[np.searchsorted(best, np.maximum(at, 0), side="right") - 1]]
             picks[k] = (f, idx[which])
             ok = (rows + left_after * band.start <= n) & (rows + left_after * (band.stop - 1) >= n) & (rows >= k)
             tgt = rows[ok]
@@ -705,6 +705,10 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
             bases[key] = mesh_costs(g, cm, sub, shape.zero, ch) if ok else None
         return g, cm, ch, bases[key]
 
+    def tables_of(shape: PipeShape) -> PipeTables | None:
+        g, cm, ch, base = priced(shape)
+        return pipe_tables(g, cm, shape, chain=ch, base=base, edges=False)
+
     # Bound every shape from its op tables alone, then solve the shapes in order of their bound
     # on time (accumulation first); a shape whose bounds the plans already found beat cannot add a point (every plan
     # of the shape lies inside its bounds): exact.
@@ -721,12 +725,17 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     # fill the known plans that bound the pipelines; then each kind fastest bound first
     bounded.sort(key=lambda x: (x[2].stages > 1, x[0].t, x[1]))
     out: list[PipeSolution] = []
-    skipped = solved = 0
+    skipped = solved = twins = 0
+    # the shapes taken so far per everything but the ZeRO stage, with their tables once made
+    taken: dict[tuple, list[tuple[PipeShape, list[PipeTables | None]]]] = {}
     for bound, _, shape in bounded:
         if envelope is not None and len(envelope[0]) and bound.covered(envelope):
             skipped += 1
             continue
         g, cm, ch, base = priced(shape)
+        if envelope is not None and _twin_taken(shape, taken, tables_of):
+            twins += 1
+            continue
         solved += 1
         sol = solve_shape(g, cm, shape, eps, recompute, envelope, chain=ch, base=base)
         if sol is not None and len(sol.root):
@@ -734,8 +743,51 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
             if envelope is not None:
                 envelope = (np.concatenate([envelope[0], sol.root.t]), np.concatenate([envelope[1], sol.root.m]))
     if counts is not None:
-        counts.update(shapes=len(bounded), bounded_out=skipped, solved=solved)
+        counts.update(shapes=len(bounded), bounded_out=skipped, solved=solved, twins=twins)
     return out
+
+
+def _twin_taken(shape: PipeShape, taken: dict[tuple, list[tuple[PipeShape, list[PipeTables | None]]]],
+                tables: Callable[[PipeShape], PipeTables | None]) -> bool:
+    """Whether a shape taken before this one differs from it in the ZeRO stage alone and prices
+    alike: the same op tables to the bit, buffers and transfers (ZeRO 0 and 1 on a stage without
+    data parallelism: nothing to shard). Its solve then finds the same points, every one of
+    which the envelope already holds (those of the twin, or plans that beat them), and the
+    envelope admits no point a known plan matches: the shape adds nothing, and is left unsolved
+    (exact). `shape` is recorded among the taken either way; `tables` makes a shape's tables,
+    asked for only when there is a twin candidate (and once per shape)."""
+    sig = (shape.mesh, shape.micro_batches, shape.schedule, shape.virtual_stages, shape.spread)
+    mine: list[PipeTables | None] = []
+    found = False
+    for other, theirs in taken.get(sig, []):
+        if not mine:
+            mine.append(tables(shape))
+        if not theirs:
+            theirs.append(tables(other))
+        if mine[0] is not None and theirs[0] is not None and _same_tables(mine[0], theirs[0]):
+            found = True
+            break
+    taken.setdefault(sig, []).append((shape, mine))
+    return found
+
+
+def _same_tables(a: PipeTables, b: PipeTables) -> bool:
+    """Every table a stage solve reads, equal to the bit (edges are priced from the op tables'
+    configurations, the same graph and mesh: equal with them)."""
+    if a.graph is not b.graph or a.chain is not b.chain or a.buffers != b.buffers or a.op_costs.keys() != b.op_costs.keys():
+        return False
+    if not (np.array_equal(a.p2p, b.p2p) and np.array_equal(a.p2p_bytes, b.p2p_bytes)):
+        return False
+    for name, x in a.op_costs.items():
+        y = b.op_costs[name]
+        if x is y:
+            continue
+        if x.configs != y.configs or x.estimated != y.estimated or (x.step is None) != (y.step is None):
+            return False
+        fields = ("time", "mem", "parts", "comm", "time_rc", "mem_rc", "parts_rc") + (("step",) if x.step is not None else ())
+        if not all(np.array_equal(getattr(x, f), getattr(y, f)) for f in fields):
+            return False
+    return True
 
 
 class EndLeast(NamedTuple):

@@ -157,34 +157,48 @@ class Boundaries:
         return self.crossing(prod, reader) != "none"
 
 
-    def ambiguous_entry(self, prod: Op, reader: Op, shape: tuple[int, ...]) -> bool:
+    def ambiguous_entry(self, prod: Op, reader: Op, shape: tuple[int, ...], graph: OpGraph | None = None) -> bool:
         """Whether converting prod's output where the reader enters its conversion module is
         ambiguous to torch: PrepareModuleInput converts a module's first input, right only when the
         tensor is the one of its shape entering the module. MPT's MLP, `ffn(hidden, residual)`, takes
         two [batch, seq, hidden] tensors, so a plan converting one of them there cannot run (the
         executor refuses it, worker/analyze.py `refuse_ambiguous_entry`). Not ambiguous: a reader's
         own style's input layout (its own module, a Linear's), and a module called once per tensor
-        (ViT's one dropout, each call's tensor its first)."""
+        (ViT's one dropout, each call's tensor its first).
+
+        `shape` is the tensor's shape in `graph` (default: this Boundaries' own graph), whose
+        shapes the other tensors entering the module are read from: a Boundaries serves graphs
+        with its graph's ops and modules but other shapes (the micro-batch graphs, whose cost
+        models share one), and whether two tensors have one shape depends on the batch the
+        executor runs (T5's encoder output and decoder stream do where their sequences agree)."""
         if not self.has_modules:
             return False
         m = self.conversion_module(prod, reader)
         if m == reader.module and self.own_module(reader) and reader.params:
             return False
-        return self._entering(m, shape) > 1
+        return self._entering(m, shape, self.graph if graph is None else graph) > 1
 
-    def _entering(self, m: str, shape: tuple[int, ...]) -> int:
-        key = (m, shape)
-        if key not in self._entering_cache:
+    def _entering(self, m: str, shape: tuple[int, ...], graph: OpGraph) -> int:
+        """How many distinct tensors of `shape` in `graph` enter module m (1 for a module called
+        once per tensor). Cached per graph, the graph kept alive in the entry so its id stays its own."""
+        held, cache = self._entering_cache.setdefault(id(graph), (graph, {}))
+        assert held is graph
+        if m not in self._entering_sources:
             inside = self._ops_within.get(m, [])
             if (len(inside) > 1 and all(op.module == m for op in inside) and len({op.target for op in inside}) == 1
                     and all(len(op.inputs) == 1 for op in inside)):
-                self._entering_cache[key] = 1  # one call per tensor
+                self._entering_sources[m] = None  # one call per tensor
             else:
                 names = {op.name for op in inside}
-                self._entering_cache[key] = len({t.source if t.source is not None else "<graph input>"
-                                                 for op in inside for t in op.inputs
-                                                 if tuple(t.shape) == shape and t.source not in names})
-        return self._entering_cache[key]
+                self._entering_sources[m] = [(op.name, i, t.source if t.source is not None else "<graph input>")
+                                             for op in inside for i, t in enumerate(op.inputs)
+                                             if t.source not in names]
+        sources = self._entering_sources[m]
+        if sources is None:
+            return 1
+        if shape not in cache.setdefault(m, {}):
+            cache[m][shape] = len({src for name, i, src in sources if tuple(graph.op(name).inputs[i].shape) == shape})
+        return cache[m][shape]
 
     @cached_property
     def _ops_within(self) -> dict[str, list[Op]]:
@@ -196,7 +210,14 @@ class Boundaries:
         return out
 
     @cached_property
-    def _entering_cache(self) -> dict[tuple[str, tuple[int, ...]], int]:
+    def _entering_sources(self) -> dict[str, list[tuple[str, int, str]] | None]:
+        """module -> its entering inputs (reader, input index, source) read from outside it, in
+        any graph with this one's ops (None: a module called once per tensor)."""
+        return {}
+
+    @cached_property
+    def _entering_cache(self) -> dict[int, tuple[OpGraph, dict[str, dict[tuple[int, ...], int]]]]:
+        """id(graph) -> (graph, module -> shape -> `_entering`)."""
         return {}
 
 

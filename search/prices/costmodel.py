@@ -252,7 +252,8 @@ class CostModel:
                  bounds: Boundaries | None = None, like: CostModel | None = None) -> None:
         """`bounds`: the Boundaries of a graph with the same ops, modules and parameters as this one
         (a micro-batch graph's full-batch graph: only shapes and FLOPs differ, and Boundaries reads
-        neither), shared instead of found again. `like`: a cost model of such a graph (another
+        neither but in `ambiguous_entry`, which is handed this graph to read its shapes from),
+        shared instead of found again. `like`: a cost model of such a graph (another
         micro-batch count's) for the same cluster, precision and profile: what it holds that reads
         neither shapes nor FLOPs is taken from it, its Boundaries included, and its memos of the
         parts of op and edge tables that read neither (`_param_terms`, `_edge_layout`) are shared,
@@ -306,7 +307,12 @@ class CostModel:
 
     def collective_coefficients(self, mesh: Mesh, axis: int) -> tuple[np.ndarray, np.ndarray]:
         """(alpha[kind], beta[kind]) on one axis; time = alpha + beta * bytes, where bytes is the
-        size of the tensor as if unsharded on this axis (all_to_all moves 1/n of it)."""
+        size of the tensor as if unsharded on this axis (all_to_all moves 1/n of it). Found once
+        per (mesh, axis) - the op and edge tables ask per parameter and per edge - and read,
+        never written, by the callers."""
+        hit = self._coef.get((mesh, axis))
+        if hit is not None:
+            return hit
         n = mesh.axes[axis].size
         bw, lat = self.link(mesh, axis)
         steps = math.ceil(math.log2(n)) if n > 1 else 0
@@ -315,6 +321,7 @@ class CostModel:
         beta = np.array([0.0, frac / bw, frac / bw, 2 * frac / bw, frac / n / bw])
         if self.profile is not None:
             return self._profiled_coefficients(self.profile, mesh, axis, alpha, beta)
+        self._coef[(mesh, axis)] = (alpha, beta)
         return alpha, beta
 
     def _profiled_coefficients(self, profile: ProfileLookup, mesh: Mesh, axis: int, alpha: np.ndarray,
@@ -447,12 +454,16 @@ class CostModel:
         autocast = bool(b.cast) and not fsdp_cast
         r_opt = math.prod(ax.size for ax in mesh.axes if ax.role in BATCH_ROLES)
         terms = self._param_terms(op, mesh, zero, cfgs)
+        # what every configuration reads alike, found once (the same values, summed as before)
+        out_size = self.esize(op.output)
+        in_numels = [t.numel for t in op.inputs]
+        in_sizes = [self.esize(t) for t in op.inputs]
         for ci, cfg in enumerate(cfgs):
             pt = terms[ci]
             shards = pt.shards
             out_local = out_numel / pt.out_shards
-            in_locals = [t.numel / f for t, f in zip(op.inputs, pt.in_shards, strict=True)]
-            moved = out_local * self.esize(op.output) + sum(n * self.esize(t) for n, t in zip(in_locals, op.inputs, strict=True))
+            in_locals = [n / f for n, f in zip(in_numels, pt.in_shards, strict=True)]
+            moved = out_local * out_size + sum(n * e for n, e in zip(in_locals, in_sizes, strict=True))
             for x in pt.param_moved:  # each parameter's local bytes, read in the order priced
                 moved += x
             t_sync, t_once, t_gather, t_after = pt.t_sync, pt.t_once, pt.t_gather, pt.t_after
@@ -514,7 +525,7 @@ class CostModel:
                 # the next layer's checkpoint holds this output as its input, whether or not a
                 # consumer's backward would save it (HF's RMSNorm reads it through a cast); what
                 # the op itself saves for its backward is recomputed
-                kept[ci] = out_local * (self._dtypes[op.name] if autocast else self.esize(op.output))
+                kept[ci] = out_local * (self._dtypes[op.name] if autocast else out_size)
         parts_rc = parts.copy()
         parts_rc[:, 3] = kept
         return OpCosts(configs=cfgs, time=time, mem=parts.sum(axis=1), parts=parts, comm=comm,
@@ -760,7 +771,8 @@ class CostModel:
         crossing = self.bounds.crossing(prod, cons)
         tensor_axes = any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes)
         shapes = tuple((t.dims, tuple(t.shape) == tuple(prod.output.shape),
-                        crossing == "entry" and tensor_axes and self.bounds.ambiguous_entry(prod, cons, tuple(t.shape)))
+                        crossing == "entry" and tensor_axes and self.bounds.ambiguous_entry(prod, cons, tuple(t.shape),
+                                                                                               self.graph))
                        for t in reads)
         key = (prod.name, cons.name, prod.output.dims, self.graph.batch_label, mesh, tuple(prod_cfgs), tuple(cons_cfgs),
                shapes)

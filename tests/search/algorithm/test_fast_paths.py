@@ -189,26 +189,36 @@ class _Forgetful(dict):
         pass
 
 
-def test_cost_models_made_alike_price_as_fresh_ones() -> None:
+@pytest.mark.parametrize(("model", "seq", "full_bounds"), [("gpt2-mini", 64, False), ("t5-tiny", 16, False),
+                                                        ("t5-tiny", 16, True)])
+def test_cost_models_made_alike_price_as_fresh_ones(model: str, seq: int, full_bounds: bool) -> None:
     """Cost models of several micro-batch counts made `like` one another (sharing the parts of
     op and edge tables that read no shape) price every op and edge on every mesh and ZeRO stage
-    to the bit as a cost model made alone, whichever count priced a shared part first."""
+    to the bit as a cost model made alone, whichever count priced a shared part first. T5: its
+    cross-attention's keys and values enter the attention module beside the decoder's stream, a
+    conversion there ambiguous to torch exactly where the two have one shape (seq 16 both), which
+    the shared Boundaries must test on the priced graph's shapes, not the first count's (before,
+    the other counts found no tensor of their shapes and allowed it: T5's leanest plan came out
+    0.7 MB leaner). `full_bounds`: as the pipeline search makes them, every count's model on the
+    full-batch graph's Boundaries."""
     from search.algorithm.evaluate import micro_batch_graph, tables
     from search.models.capture import capture_model
     from search.models.zoo import get_model
+    from search.prices.boundaries import Boundaries
     from search.prices.cluster import make_cluster
     from search.prices.costmodel import CostModel, TrainingJob
     from search.prices.mesh import Mesh, mesh_candidates, unplaceable_op
 
-    graph = capture_model(get_model("gpt2-mini"), 8, 64)
+    graph = capture_model(get_model(model), 8, seq)
     cluster = make_cluster("h100-80gb", 4)
-    job = TrainingJob(global_batch=8, seq_len=64, precision="bf16")
+    job = TrainingJob(global_batch=8, seq_len=seq, precision="bf16")
+    bounds = Boundaries(graph) if full_bounds else None
     shared: CostModel | None = None
     checked = 0
     for m in (4, 1, 2, 8):  # the first priced shares its memos with the rest
         g = micro_batch_graph(graph, m)
         mjob = job.model_copy(update={"global_batch": 8 // m})
-        alike = CostModel(g, cluster, mjob, like=shared)
+        alike = CostModel(g, cluster, mjob, bounds=bounds, like=shared)
         shared = shared or alike
         fresh = CostModel(g, cluster, mjob)
         fresh._shared_memos = {name: _Forgetful() for name in fresh._shared_memos}  # every part priced afresh
@@ -293,3 +303,31 @@ def test_peak_join_is_the_pareto_set_of_pairwise_maxima(seed: int) -> None:
         i, j = got.parent_idx[0][r], got.parent_idx[1][r]  # provenance: the pair it came from
         assert (got.t[r], got.m[r]) == (max(a.t[i], b.t[j]), max(a.m[i], b.m[j]))
     assert {k: sorted(v) for k, v in mine.items()} == pareto
+
+
+def test_twin_shapes_left_unsolved_change_no_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipeline shape that prices as an earlier one with another ZeRO stage (ZeRO 0 and 1 on
+    stages without data parallelism) is left unsolved: the frontier is the one solving it gives,
+    point by point, plan by plan."""
+    from search.algorithm import pipeline
+    from search.algorithm.ft import SearchOptions, search
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import TrainingJob
+
+    graph = capture_model(get_model("gpt2-mini"), 8, 64)
+    cluster = make_cluster("h100-80gb", 4)
+    job = TrainingJob(global_batch=8, seq_len=64, precision="bf16")
+    options = SearchOptions(pipeline=True, accumulate=True)
+
+    def plans(r) -> list[tuple]:
+        return [(p.time_s, p.memory_bytes, r.solutions[p.mesh_index].describe(), p.stages, sorted(p.assignment.items()))
+                for p in r.points]
+
+    fast = search(graph, cluster, job, options)
+    assert fast.stats["pipeline_shapes_twins"] > 0
+    monkeypatch.setattr(pipeline, "_twin_taken", lambda *a: False)
+    slow = search(graph, cluster, job, options)
+    assert slow.stats["pipeline_shapes_twins"] == 0
+    assert plans(fast) == plans(slow)
