@@ -31,11 +31,19 @@ from search.models.graph import BlockInfo, OpGraph
 
 SEQ2SEQ_KIND = "seq2seq"
 
-# Why the executor refuses a pipeline of an encoder-decoder (worker/analyze.py raises it before any
-# launch, and the service shows it beside such a plan): the search prices these pipelines.
-PIPELINE_REFUSAL = ("a pipeline across an encoder-decoder's two stacks is priced but not launched: the executor's "
-                    "stages (torch.distributed.pipelining) pass one tensor from each stage to the next, while every "
-                    "stage holding decoder layers also needs the encoder's output for its cross-attention")
+# The encoder-decoders whose pipelines the executor runs (worker/hfstages.py restates their forward
+# stage by stage); a pipeline of any other is priced but refused before launch, by the worker and by
+# the service beside the plan, with `pipeline_refusal`'s reason.
+PIPELINE_FAMILIES = ("t5", "bart")
+
+
+def pipeline_refusal(model_type: str) -> str | None:
+    """Why a pipeline of this encoder-decoder model type does not launch, or None when it does."""
+    if model_type in PIPELINE_FAMILIES:
+        return None
+    return (f"a pipeline of the {model_type!r} encoder-decoder is priced but not launched: the executor's stages "
+            f"restate the forward of {' and '.join(PIPELINE_FAMILIES)} only (each stage passes its tensors, the "
+            f"encoder's output among them, to the next, and runs its layers as the model's own stacks do)")
 
 
 class Seq2SeqLM(nn.Module):
