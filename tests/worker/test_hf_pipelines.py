@@ -97,19 +97,70 @@ def _piped(name: str, stages: int) -> Plan:
     return next(p for p in _frontier(name) if p.pipeline.stages == stages)
 
 
-def _llama_pp2() -> Plan:
-    o = run_search(SearchRequest(hf_config=LLAMA, name="llama", device="cpu", devices=2, devices_per_node=2,
+def _shape_points(config: dict, name: str, stages: int) -> list[Plan]:
+    """Every point of the search's pipeline shapes of `stages` stages (not only the merged
+    frontier's: on 4 CPU devices a tiny model's pipelines are mostly beaten), fastest first."""
+    import numpy as np
+
+    from search.algorithm.ft import SearchOptions, search
+    from search.algorithm.results import FrontierPoint
+    from search.plans.api import request_source, resolve, with_source
+    from search.plans.plan import build_plans
+    from search.prices.mesh import Mesh, MeshAxis
+
+    req = SearchRequest(hf_config=config, name=name, device="cpu", devices=4, devices_per_node=4, global_batch=8,
+                        seq_len=16, precision="fp32", baselines=False)
+    graph, cluster, job, _ = resolve(req)
+    dp4 = Mesh(pp=1, axes=(MeshAxis("dp", 4, 1, "data"), MeshAxis("tp", 1, 1, "tensor")))
+    r = search(graph, cluster, job, SearchOptions(meshes=(dp4,), zero_stages=(0,), recompute=False, pipeline=True,
+                                                  accumulate=False))
+    points = []
+    for i, sol in enumerate(r.solutions):
+        if sol.pipeline is None or sol.pipeline.stages != stages:
+            continue
+        rows = np.arange(len(sol.root))
+        configs, splits = sol.read_back(rows)
+        points += [FrontierPoint(time_s=float(sol.root.t[j]), memory_bytes=float(sol.root.m[j]), mesh_index=i,
+                                 configs=configs, row=int(j), stages=splits[j]) for j in rows]
+    plans = with_source(build_plans(r, points), request_source(req, graph))
+    return sorted(plans, key=lambda p: p.predicted.time_s)
+
+
+def _t5_pp2_tp2() -> Plan:
+    """Of the pp2 x tp2 points the executor runs, the one splitting the most modules on the tensor
+    axis inside each stage (points that split the tied embedding across the stages are refused)."""
+    from worker.analyze import Unsupported, analyze
+
+    def split(p: Plan) -> int:
+        if not any(a.role == "tensor" and a.size > 1 for a in p.mesh.axes):
+            return 0
+        try:
+            spec = analyze(p)
+        except Unsupported:
+            return 0
+        return sum(st.style in ("colwise", "rowwise") for st in spec.styles)
+
+    return max(_shape_points(T5, "t5", 2), key=split)
+
+
+def _hand_pp2(config: dict, name: str) -> Plan:
+    """The data-parallel baseline on 2 devices, pipelined over 2 stages (as the zoo's pp families)."""
+    o = run_search(SearchRequest(hf_config=config, name=name, device="cpu", devices=2, devices_per_node=2,
                                  global_batch=8, seq_len=16, precision="fp32", pipeline=False))
     dp = Plan.model_validate(next(b.plan for b in o.report.baselines if b.name == "data-parallel"))
     return pipelined(dp, 2, "1f1b", 2)
 
 
+MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 2, **_NARROW, "num_local_experts": 4, "num_experts_per_tok": 2}
 # the search's own pipelines on 4 CPU devices: BART pp2 x dp2 (FSDP, both stacks recomputed), T5
-# pp4 (one layer a stage: the decoder's embedding, tied to the encoder's and the head, on stage 2)
+# pp4 (one layer a stage: the decoder's embedding, tied to the encoder's and the head, on stage 2),
+# T5 pp2 x tp2; Llama's and Mixtral's (no pipeline on their tiny frontiers) pipelined by hand
 PLANS = {
     "bart pp2 x dp2": lambda: _piped("bart", 2),
     "t5 pp4": lambda: _piped("t5", 4),
-    "llama pp2 x dp2": _llama_pp2,
+    "t5 pp2 x tp2": _t5_pp2_tp2,
+    "llama pp2 x dp2": lambda: _hand_pp2(LLAMA, "llama"),
+    "mixtral pp2 x dp2": lambda: _hand_pp2(MIXTRAL, "mixtral"),
 }
 
 share(__name__, "runs", analyzed(PLANS), STEPS, lambda name: True)
