@@ -12,7 +12,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from search.models.seq2seq import SEQ2SEQ_KIND, pipeline_refusal
+from search.models.pipelines import decoder_refusal, seq2seq_refusal
+from search.models.seq2seq import SEQ2SEQ_KIND
 from search.plans.capacity import cpu_host_blocker, cuda_devices
 
 gpus = cache(cuda_devices)  # asked on every plan the dashboard opens; the answer does not change
@@ -47,17 +48,16 @@ def zoo_families() -> dict[str, str]:
     return {**{n: s.family for n, s in TEST_MODELS.items()}, **{m["name"]: str(m["family"]) for m in zoo_index.load()}}
 
 
-def _seq2seq_pipeline_refusal(plan: dict[str, Any], model: str, source: dict[str, Any]) -> str | None:
-    """Why a pipeline of this encoder-decoder does not launch (None: it does, or the model is
-    none). A plan of an encoder-decoder has its two stacks' block plans (seq2seq.is_encoder_decoder)."""
+def _pipeline_refusal(plan: dict[str, Any], model: str, source: dict[str, Any]) -> str | None:
+    """Why a pipeline of this HF model does not launch (None: it does, or the zoo's class has its
+    own split). A plan of an encoder-decoder has its two stacks' block plans (seq2seq.is_encoder_decoder)."""
     config = source.get("config") if source.get("kind") == "hf_config" else None
     if isinstance(config, dict):
-        if len(plan.get("blocks") or []) < 2:
-            return None
-        return pipeline_refusal(str(config.get("model_type")))
+        model_type = str(config.get("model_type"))
+        return seq2seq_refusal(model_type) if len(plan.get("blocks") or []) >= 2 else decoder_refusal(model_type)
     if zoo_kinds().get(model) != SEQ2SEQ_KIND:
         return None
-    return pipeline_refusal(zoo_families().get(model, ""))
+    return seq2seq_refusal(zoo_families().get(model, ""))
 
 
 def launch_blocker(plan: dict[str, Any]) -> str | None:
@@ -74,7 +74,7 @@ def launch_blocker(plan: dict[str, Any]) -> str | None:
                 "configs searched now record theirs)")
     pipeline = plan.get("pipeline") or {}
     if int(pipeline.get("stages") or 1) > 1:
-        refusal = _seq2seq_pipeline_refusal(plan, str(model), source)
+        refusal = _pipeline_refusal(plan, str(model), source)
         if refusal:
             return refusal  # worker/analyze.py refuses it likewise
     n = int(plan.get("num_devices") or 1)

@@ -700,7 +700,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     ties = _ties(model)
     _check_ties(ties, styles, graph, pipe.stages)
     mode, reshard, dp_notes = _data_parallel(plan, mesh, bool(tensor_axes), pipe)
-    notes = (_tie_notes(ties, pipe) + _schedule_notes(pipe) + dp_notes
+    notes = (_tie_notes(ties, pipe) + _schedule_notes(pipe) + _cut_notes(spec, pipe) + dp_notes
              + _batchnorm_notes(plan, graph, cfgs, roles, modules, mesh))
     for r in plan.recompute:
         if r not in modules.by_name:
@@ -948,6 +948,16 @@ def _tie_notes(ties: list[list[str]], pipe: PipelineExec) -> list[str]:
                 f"its first decoder stage) whose gradients are all-reduced among them (as Megatron-LM does, and "
                 f"as the plan prices it: search/algorithm/pipeline.py _tied_copies)"]
     return []
+
+
+def _cut_notes(spec: ModelSpec, pipe: PipelineExec) -> list[str]:
+    """What crosses an encoder-decoder's cuts beyond what the search prices there."""
+    if pipe.stages == 1 or spec.kind != SEQ2SEQ_KIND:
+        return []
+    return ["the decoder's input ids (the targets shifted right) travel with the encoder's activations from the first "
+            "stage to the one holding the decoder's embedding, as torch's schedule feeds the first stage only (the "
+            "plan reads them as a graph input every stage has; integers, no gradient); T5's cross-attention position "
+            "bias (zeros) is made on each stage, not received (worker/hfstages.py)"]
 
 
 def _schedule_notes(pipe: PipelineExec) -> list[str]:

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from search.models.seq2seq import Seq2SeqLM, pipeline_refusal, shift_right
+from search.models.pipelines import DECODER_PIPELINES, decoder_refusal, seq2seq_refusal
+from search.models.seq2seq import Seq2SeqLM, shift_right
 
 
 class NoPipeline(ValueError):
@@ -275,7 +276,7 @@ def seq2seq_family(model: nn.Module) -> str:
     inner = getattr(model, "model", None)
     config: Any = getattr(inner, "config", None)
     model_type = str(getattr(config, "model_type", type(inner).__name__))
-    refusal = pipeline_refusal(model_type)
+    refusal = seq2seq_refusal(model_type)
     if refusal is not None:
         raise NoPipeline(refusal)
     drop = [k for k in ("encoder_layerdrop", "decoder_layerdrop") if float(getattr(config, k, 0.0) or 0.0) > 0]
@@ -291,15 +292,6 @@ def seq2seq_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 # ---- Llama-style decoders -----------------------------------------------------------------------
-# model type -> how its base model's forward masks its layers: one causal mask ("causal"), one mask
-# that slides where config.sliding_window is set ("window", Mistral's), or each layer's mask by
-# config.layer_types[i] ("layer_types", Qwen2's). Every one of these embeds, runs its layers with
-# (mask, rotary tables, positions), then norm and lm_head, as LlamaModel does; families whose
-# forward does more (Gemma's embedding scale, soft-capping, ...) are not listed.
-DECODER_MASKS = {"llama": "causal", "mistral": "window", "mixtral": "window", "qwen3_moe": "window",
-                 "qwen2": "layer_types", "qwen2_moe": "layer_types", "qwen3": "layer_types"}
-
-
 class DecoderStage(_HFStage):
     """A stage of an HFLossAdapter over a Llama-style ``...ForCausalLM``: its base model's forward
     (embed_tokens, layers, norm) and the LM head, for layers [first, end)."""
@@ -310,7 +302,7 @@ class DecoderStage(_HFStage):
         self.base = "model.model"
         base = model.get_submodule(self.base)
         self.config: Any = base.config
-        self.mask_rule = DECODER_MASKS[model_type]
+        self.mask_rule = DECODER_PIPELINES[model_type]
         if is_first:
             hold(self, model, f"{self.base}.embed_tokens")
         hold_layers(self, model, f"{self.base}.layers", first, end)
@@ -364,9 +356,12 @@ def decoder_type(model: nn.Module) -> str:
     inner = getattr(model, "model", None)
     config = getattr(inner, "config", None)
     model_type = str(getattr(config, "model_type", "?"))
-    if getattr(model, "kind", None) != "lm" or model_type not in DECODER_MASKS:
-        raise NoPipeline(f"a pipeline of HF model type {model_type!r} is priced but not launched: the executor's "
-                         f"stages restate the forward of Llama-style causal LMs ({', '.join(DECODER_MASKS)}) only")
+    refusal = decoder_refusal(model_type)
+    if refusal is not None:
+        raise NoPipeline(refusal)
+    if getattr(model, "kind", None) != "lm":
+        raise NoPipeline(f"a pipeline of HF model type {model_type!r} as a {getattr(model, 'kind', '?')} model is "
+                         f"priced but not launched: the executor's stages restate causal LMs")
     base = getattr(inner, "model", None)
     if not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
         raise NoPipeline(f"HF model type {model_type!r} lacks the Llama layout (embed_tokens, layers, norm, rotary_emb) "

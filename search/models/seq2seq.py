@@ -31,21 +31,6 @@ from search.models.graph import BlockInfo, OpGraph
 
 SEQ2SEQ_KIND = "seq2seq"
 
-# The encoder-decoders whose pipelines the executor runs (worker/hfstages.py restates their forward
-# stage by stage); a pipeline of any other is priced but refused before launch, by the worker and by
-# the service beside the plan, with `pipeline_refusal`'s reason.
-PIPELINE_FAMILIES = ("t5", "bart")
-
-
-def pipeline_refusal(model_type: str) -> str | None:
-    """Why a pipeline of this encoder-decoder model type does not launch, or None when it does."""
-    if model_type in PIPELINE_FAMILIES:
-        return None
-    return (f"a pipeline of the {model_type!r} encoder-decoder is priced but not launched: the executor's stages "
-            f"restate the forward of {' and '.join(PIPELINE_FAMILIES)} only (each stage passes its tensors, the "
-            f"encoder's output among them, to the next, and runs its layers as the model's own stacks do)")
-
-
 class Seq2SeqLM(nn.Module):
     """A HuggingFace ``...ForConditionalGeneration`` trained by teacher forcing:
     ``forward(input_ids, targets)`` returns the mean token cross entropy."""

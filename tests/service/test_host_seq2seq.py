@@ -1,19 +1,19 @@
-"""The service says whether an encoder-decoder pipeline launches, before any worker refuses it: T5's
-and BART's do (worker/hfstages.py), another family's is refused with the reason worker/analyze.py
-gives."""
+"""The service says whether a pipeline of an HF model launches, before any worker refuses it: T5's,
+BART's and Llama-style decoders' do (worker/hfstages.py), another family's is refused with the
+reason worker/analyze.py gives."""
 
 from __future__ import annotations
 
-from search.models.seq2seq import pipeline_refusal
+from search.models.pipelines import decoder_refusal, seq2seq_refusal
 from service.host import launch_blocker
 
 
-def _plan(model: str, stages: int, config: dict | None = None) -> dict:
+def _plan(model: str, stages: int, config: dict | None = None, stacks: int = 2) -> dict:
     plan: dict = {"model": model, "num_devices": 2, "pipeline": {"stages": stages, "micro_batches": 2},
                   "predicted": {"memory_bytes": 1 << 20}}
-    if config is not None:  # a plan of an HF config: its source, and an encoder-decoder's two stacks
+    if config is not None:  # a plan of an HF config: its source, and its stacks' block plans
         plan |= {"source": {"kind": "hf_config", "name": "mine", "config": config, "params": 1000},
-                 "blocks": [{}, {}]}
+                 "blocks": [{}] * stacks}
     return plan
 
 
@@ -24,7 +24,14 @@ def test_t5_and_bart_pipelines_across_the_stacks_are_launchable() -> None:
 
 
 def test_another_encoder_decoders_pipeline_is_refused_with_the_reason() -> None:
-    reason = pipeline_refusal("whisper")
+    reason = seq2seq_refusal("whisper")
     assert reason and "'whisper' encoder-decoder is priced but not launched" in reason
     assert launch_blocker(_plan("hf:whisper:mine", 2, {"model_type": "whisper"})) == reason
     assert launch_blocker(_plan("hf:whisper:mine", 1, {"model_type": "whisper"})) is None
+
+
+def test_decoder_pipelines_launch_for_llama_style_families_only() -> None:
+    assert launch_blocker(_plan("hf:mixtral:mine", 2, {"model_type": "mixtral"}, stacks=1)) is None
+    reason = decoder_refusal("gemma")
+    assert reason and "'gemma' is priced but not launched" in reason
+    assert launch_blocker(_plan("hf:gemma:mine", 2, {"model_type": "gemma"}, stacks=1)) == reason

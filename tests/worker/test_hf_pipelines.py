@@ -200,7 +200,7 @@ def test_hf_pipeline_sends_equal_the_spec(name, runs):
 def test_another_encoder_decoders_pipeline_is_refused_with_the_reason():
     """mBART's stacks end in layer norms BART's lack: its pipelines are priced, and refused with
     the reason the service shows too."""
-    from search.models.seq2seq import pipeline_refusal
+    from search.models.pipelines import seq2seq_refusal
     from worker.hfstages import NoPipeline
 
     spec = spec_from_hf_config({**BART, "model_type": "mbart"}, "mbart")
@@ -209,4 +209,4 @@ def test_another_encoder_decoders_pipeline_is_refused_with_the_reason():
         model = spec.build()
     with pytest.raises(NoPipeline) as e:
         pipe_of(model, spec)
-    assert str(e.value) == pipeline_refusal("mbart")
+    assert str(e.value) == seq2seq_refusal("mbart")
