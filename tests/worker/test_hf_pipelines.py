@@ -151,16 +151,28 @@ def _hand_pp2(config: dict, name: str) -> Plan:
     return pipelined(dp, 2, "1f1b", 2)
 
 
+def _llama_interleaved() -> Plan:
+    """4 layers over pp2 x 2 virtual stages (one layer a chunk, chunk c on pp rank c % 2), 4
+    micro-batches: interleaved 1F1B of an HF model."""
+    config = {**LLAMA, "num_hidden_layers": 4}
+    plan = _hand_pp2(config, "llama4")
+    pipe = plan.pipeline.model_copy(update={"virtual_stages": 2, "micro_batches": 4, "micro_batch_size": 1,
+                                            "stage_layers": [[0, 1], [1, 2], [2, 3], [3, 4]]})
+    return plan.model_copy(update={"pipeline": pipe, "summary": f"{plan.summary} | interleaved v2 m4"})
+
+
 MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 2, **_NARROW, "num_local_experts": 4, "num_experts_per_tok": 2}
 # the search's own pipelines on 4 CPU devices: BART pp2 x dp2 (FSDP, both stacks recomputed), T5
 # pp4 (one layer a stage: the decoder's embedding, tied to the encoder's and the head, on stage 2),
-# T5 pp2 x tp2; Llama's and Mixtral's (no pipeline on their tiny frontiers) pipelined by hand
+# T5 pp2 x tp2; Llama's (also interleaved) and Mixtral's (no pipeline on their tiny frontiers)
+# pipelined by hand
 PLANS = {
     "bart pp2 x dp2": lambda: _piped("bart", 2),
     "t5 pp4": lambda: _piped("t5", 4),
     "t5 pp2 x tp2": _t5_pp2_tp2,
     "llama pp2 x dp2": lambda: _hand_pp2(LLAMA, "llama"),
     "mixtral pp2 x dp2": lambda: _hand_pp2(MIXTRAL, "mixtral"),
+    "llama pp2 interleaved": _llama_interleaved,
 }
 
 share(__name__, "runs", analyzed(PLANS), STEPS, lambda name: True)
