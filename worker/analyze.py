@@ -1080,8 +1080,8 @@ def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
     except NoPipeline as e:
         raise Unsupported(str(e)) from None
     if v > 1 and spec.kind == SEQ2SEQ_KIND:
-        raise Unsupported(f"{v} virtual stages over an encoder-decoder's two stacks: the search offers none, and the "
-                          f"executor runs one chunk per pp rank there")
+        raise Unsupported(f"{v} virtual stages over an encoder-decoder's two stacks: the search offers none "
+                          f"(search/algorithm/stacks.py leaves them out), so no such layout has been priced or run")
     n_layers = cut.units
     sl = pl.stage_layers
     chunks = pl.stages * v
