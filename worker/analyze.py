@@ -33,9 +33,8 @@ import torch
 from torch import nn
 
 from search import InputError, Plan
-from search.algorithm.interleave import rank_p2p
 from search.models.graph import Op, OpGraph, ParamRef, block_layout
-from search.models.seq2seq import PIPELINE_REFUSAL, SEQ2SEQ_KIND
+from search.models.seq2seq import SEQ2SEQ_KIND
 from search.models.source import NOT_REBUILDABLE, ModelSource, source_spec
 from search.models.zoo import TEST_MODELS, ZOO, ModelSpec
 from search.prices.boundaries import Boundaries, exit_allowed
@@ -49,8 +48,9 @@ from search.prices.mesh import (
     output_placement,
     param_placement,
 )
+from worker.hfstages import NoPipeline
 from worker.spec import ExecSpec, ExpectedComm, MeshDim, PipelineExec, StyleSpec
-from worker.stages import split_of
+from worker.stages import pipe_of, pipe_p2p
 
 # mesh roles over which the batch is split: an expert axis splits it for every op but the experts'
 BATCH_ROLES = ("data", "expert")
@@ -700,7 +700,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     ties = _ties(model)
     _check_ties(ties, styles, graph, pipe.stages)
     mode, reshard, dp_notes = _data_parallel(plan, mesh, bool(tensor_axes), pipe)
-    notes = (_tie_notes(ties, pipe) + _schedule_notes(pipe) + dp_notes
+    notes = (_tie_notes(ties, pipe) + _schedule_notes(pipe) + _cut_notes(spec, pipe) + dp_notes
              + _batchnorm_notes(plan, graph, cfgs, roles, modules, mesh))
     for r in plan.recompute:
         if r not in modules.by_name:
@@ -944,9 +944,20 @@ def _check_placed_tie(group: list[str], placed: list[StyleSpec], stages: int) ->
 def _tie_notes(ties: list[list[str]], pipe: PipelineExec) -> list[str]:
     if pipe.stages > 1 and ties:
         return [f"tied parameters across pipeline stages ({'; '.join(' = '.join(g) for g in ties)}) are kept as a "
-                f"copy on the first and last stage whose gradients are all-reduced between the two (as "
-                f"Megatron-LM does, and as the plan prices it: search/algorithm/pipeline.py _tied_copies)"]
+                f"copy on each stage holding one (the first and last; an encoder-decoder's decoder embedding on "
+                f"its first decoder stage) whose gradients are all-reduced among them (as Megatron-LM does, and "
+                f"as the plan prices it: search/algorithm/pipeline.py _tied_copies)"]
     return []
+
+
+def _cut_notes(spec: ModelSpec, pipe: PipelineExec) -> list[str]:
+    """What crosses an encoder-decoder's cuts beyond what the search prices there."""
+    if pipe.stages == 1 or spec.kind != SEQ2SEQ_KIND:
+        return []
+    return ["the decoder's input ids (the targets shifted right) travel with the encoder's activations from the first "
+            "stage to the one holding the decoder's embedding, as torch's schedule feeds the first stage only (the "
+            "plan reads them as a graph input every stage has; integers, no gradient); T5's cross-attention position "
+            "bias (zeros) is made on each stage, not received (worker/hfstages.py)"]
 
 
 def _schedule_notes(pipe: PipelineExec) -> list[str]:
@@ -1062,15 +1073,16 @@ def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
         raise Unsupported(f"plan has {pl.stages} pipeline stages but schedule {pl.schedule!r}")
     if v > 1 and pl.schedule != "1f1b":
         raise Unsupported(f"{v} virtual stages are interleaved 1F1B; the plan's schedule is {pl.schedule!r}")
-    if spec.kind == SEQ2SEQ_KIND:
-        raise Unsupported(PIPELINE_REFUSAL)
     with torch.device("meta"):
         model = spec.build()
-    if spec.blocks_attr is None or split_of(model) is None:
-        raise Unsupported(f"model {spec.name!r} has no pipeline split (block stack and the modules around it)")
-    stack = model.get_submodule(spec.blocks_attr)
-    assert isinstance(stack, nn.ModuleList)  # a zoo model's blocks_attr names its ModuleList of layers
-    n_layers = len(stack)
+    try:
+        cut = pipe_of(model, spec)
+    except NoPipeline as e:
+        raise Unsupported(str(e)) from None
+    if v > 1 and spec.kind == SEQ2SEQ_KIND:
+        raise Unsupported(f"{v} virtual stages over an encoder-decoder's two stacks: the search offers none "
+                          f"(search/algorithm/stacks.py leaves them out), so no such layout has been priced or run")
+    n_layers = cut.units
     sl = pl.stage_layers
     chunks = pl.stages * v
     if len(sl) != chunks or sl[0][0] != 0 or sl[-1][1] != n_layers or any(
@@ -1086,5 +1098,6 @@ def _pipeline(plan: Plan, spec: ModelSpec) -> PipelineExec:
     if v > 1 and pl.micro_batches % pl.stages:
         raise Unsupported(f"interleaved 1F1B runs the micro-batches in rounds of one per stage: {pl.micro_batches} "
                           f"micro-batches are not a multiple of the {pl.stages} stages")
+    sends, recvs = pipe_p2p(cut, [list(s) for s in sl], pl.stages, pl.micro_batches)
     return PipelineExec(stages=pl.stages, schedule=pl.schedule, micro_batches=pl.micro_batches, virtual_stages=v,
-                        stage_layers=[list(s) for s in sl], p2p=rank_p2p(pl.stages, v, pl.micro_batches))
+                        stage_layers=[list(s) for s in sl], p2p=sends, p2p_recv=recvs)

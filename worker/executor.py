@@ -24,6 +24,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ from worker.parallelize import (
     wrap_ddp,
 )
 from worker.spec import PROGRESS, ExecSpec, Job
-from worker.stages import StageModule, split_of
+from worker.stages import Pipe, pipe_of
 from worker.stale import TwoVersions
 
 
@@ -157,19 +158,45 @@ def build(spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: i
     parts: list[nn.Module] = [model]
     pipe = spec.pipeline
     chunks: list[int] = []
+    cut = None
     if pipe.stages > 1:
         chunks = pipe.chunks_of(_made(mesh).get_local_rank("pp"))
-        assert zs.blocks_attr is not None  # analyze refuses a pipeline for a model without a block stack
+        cut = pipe_of(model, zs)  # analyze refuses a pipeline of a model without one
         last = pipe.stages * pipe.virtual_stages - 1
-        parts = [StageModule(model, zs.blocks_attr, pipe.stage_layers[c][0], pipe.stage_layers[c][1], c == 0, c == last)
-                 for c in chunks]
+        parts = [cut.stage(pipe.stage_layers[c][0], pipe.stage_layers[c][1], c == 0, c == last) for c in chunks]
     for i, part in enumerate(parts):
         parts[i] = _parallelize(part, spec, mesh, device, seed, zs.blocks_attr, initialise)
     module: nn.Module = parts[0] if len(parts) == 1 else nn.ModuleList(parts)
     schedule = None
-    if pipe.stages > 1:
-        schedule = _schedule(parts, chunks, model, spec, _made(mesh), device)
+    if cut is not None:
+        schedule = _schedule(parts, chunks, cut, spec, _made(mesh), device)
     return module, parts, schedule
+
+
+def _meta_cut(spec: ExecSpec) -> Pipe:
+    """The model's pipeline cut over a model of its own on the meta device (not the one whose
+    modules this rank's stages hold: a stage built here takes its modules as its parent)."""
+    zs = model_spec(spec.model, spec.source)
+    with torch.device("meta"):
+        model = zs.build()
+    return pipe_of(model, zs)
+
+
+def stage_inputs(spec: ExecSpec) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
+    """What the first pipeline stage is fed from (inputs, targets)."""
+    return _meta_cut(spec).first_args if spec.pipeline.stages > 1 else (lambda inputs, targets: (inputs,))
+
+
+def stage_params(spec: ExecSpec) -> list[set[str]]:
+    """Per pp rank, the parameter names its chunks hold (tied names each, as in the whole model)."""
+    cut = _meta_cut(spec)
+    pipe = spec.pipeline
+    last = pipe.stages * pipe.virtual_stages - 1
+    out: list[set[str]] = [set() for _ in range(pipe.stages)]
+    for c, (a, b) in enumerate(pipe.stage_layers):
+        stage = cut.stage(a, b, c == 0, c == last)
+        out[c % pipe.stages] |= {n for n, _ in stage.named_parameters(remove_duplicate=False)}
+    return out
 
 
 def _parallelize(module: nn.Module, spec: ExecSpec, mesh: DeviceMesh | None, device: torch.device, seed: int,
@@ -221,7 +248,7 @@ def reduce_partial_grads(module: nn.Module) -> None:
             p.register_post_accumulate_grad_hook(hook)
 
 
-def _schedule(parts: list[nn.Module], chunks: list[int], model: nn.Module, spec: ExecSpec, mesh: DeviceMesh,
+def _schedule(parts: list[nn.Module], chunks: list[int], cut: Pipe, spec: ExecSpec, mesh: DeviceMesh,
               device: torch.device):
     """torch.distributed.pipelining's schedule over this rank's stages: one per chunk it runs
     (several under interleaved 1F1B). 2BW runs in 1F1B's order; its 1-stale weights are the
@@ -233,13 +260,11 @@ def _schedule(parts: list[nn.Module], chunks: list[int], model: nn.Module, spec:
     n = pipe.stages * pipe.virtual_stages
     stages: list[_PipelineStageBase] = [PipelineStage(part, c, n, device, group=mesh.get_group("pp"))
                                         for part, c in zip(parts, chunks, strict=True)]
-    split = split_of(model)
-    assert split is not None  # analyze refuses a pipeline for a model without a split
     # scale_grads: the gradient of the mean over micro-batches, as the single-process loss
     if pipe.virtual_stages > 1:
-        return ScheduleInterleaved1F1B(stages, n_microbatches=pipe.micro_batches, loss_fn=split.loss, scale_grads=True)
+        return ScheduleInterleaved1F1B(stages, n_microbatches=pipe.micro_batches, loss_fn=cut.loss, scale_grads=True)
     cls: type[ScheduleGPipe | Schedule1F1B] = ScheduleGPipe if pipe.schedule == "gpipe" else Schedule1F1B
-    return cls(stages[0], n_microbatches=pipe.micro_batches, loss_fn=split.loss, scale_grads=True)
+    return cls(stages[0], n_microbatches=pipe.micro_batches, loss_fn=cut.loss, scale_grads=True)
 
 
 # ---- one job ----------------------------------------------------------------------------------
@@ -272,6 +297,8 @@ class Runner:
         self.opt = make_optimizer(self.module, spec, self.st.lr, dp_group,
                                   self.versions.parameters() if self.versions else None)
         self.tie_groups = self._tie_groups()
+        # what the first stage is fed (an encoder-decoder's decoder reads the shifted targets too)
+        self.first_args = stage_inputs(spec)
         # FSDP2's fully_shard/replicate cast parameters themselves (MixedPrecisionPolicy); elsewhere autocast
         self.autocast = spec.precision != "fp32" and spec.data_parallel in ("none", "zero1")
         self.scaler = torch.amp.GradScaler(device.type) if spec.precision == "fp16" else None
@@ -283,18 +310,21 @@ class Runner:
             self.ring = Ring(cp.get_group(), cp.get_local_rank(), cp.size(), spec.seq_len)
 
     def _tie_groups(self) -> list[tuple[Any, nn.Parameter]]:
-        """Tied parameters split across the first and last pipeline stage (GPT's embedding and
-        head) are two copies; their gradients are summed over a group of the two stages, as
-        Megatron-LM does (torch.distributed.pipelining has no tied-weight support)."""
+        """Tied parameters split across pipeline stages (GPT's embedding and head on the first and
+        last; T5's on the first and on the one holding the decoder's embedding) are a copy per
+        stage; their gradients are summed over a group of those stages, as Megatron-LM does
+        (torch.distributed.pipelining has no tied-weight support)."""
         if self.n_stages == 1 or not self.spec.ties:
             return []
         out = []
         mesh = _made(self.mesh).mesh  # rank numbers by coordinate
         others = mesh.shape[1:]
+        held = stage_params(self.spec)
         for group in self.spec.ties:
+            holders = [s for s in range(self.n_stages) if held[s] & set(group)]
             for idx in torch.cartesian_prod(*[torch.arange(s) for s in others]).reshape(-1, len(others)) if others else [()]:
                 idx = tuple(int(i) for i in idx)
-                ranks = sorted({int(mesh[(0, *idx)]), int(mesh[(self.n_stages - 1, *idx)])})
+                ranks = sorted({int(mesh[(s, *idx)]) for s in holders})
                 pg = dist.new_group(ranks) if len(ranks) > 1 else None
                 if self.rank in ranks and pg is not None:
                     for part in self.parts:
@@ -324,7 +354,7 @@ class Runner:
                 loss = self.module(inputs, targets)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             elif self.stage == 0:  # the first chunk's rank feeds the inputs, the last chunk's the targets
-                self.schedule.step(inputs)
+                self.schedule.step(*self.first_args(inputs, targets))
             elif self.is_last:
                 losses: list[torch.Tensor] = []
                 self.schedule.step(target=targets, losses=losses)

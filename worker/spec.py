@@ -73,6 +73,9 @@ class PipelineExec(BaseModel):
                                           "c % stages")
     p2p: list[int] = Field(default_factory=list, description="per pp rank, the point-to-point sends (and as many "
                            "receives) of one step that the plan prices: activations forward, gradients back")
+    p2p_recv: list[int] = Field(default_factory=list, description="per pp rank, the point-to-point receives of one "
+                                "step where they differ from the sends (several tensors cross a cut, some without a "
+                                "gradient: an encoder-decoder's); empty: as many as p2p")
 
     def chunks_of(self, rank: int) -> list[int]:
         """The chunks pp rank `rank` runs, in model order."""

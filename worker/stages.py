@@ -121,3 +121,77 @@ class StageModule(nn.Module):
         if self.is_last:
             x = self._split.run_post(self, x)
         return x
+
+
+@dataclass(frozen=True)
+class Pipe:
+    """How a model is cut into pipeline stages: `units` layers in model order (one block stack, or
+    an encoder-decoder's two), a stage over units [first, end), the loss of the last stage's
+    output, what the first stage is fed from (inputs, targets), and the tensors crossing the cut
+    after unit b (each: whether a gradient comes back for it)."""
+
+    units: int
+    stage: Callable[[int, int, bool, bool], nn.Module]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    first_args: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+    crossing: Callable[[int], tuple[bool, ...]]
+
+
+def _inputs_only(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (inputs,)
+
+
+def _inputs_and_targets(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (inputs, targets)
+
+
+def _one_activation(b: int) -> tuple[bool, ...]:
+    return (True,)
+
+
+def pipe_of(model: nn.Module, spec: zoo.ModelSpec) -> Pipe:
+    """The model's pipeline cut; hfstages.NoPipeline (a ValueError) says why there is none."""
+    from worker import hfstages
+
+    split = split_of(model)
+    if split is not None and spec.blocks_attr is not None:
+        blocks = spec.blocks_attr
+        stack = model.get_submodule(blocks)
+        assert isinstance(stack, nn.ModuleList)  # a zoo model's blocks_attr names its ModuleList of layers
+        return Pipe(len(stack), lambda a, b, first, last: StageModule(model, blocks, a, b, first, last), split.loss,
+                    _inputs_only, _one_activation)
+    if spec.kind == "seq2seq" and len(spec.stacks) == 2:
+        family = hfstages.seq2seq_family(model)
+        stacks = (spec.stacks[0], spec.stacks[1])
+        lists = [model.get_submodule(s) for s in stacks]
+        assert all(isinstance(m, nn.ModuleList) for m in lists)  # find_stacks picks ModuleLists only
+        n = sum(len(m) for m in lists if isinstance(m, nn.ModuleList))
+        probe = hfstages.Seq2SeqStage(model, family, stacks, 0, n, True, True)
+
+        def crossing(b: int) -> tuple[bool, ...]:  # every float tensor has a gradient, the decoder ids none
+            return tuple(name != "dec_ids" for name in probe.names(b))
+
+        return Pipe(n, lambda a, b, first, last: hfstages.Seq2SeqStage(model, family, stacks, a, b, first, last),
+                    hfstages.seq2seq_loss, _inputs_and_targets, crossing)
+    if spec.family == "hf" and spec.blocks_attr is not None:
+        model_type = hfstages.decoder_type(model)
+        stack = model.get_submodule(spec.blocks_attr)
+        assert isinstance(stack, nn.ModuleList)  # find_blocks_attr picks ModuleLists only
+        return Pipe(len(stack), lambda a, b, first, last: hfstages.DecoderStage(model, model_type, a, b, first, last),
+                    zoo._lm_loss, _inputs_only, _one_activation)
+    raise hfstages.NoPipeline(f"model {spec.name!r} has no pipeline split (block stack and the modules around it)")
+
+
+def pipe_p2p(pipe: Pipe, stage_layers: list[list[int]], stages: int, micro_batches: int) -> tuple[list[int], list[int]]:
+    """Per pp rank, the point-to-point sends and receives of one step: per micro-batch, every
+    tensor crossing a chunk boundary forward, and the gradient of each that has one back."""
+    sends, recvs = [0] * stages, [0] * stages
+    for c in range(len(stage_layers) - 1):
+        crossing = pipe.crossing(stage_layers[c][1])
+        here, there = c % stages, (c + 1) % stages
+        fwd, bwd = micro_batches * len(crossing), micro_batches * sum(crossing)
+        sends[here] += fwd
+        recvs[there] += fwd
+        sends[there] += bwd
+        recvs[here] += bwd
+    return sends, recvs

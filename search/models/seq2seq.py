@@ -31,13 +31,6 @@ from search.models.graph import BlockInfo, OpGraph
 
 SEQ2SEQ_KIND = "seq2seq"
 
-# Why the executor refuses a pipeline of an encoder-decoder (worker/analyze.py raises it before any
-# launch, and the service shows it beside such a plan): the search prices these pipelines.
-PIPELINE_REFUSAL = ("a pipeline across an encoder-decoder's two stacks is priced but not launched: the executor's "
-                    "stages (torch.distributed.pipelining) pass one tensor from each stage to the next, while every "
-                    "stage holding decoder layers also needs the encoder's output for its cross-attention")
-
-
 class Seq2SeqLM(nn.Module):
     """A HuggingFace ``...ForConditionalGeneration`` trained by teacher forcing:
     ``forward(input_ids, targets)`` returns the mean token cross entropy."""

@@ -1,21 +1,37 @@
-"""The service says why an encoder-decoder pipeline does not launch, before any worker refuses it."""
+"""The service says whether a pipeline of an HF model launches, before any worker refuses it: T5's,
+BART's and Llama-style decoders' do (worker/hfstages.py), another family's is refused with the
+reason worker/analyze.py gives."""
 
 from __future__ import annotations
 
-from search.models.seq2seq import PIPELINE_REFUSAL
+from search.models.pipelines import decoder_refusal, seq2seq_refusal
 from service.host import launch_blocker
 
 
-def _plan(model: str, stages: int) -> dict:
-    return {"model": model, "num_devices": 2, "pipeline": {"stages": stages, "micro_batches": 2},
-            "predicted": {"memory_bytes": 1 << 20}}
+def _plan(model: str, stages: int, config: dict | None = None, stacks: int = 2) -> dict:
+    plan: dict = {"model": model, "num_devices": 2, "pipeline": {"stages": stages, "micro_batches": 2},
+                  "predicted": {"memory_bytes": 1 << 20}}
+    if config is not None:  # a plan of an HF config: its source, and its stacks' block plans
+        plan |= {"source": {"kind": "hf_config", "name": "mine", "config": config, "params": 1000},
+                 "blocks": [{}] * stacks}
+    return plan
 
 
-def test_a_pipeline_across_the_stacks_is_not_launchable() -> None:
-    assert launch_blocker(_plan("t5-tiny", 2)) == PIPELINE_REFUSAL
-    assert launch_blocker(_plan("bart-tiny", 2)) == PIPELINE_REFUSAL
+def test_t5_and_bart_pipelines_across_the_stacks_are_launchable() -> None:
+    assert launch_blocker(_plan("t5-tiny", 2)) is None
+    assert launch_blocker(_plan("bart-tiny", 2)) is None
+    assert launch_blocker(_plan("hf:t5:mine", 2, {"model_type": "t5"})) is None
 
 
-def test_accumulation_and_other_models_pipelines_are_not_refused_for_it() -> None:
-    assert launch_blocker(_plan("t5-tiny", 1)) != PIPELINE_REFUSAL
-    assert launch_blocker(_plan("gpt2-tiny", 2)) != PIPELINE_REFUSAL
+def test_another_encoder_decoders_pipeline_is_refused_with_the_reason() -> None:
+    reason = seq2seq_refusal("whisper")
+    assert reason and "'whisper' encoder-decoder is priced but not launched" in reason
+    assert launch_blocker(_plan("hf:whisper:mine", 2, {"model_type": "whisper"})) == reason
+    assert launch_blocker(_plan("hf:whisper:mine", 1, {"model_type": "whisper"})) is None
+
+
+def test_decoder_pipelines_launch_for_llama_style_families_only() -> None:
+    assert launch_blocker(_plan("hf:mixtral:mine", 2, {"model_type": "mixtral"}, stacks=1)) is None
+    reason = decoder_refusal("gemma")
+    assert reason and "'gemma' is priced but not launched" in reason
+    assert launch_blocker(_plan("hf:gemma:mine", 2, {"model_type": "gemma"}, stacks=1)) == reason

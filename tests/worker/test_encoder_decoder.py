@@ -1,8 +1,8 @@
 """Encoder-decoders as planned: the search's own plans for the zoo's T5 and BART test models
 (batch on a data axis, FSDP, and BART's encoder and decoder Linears split on a tensor axis) run
 on 4 gloo processes and reproduce the single-process losses step by step; the collectives of one
-tensor-parallel step equal the plan's, module by module. A pipeline across the two stacks is
-priced but refused before launch, with the reason."""
+tensor-parallel step equal the plan's, module by module. Pipelines across the two stacks run in
+tests/worker/test_hf_pipelines.py."""
 
 from __future__ import annotations
 

@@ -1,0 +1,224 @@
+"""Pipelines of HuggingFace models launch: encoder-decoders (T5, BART) cut across their two stacks,
+and Llama-style decoders. Each stage restates the transformers forward of the modules it holds
+(worker/hfstages.py); chained in one process they give the model's own loss for every cut, and
+the search's (or the zoo tests' hand-made) pipeline plans train on 4 gloo processes as one process
+does, with the point-to-point sends and receives the ExecSpec counts for the tuples that cross
+each cut."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+import torch
+
+from search.models.zoo import ModelSpec, get_model, spec_from_hf_config
+from search.plans.api import SearchRequest, run_search
+from search.plans.plan import Plan
+from tests.worker.families import pipelined
+from tests.worker.parity import assert_losses_match
+from tests.worker.shared import analyzed, share
+from worker.reference import reference_losses
+from worker.stages import pipe_of
+
+STEPS = 3
+TOL = 2e-5  # fp32: the pipeline reorders nothing but the micro-batches' gradient sums
+T5 = {"model_type": "t5", "num_layers": 2, "d_model": 64, "d_ff": 128, "num_heads": 4, "vocab_size": 256,
+      "pad_token_id": 0, "dropout_rate": 0.0}
+BART = {"model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 128,
+        "decoder_ffn_dim": 128, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "vocab_size": 256,
+        "max_position_embeddings": 64, "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+_NARROW = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+               max_position_embeddings=128)
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, **_NARROW}
+
+
+def _chained(spec: ModelSpec, cuts: list[int]) -> tuple[float, float]:
+    """The model's loss on one batch, and the loss of its stages over these cuts run in a chain."""
+    torch.manual_seed(0)
+    model = spec.build()
+    x, y = spec.example_inputs(4, 16, device="cpu", seed=1)
+    pipe = pipe_of(model, spec)
+    bounds = [0, *cuts, pipe.units]
+    xs = pipe.first_args(x, y)
+    with torch.no_grad():
+        whole = float(model(x, y))
+        for i in range(len(bounds) - 1):
+            out = pipe.stage(bounds[i], bounds[i + 1], i == 0, i == len(bounds) - 2)(*xs)
+            xs = out if isinstance(out, tuple) else (out,)
+        return whole, float(pipe.loss(xs[0], y))
+
+
+@pytest.mark.parametrize(("model", "cuts"), [
+    ("t5-tiny", [1]), ("t5-tiny", [2]), ("t5-tiny", [3]), ("t5-tiny", [1, 2, 3]),
+    ("bart-tiny", [1]), ("bart-tiny", [2]), ("bart-tiny", [1, 2, 3]),
+])
+def test_encoder_decoder_stages_compute_the_model(model, cuts):
+    """Cuts inside the encoder (its hidden states, T5's position bias and the decoder's ids
+    cross), at the stacks' seam (the encoder's output and the ids), inside the decoder (the
+    encoder's output, the decoder's hidden states and T5's decoder bias)."""
+    whole, chained = _chained(get_model(model), cuts)
+    assert chained == pytest.approx(whole, abs=1e-6)
+
+
+@pytest.mark.parametrize(("config", "cuts"), [
+    (LLAMA, [1]),
+    ({"model_type": "mixtral", "num_hidden_layers": 4, **_NARROW, "num_local_experts": 4, "num_experts_per_tok": 2},
+     [1, 3]),
+    # sliding windows on the layers past max_window_layers: each layer's mask by its type
+    ({"model_type": "qwen2", "num_hidden_layers": 4, **_NARROW, "use_sliding_window": True, "sliding_window": 4,
+      "max_window_layers": 2}, [1, 3]),
+])
+def test_decoder_stages_compute_the_model(config, cuts):
+    whole, chained = _chained(spec_from_hf_config(config, config["model_type"]), cuts)
+    assert chained == pytest.approx(whole, abs=1e-6)
+
+
+def test_a_decoder_without_the_llama_forward_is_refused_with_the_reason():
+    from worker.hfstages import NoPipeline
+
+    spec = spec_from_hf_config({"model_type": "gemma", "num_hidden_layers": 2, **_NARROW, "head_dim": 16}, "gemma")
+    with torch.device("meta"):
+        model = spec.build()
+    with pytest.raises(NoPipeline, match="'gemma' is priced but not launched"):
+        pipe_of(model, spec)
+
+
+@cache
+def _frontier(name: str) -> list[Plan]:
+    config = {"t5": T5, "bart": BART}[name]
+    o = run_search(SearchRequest(hf_config=config, name=name, device="cpu", devices=4, devices_per_node=4,
+                                 global_batch=8, seq_len=16, precision="fp32", baselines=False))
+    return o.plans
+
+
+def _piped(name: str, stages: int) -> Plan:
+    """The search's fastest pipeline of `stages` stages across the two stacks."""
+    return next(p for p in _frontier(name) if p.pipeline.stages == stages)
+
+
+def _shape_points(config: dict, name: str, stages: int) -> list[Plan]:
+    """Every point of the search's pipeline shapes of `stages` stages (not only the merged
+    frontier's: on 4 CPU devices a tiny model's pipelines are mostly beaten), fastest first."""
+    import numpy as np
+
+    from search.algorithm.ft import SearchOptions, search
+    from search.algorithm.results import FrontierPoint
+    from search.plans.api import request_source, resolve, with_source
+    from search.plans.plan import build_plans
+    from search.prices.mesh import Mesh, MeshAxis
+
+    req = SearchRequest(hf_config=config, name=name, device="cpu", devices=4, devices_per_node=4, global_batch=8,
+                        seq_len=16, precision="fp32", baselines=False)
+    graph, cluster, job, _ = resolve(req)
+    dp4 = Mesh(pp=1, axes=(MeshAxis("dp", 4, 1, "data"), MeshAxis("tp", 1, 1, "tensor")))
+    r = search(graph, cluster, job, SearchOptions(meshes=(dp4,), zero_stages=(0,), recompute=False, pipeline=True,
+                                                  accumulate=False))
+    points = []
+    for i, sol in enumerate(r.solutions):
+        if sol.pipeline is None or sol.pipeline.stages != stages:
+            continue
+        rows = np.arange(len(sol.root))
+        configs, splits = sol.read_back(rows)
+        points += [FrontierPoint(time_s=float(sol.root.t[j]), memory_bytes=float(sol.root.m[j]), mesh_index=i,
+                                 configs=configs, row=int(j), stages=splits[j]) for j in rows]
+    plans = with_source(build_plans(r, points), request_source(req, graph))
+    return sorted(plans, key=lambda p: p.predicted.time_s)
+
+
+def _t5_pp2_tp2() -> Plan:
+    """Of the pp2 x tp2 points the executor runs, the one splitting the most modules on the tensor
+    axis inside each stage (points that split the tied embedding across the stages are refused)."""
+    from worker.analyze import Unsupported, analyze
+
+    def split(p: Plan) -> int:
+        if not any(a.role == "tensor" and a.size > 1 for a in p.mesh.axes):
+            return 0
+        try:
+            spec = analyze(p)
+        except Unsupported:
+            return 0
+        return sum(st.style in ("colwise", "rowwise") for st in spec.styles)
+
+    return max(_shape_points(T5, "t5", 2), key=split)
+
+
+def _hand_pp2(config: dict, name: str) -> Plan:
+    """The data-parallel baseline on 2 devices, pipelined over 2 stages (as the zoo's pp families)."""
+    o = run_search(SearchRequest(hf_config=config, name=name, device="cpu", devices=2, devices_per_node=2,
+                                 global_batch=8, seq_len=16, precision="fp32", pipeline=False))
+    dp = Plan.model_validate(next(b.plan for b in o.report.baselines if b.name == "data-parallel"))
+    return pipelined(dp, 2, "1f1b", 2)
+
+
+def _llama_interleaved() -> Plan:
+    """4 layers over pp2 x 2 virtual stages (one layer a chunk, chunk c on pp rank c % 2), 4
+    micro-batches: interleaved 1F1B of an HF model."""
+    config = {**LLAMA, "num_hidden_layers": 4}
+    plan = _hand_pp2(config, "llama4")
+    pipe = plan.pipeline.model_copy(update={"virtual_stages": 2, "micro_batches": 4, "micro_batch_size": 1,
+                                            "stage_layers": [[0, 1], [1, 2], [2, 3], [3, 4]]})
+    return plan.model_copy(update={"pipeline": pipe, "summary": f"{plan.summary} | interleaved v2 m4"})
+
+
+MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 2, **_NARROW, "num_local_experts": 4, "num_experts_per_tok": 2}
+# the search's own pipelines on 4 CPU devices: BART pp2 x dp2 (FSDP, both stacks recomputed), T5
+# pp4 (one layer a stage: the decoder's embedding, tied to the encoder's and the head, on stage 2),
+# T5 pp2 x tp2; Llama's (also interleaved) and Mixtral's (no pipeline on their tiny frontiers)
+# pipelined by hand
+PLANS = {
+    "bart pp2 x dp2": lambda: _piped("bart", 2),
+    "t5 pp4": lambda: _piped("t5", 4),
+    "t5 pp2 x tp2": _t5_pp2_tp2,
+    "llama pp2 x dp2": lambda: _hand_pp2(LLAMA, "llama"),
+    "mixtral pp2 x dp2": lambda: _hand_pp2(MIXTRAL, "mixtral"),
+    "llama pp2 interleaved": _llama_interleaved,
+}
+
+share(__name__, "runs", analyzed(PLANS), STEPS, lambda name: True)
+
+
+@pytest.fixture(scope="module")
+def runs(shared_launch):
+    return shared_launch[(__name__, "runs")]
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(PLANS))
+def test_hf_pipeline_trains_as_one_process_does(name, runs):
+    job, raw = runs[name]
+    spec = job.spec
+    assert spec.pipeline.stages > 1 and spec.source is not None and spec.source.kind == "hf_config"
+    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
+                           lr=job.settings.lr, source=spec.source)
+    assert_losses_match(f"{name} ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(PLANS))
+def test_hf_pipeline_sends_equal_the_spec(name, runs):
+    """Per pp rank, one step's sends and receives: every tensor of a cut's tuple forward per
+    micro-batch, the gradient of each float one back (the decoder's ids have none)."""
+    job, raw = runs[name]
+    pipe = job.spec.pipeline
+    for r in raw["ranks"]:
+        s = r["coord"]["pp"]
+        want = {"send": pipe.p2p[s], "recv": (pipe.p2p_recv or pipe.p2p)[s]}
+        assert r["p2p"] == want, f"{name} rank {r['rank']}"
+
+
+def test_another_encoder_decoders_pipeline_is_refused_with_the_reason():
+    """mBART's stacks end in layer norms BART's lack: its pipelines are priced, and refused with
+    the reason the service shows too."""
+    from search.models.pipelines import seq2seq_refusal
+    from worker.hfstages import NoPipeline
+
+    spec = spec_from_hf_config({**BART, "model_type": "mbart"}, "mbart")
+    assert spec.kind == "seq2seq"
+    with torch.device("meta"):
+        model = spec.build()
+    with pytest.raises(NoPipeline) as e:
+        pipe_of(model, spec)
+    assert str(e.value) == seq2seq_refusal("mbart")
