@@ -640,8 +640,11 @@ def search_stacks(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stage
         m = shape.micro_batches
         if m not in models:
             g = micro_batch_graph(graph, m)
+            # the shape-free pricing (collective coefficients, boundaries) shared with the first
+            # count's model: the same tables as a fresh one (tests/search/algorithm/test_fast_paths.py)
+            like = next(iter(models.values()))[1] if models else None
             models[m] = (g, CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}),
-                                      profile=profile))
+                                      profile=profile, like=like))
         g, cm = models[m]
         tabs = stack_tables(g, cm, shape)
         if tabs is not None:
