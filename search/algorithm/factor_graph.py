@@ -14,6 +14,7 @@ weighting, the ops' tables weighed by the caller and the edges here (`edge_weigh
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -101,18 +102,19 @@ def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str
             est *= domain[u]
         return (est, v)
 
-    # a variable's weight changes only when a factor touching it does: keep the weights and
-    # recompute those of the variables that shared a factor with the one eliminated
-    weights: dict[str, tuple[float, str]] = {}
+    # a variable's weight changes only when a factor touching it does: keep the weights in a
+    # heap and push anew those of the variables that shared a factor with the one eliminated
+    # (all of them in the new factor's scope); an entry that is no longer the variable's weight
+    # is stale and skipped. The least (weight, name) goes first, as a scan would pick it.
+    weights = {u: weight(u) for u in remaining}
+    heap = list(weights.values())
+    heapq.heapify(heap)
     while remaining:
-        for u in remaining:
-            if u not in weights:
-                weights[u] = weight(u)
-        v = min(remaining, key=weights.__getitem__)
+        w = heapq.heappop(heap)
+        v = w[1]
+        if v not in remaining or weights[v] != w:
+            continue
         mine = sorted((live.pop(fid) for fid in by_var.pop(v)), key=len)
-        for f in mine:
-            for u in f.scope:
-                weights.pop(u, None)
         for f in mine:
             for u in f.scope:
                 if u != v:
@@ -129,6 +131,10 @@ def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str
             by_var[u].add(next_id)
         next_id += 1
         remaining.discard(v)
+        for u in acc.scope:
+            if u in remaining:
+                weights[u] = weight(u)
+                heapq.heappush(heap, weights[u])
     rest = sorted(live.values(), key=len)
     acc = rest[0]
     for f in rest[1:]:

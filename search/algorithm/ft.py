@@ -171,9 +171,14 @@ def _drop_dominated_stages(tables: list[tuple[Mesh, int, dict[str, OpCosts]]],
     ops = [cm.graph.op(n) for n in tables[0][2]] if tables else []
     buffers = [cm.buffers(mesh, ops, zero) for mesh, zero, _ in tables]
 
+    known: dict[tuple[int, int], bool] = {}
+
     def beats(i: int, j: int) -> bool:
-        return (tables[i][0] == tables[j][0] and buffers[i] <= buffers[j] * (1 + RTOL)
-                and _no_worse(tables[i][2], tables[j][2]))
+        # asked twice per pair (once each way round), each a walk over every op's tables
+        if (i, j) not in known:
+            known[(i, j)] = (tables[i][0] == tables[j][0] and buffers[i] <= buffers[j] * (1 + RTOL)
+                             and _no_worse(tables[i][2], tables[j][2]))
+        return known[(i, j)]
 
     return [t for j, t in enumerate(tables)
             if not any(i != j and beats(i, j) and not (i > j and beats(j, i)) for i in range(len(tables)))]

@@ -11,6 +11,8 @@ objectives run at once, as a last axis of every table.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from search.algorithm.frontier import Factor
@@ -54,6 +56,59 @@ def _combined(tables: list[_Table], domain: dict[str, int], scope: tuple[str, ..
     return scope, np.broadcast_to(acc, [domain[v] for v in scope] + [acc.shape[-1]])
 
 
+def eliminated(tables: list[_Table], domain: dict[str, int], keep: tuple[str, ...]
+               ) -> tuple[list[_Table], list[str]]:
+    """The tables left once every variable outside `keep` is minimised out, and the order the
+    variables went in: next the one whose tables' union of scopes is smallest (ties: by name),
+    its tables (in their order in the list, a new table going last) summed and minimised over
+    it. A variable's tables are indexed and the sizes kept in a heap, updated for the variables
+    of the new table only (the only ones whose tables changed): a scan of every table per step
+    made this quadratic in the variables: most of a periodic stack's search, whose ends hold
+    every op of several module layers."""
+    live: dict[int, _Table] = dict(enumerate(tables))
+    by_var: dict[str, set[int]] = {}
+    for i, (own, _) in live.items():
+        for v in own:
+            by_var.setdefault(v, set()).add(i)
+    remaining = set(by_var) - set(keep)
+
+    def size(v: str) -> int:
+        n = 1
+        for u in {u for i in by_var[v] for u in live[i][0]}:
+            n *= domain[u]
+        return n
+
+    current = {v: size(v) for v in remaining}
+    heap = [(n, v) for v, n in current.items()]
+    heapq.heapify(heap)
+    order: list[str] = []
+    next_id = len(tables)
+    while remaining:
+        n, v = heapq.heappop(heap)
+        if v not in remaining or current[v] != n:
+            continue  # a stale size: the variable went, or its tables changed since
+        ids = sorted(by_var.pop(v))
+        mine = [live.pop(i) for i in ids]
+        for i, (own, _) in zip(ids, mine, strict=True):
+            for u in own:
+                if u != v:
+                    by_var[u].discard(i)
+        scope, arr = _combined(mine, domain)
+        axis = scope.index(v)
+        rest = scope[:axis] + scope[axis + 1:]
+        live[next_id] = (rest, arr.min(axis=axis))
+        for u in rest:
+            by_var[u].add(next_id)
+        next_id += 1
+        remaining.discard(v)
+        order.append(v)
+        for u in rest:
+            if u in remaining:
+                current[u] = size(u)
+                heapq.heappush(heap, (current[u], u))
+    return list(live.values()), order
+
+
 def least_sums(variants: list[list[Factor]], domain: dict[str, int], keep: tuple[str, ...],
                weights: np.ndarray) -> np.ndarray:
     """Per assignment of `keep` (an array of shape [domain of each kept variable..., variants,
@@ -65,23 +120,7 @@ def least_sums(variants: list[list[Factor]], domain: dict[str, int], keep: tuple
     weights = np.asarray(weights, dtype=float)
     assert all([f.scope for f in v] == [f.scope for f in variants[0]] for v in variants)
     tables = [_dense(list(fs), domain, weights) for fs in zip(*variants, strict=True)]
-    remaining = {v for own, _ in tables for v in own} - set(keep)
-
-    def size(v: str) -> tuple[int, str]:
-        scope = {u for own, _ in tables if v in own for u in own}
-        n = 1
-        for u in scope:
-            n *= domain[u]
-        return n, v
-
-    while remaining:
-        v = min(remaining, key=size)
-        mine = [t for t in tables if v in t[0]]
-        tables = [t for t in tables if v not in t[0]]
-        scope, arr = _combined(mine, domain)
-        axis = scope.index(v)
-        tables.append((scope[:axis] + scope[axis + 1:], arr.min(axis=axis)))
-        remaining.discard(v)
+    tables, _ = eliminated(tables, domain, keep)
     zero = (keep, np.zeros([domain[v] for v in keep] + [len(variants) * len(weights)]))
     out = _combined([zero, *tables], domain, keep)[1]
     return np.ascontiguousarray(out).reshape(*out.shape[:-1], len(variants), len(weights))
