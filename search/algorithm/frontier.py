@@ -191,10 +191,8 @@ CHUNK_PAIRS = 2_000_000  # pairs materialised at once: bounds memory on long blo
 def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int] | None = None,
          eps: float = 0.0, stats: Stats | None = None,
          admit: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None,
-         bound: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None, peak: bool = False) -> Factor:
+         bound: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> Factor:
     """Minkowski sum of `a` and `b` per shared assignment, then reduce with `drop` eliminated.
-    With `peak`, each pair costs the larger time and the larger memory of the two instead of
-    their sums: two pipeline stages side by side (stacks.py), the slower and the heavier.
 
     Pairs are formed in chunks of at most CHUNK_PAIRS and reduced as they go, so memory stays
     bounded however large the two frontiers are (the reduction is associative). `admit(t, m,
@@ -204,8 +202,7 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
     memory of the rows it meets) it refuses is left out before its pairs are formed - the same
     pairs reach the reduction, in the same order and chunks, with far fewer made when known
     plans beat most of them."""
-    assert not (peak and (bound is not None or a.m2 is not None)), "`bound` and the second memory add up"
-    if not peak and admit is None and eps == 0.0 and a.m2 is None and b.m2 is None and len(a) * len(b) <= SMALL_PAIRS:
+    if admit is None and eps == 0.0 and a.m2 is None and b.m2 is None and len(a) * len(b) <= SMALL_PAIRS:
         small = _join_small(a, b, drop, domain or {}, stats)
         if small is not None:
             return small
@@ -237,8 +234,6 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
         ib = ob[np.repeat(lo[rows], c) + (np.arange(n) - np.repeat(np.cumsum(c) - c, c))]
         cols = [a.keys[ia, j] if in_a else b.keys[ib, j] for in_a, j in from_a]
         keys = np.stack(cols, axis=1) if cols else np.zeros((n, 0), dtype=np.int32)
-        if peak:
-            return np.maximum(a.t[ia], b.t[ib]), np.maximum(a.m[ia], b.m[ib]), keys, ia, ib
         return a.t[ia] + b.t[ib], a.m[ia] + b.m[ib], keys, ia, ib
 
     three = a.m2 is not None
@@ -278,6 +273,82 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
     if stats is not None:
         stats.max_factor_points = max(stats.max_factor_points, len(f))
     return f
+
+
+def peak_join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int] | None = None,
+              eps: float = 0.0, stats: Stats | None = None,
+              admit: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None) -> Factor:
+    """`join` where a pair costs the larger time and the larger memory of the two, not their
+    sums: two pipeline stages side by side, the slower and the heavier (stacks.py).
+
+    Not every pair is formed. A pair (i, j) with t_i >= t_j costs (t_i, max(m_i, m_j)), and no
+    more with j swapped for the leanest row of j's subgroup (b's rows of one kept assignment)
+    whose time is within t_i: so the frontier of each kept assignment is among, for every row
+    of one side and every subgroup of the other that it meets, that leanest row - linear in the
+    rows where the pairs are quadratic. Which of several equal points survives may differ from
+    forming every pair; the points do not."""
+    dom = domain or {}
+    shared = [v for v in a.scope if v in b.scope]
+    out_scope = tuple(v for v in a.scope if v not in drop) + tuple(
+        v for v in b.scope if v not in a.scope and v not in drop)
+    radix = _radix([dom[v] for v in out_scope])
+    from_a = [(v in a.scope, a.scope.index(v) if v in a.scope else b.scope.index(v)) for v in out_scope]
+    # integer ranks of every time and memory, both sides together: exact comparisons in the keys below
+    t_rank = np.unique(np.concatenate([a.t, b.t]), return_inverse=True)[1]
+    m_rank = np.unique(np.concatenate([a.m, b.m]), return_inverse=True)[1]
+    ranks = ((t_rank[:len(a)], m_rank[:len(a)]), (t_rank[len(a):], m_rank[len(a):]))
+
+    def shared_ids(f: Factor) -> np.ndarray:
+        return _group_ids(f.keys[:, [f.scope.index(v) for v in shared]], _radix([dom[v] for v in shared]))
+
+    def own_ids(f: Factor) -> np.ndarray:
+        mine = [v for v in out_scope if v in f.scope and v not in shared]
+        return _group_ids(f.keys[:, [f.scope.index(v) for v in mine]], _radix([dom[v] for v in mine]))
+
+    def leanest_within(x: Factor, xr: tuple[np.ndarray, np.ndarray], y: Factor, yr: tuple[np.ndarray, np.ndarray]
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """Per row i of x and subgroup of y it meets, the leanest row of that subgroup whose time
+        is within x's (first of equals): (i, j) pairs."""
+        sx, sy = shared_ids(x), shared_ids(y)
+        gy = np.unique(np.stack([sy, own_ids(y)], axis=1), axis=0, return_inverse=True)[1].reshape(-1)
+        order = np.lexsort((yr[0], gy))  # y by subgroup, then time
+        g_sorted, n_y = gy[order], len(y)
+        starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]])
+        sub_shared = sy[order][starts]  # each subgroup's shared key (subgroups sorted by it)
+        # running leanest row within each subgroup: (memory rank, position) minimised, reset per subgroup
+        big = (int(yr[1].max()) + 1) * n_y if n_y else 1
+        code = yr[1][order].astype(np.int64) * n_y + np.arange(n_y) - np.repeat(np.arange(len(starts)), np.diff(
+            np.r_[starts, n_y])) * big
+        best = np.minimum.accumulate(code) if n_y else code
+        best_pos = (best + np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, n_y])) * big) % n_y
+        # each row of x meets the subgroups of its shared key: a contiguous run of them
+        lo = np.searchsorted(sub_shared, sx, "left")
+        cnt = np.searchsorted(sub_shared, sx, "right") - lo
+        n = int(cnt.sum())
+        ix = np.repeat(np.arange(len(x)), cnt)
+        g = np.repeat(lo, cnt) + (np.arange(n) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+        # last row of subgroup g with time rank <= x's: keys (subgroup, time rank) in sorted order
+        span = int(max(xr[0].max(initial=0), yr[0].max(initial=0))) + 1
+        keys = g_sorted.astype(np.int64) * span + yr[0][order]
+        k = np.searchsorted(keys, g.astype(np.int64) * span + xr[0][ix], "right") - 1
+        ok = (k >= 0) & (k >= starts[g])
+        return ix[ok], order[best_pos[k[ok]]]
+
+    ia1, ib1 = leanest_within(a, ranks[0], b, ranks[1])
+    ib2, ia2 = leanest_within(b, ranks[1], a, ranks[0])
+    ia, ib = np.concatenate([ia1, ia2]), np.concatenate([ib1, ib2])
+    cols = [a.keys[ia, j] if in_a else b.keys[ib, j] for in_a, j in from_a]
+    keys = np.stack(cols, axis=1) if cols else np.zeros((len(ia), 0), dtype=np.int32)
+    t, m = np.maximum(a.t[ia], b.t[ib]), np.maximum(a.m[ia], b.m[ib])
+    if admit is not None:
+        ok = np.flatnonzero(admit(t, m, keys))
+        t, m, keys, ia, ib = t[ok], m[ok], keys[ok], ia[ok], ib[ok]
+    keep = pareto_mask(_group_ids(keys, radix), t, m, eps)
+    if stats is not None:
+        stats.joins += 1
+        stats.pairs += len(ia)
+    return Factor(scope=out_scope, keys=keys[keep], t=t[keep], m=m[keep], parents=(a, b),
+                  parent_idx=(ia[keep], ib[keep]))
 
 
 def _bounded_rows(a: Factor, b: Factor, ka: np.ndarray, kb: np.ndarray, ob: np.ndarray, lo: np.ndarray,

@@ -29,10 +29,10 @@ pipeline's time and memory are those of its slowest and its heaviest stage, so t
 over the stages: the state after s stages is the units they cover and the frontier of (max time,
 max memory) per configuration of the variables carried across that position (`_carried`: each
 interface variable from the first to the last position one of its edges crosses); a step pairs a
-state with stage s's factor, each pair costing the larger time and the larger memory (`join(...,
-peak=True)`), eliminates what is carried no further, and the states reaching one position are
-united. Exact - equal to the enumeration of every assignment and cut (`exhaustive_stacks`) - and
-linear in the stages, where enumerating the cuts was not (477k cuts for 16 stages over 24 units).
+state with stage s's factor, each pair costing the larger time and the larger memory
+(`frontier.peak_join`), eliminates what is carried no further, and the states reaching one
+position are united. Exact - equal to the enumeration of every assignment and cut
+(`exhaustive_stacks`) - and linear in the stages, where enumerating the cuts was not (477k cuts for 16 stages over 24 units).
 
 Gradient accumulation is the one-stage case: every unit on one stage, m micro-batches as m slots,
 one micro-batch's activations held, no interface.
@@ -57,7 +57,9 @@ either).
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,7 +86,17 @@ from search.algorithm.families import (
     unit_least,
     wrap,
 )
-from search.algorithm.frontier import Factor, Stats, assignments, eliminate_var, join, leaf, pareto_mask, staircase, union
+from search.algorithm.frontier import (
+    Factor,
+    Stats,
+    _radix,
+    assignments,
+    eliminate_var,
+    leaf,
+    pareto_mask,
+    peak_join,
+    union,
+)
 from search.algorithm.pipeline import STAGE_BAND, partitions, pipeline_shapes, stage_band
 from search.algorithm.results import Split
 from search.models.graph import OpGraph
@@ -97,9 +109,11 @@ from search.prices.profile import DeviceProfile, ProfileLookup
 # and the embeddings and the head sit on the end stages, so balanced cuts stray further than
 # in one stack of identical layers
 STACKS_BAND = STAGE_BAND + 1
-# joint configurations of one DP step's variables beyond which the step is left out of the space
-# (its states and pairs grow with their product)
+# joint configurations of one cut's interface, or of one DP step's variables, beyond which the
+# cut or step is left out of the space (the work grows with their product)
 MAX_INTERFACE = 4_096
+# cuts of a shape up to which each is solved on its own (the stages' DP beyond)
+MAX_CUTS = 2_000
 
 
 def is_multi_stack(graph: OpGraph) -> bool:
@@ -243,6 +257,8 @@ class _Stages:
         self.domain = {name: len(oc.configs) for name, oc in tabs.op_costs.items()}
         self.domain.update({recompute_var(i): 2 for i in set(self.layer_of.values())})
         self.powers: dict[tuple[int, Weights], Powers] = {}
+        # keyed by id, the factor held alongside so the id stays its own
+        self.group_memo: dict[int, tuple[Factor, _GroupTable]] = {}
         self.stats = Stats()
         self._index(tabs)
 
@@ -276,6 +292,25 @@ class _Stages:
         if key not in self.weighed:
             self.weighed[key] = weigh_op(self.tabs.op_costs[name], w)
         return self.weighed[key]
+
+    def table(self, f: Factor) -> _GroupTable:
+        """A stage factor's rows per interface configuration, made once per factor (the same
+        stage recurs in many cuts)."""
+        key = id(f)
+        if key not in self.group_memo:
+            dims = tuple(len(self.tabs.op_costs[v].configs) for v in f.scope)
+            flat = f.keys.astype(np.int64) @ _radix(list(dims)) if dims else np.zeros(len(f), dtype=np.int64)
+            order = np.argsort(flat, kind="stable")  # each group's rows in ascending order
+            sf = flat[order]
+            starts = np.flatnonzero(np.concatenate([[True], sf[1:] != sf[:-1]])) if len(sf) else np.zeros(0, int)
+            gid = np.full(math.prod(dims), -1, dtype=np.int64)
+            gid[sf[starts]] = np.arange(len(starts))
+            rows = np.split(order, starts[1:])
+            t_min = np.minimum.reduceat(f.t[order], starts) if len(starts) else np.zeros(1)
+            m_min = np.minimum.reduceat(f.m[order], starts) if len(starts) else np.zeros(1)
+            table = _GroupTable(gid=gid.reshape(dims), rows=rows, t_min=t_min, m_min=m_min)
+            self.group_memo[key] = (f, table)
+        return self.group_memo[key][1]
 
     def at(self, s: int, a: int, k: int) -> Factor:
         """Stage s holding units [a, a + k), solved once."""
@@ -435,33 +470,57 @@ class StacksSolution:
 
 def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
                  envelope: tuple[np.ndarray, np.ndarray] | None = None, reuse: bool = True) -> StacksSolution | None:
-    """The exact frontier of one shape over every cut of the band, by a DP over the stages
-    (module docstring: combining the stages). With an `envelope` of plans known to exist (time,
-    memory with buffers), a partial plan that one of them beats in both is dropped: exact, since
-    the stages still to come can only raise its slowest stage's time and its heaviest's memory."""
+    """The exact frontier of one shape over every cut of the band. With an `envelope` of plans
+    known to exist (time, memory with buffers), what one of them beats in both is dropped:
+    exact. Few cuts (T5's 12 units): each cut on its own, the most promising first, whose plans
+    prune the rest (`_by_cuts`); many (BART's 24 units over 8 or 16 stages: up to 477k): the DP
+    over the stages (`_by_stages`), linear in them."""
     p, n = tabs.shape.stages, tabs.n_units
     S = _Stages(tabs, eps, recompute, reuse)
     band = list(stage_band(n, p, 1, STACKS_BAND))
-    carried = _carried(S)
-    stair = _Staircase(envelope, tabs.buffers)
     t_stage, m_stage = _stage_bounds(S)
-    t_rest, m_rest = _rest_bounds(t_stage, m_stage, p, n, band)
+    rest = _rest_bounds(t_stage, m_stage, p, n, band)
+    stair = _Staircase(envelope, tabs.buffers)
+    if rest.cuts[0, 0] <= MAX_CUTS:
+        return _by_cuts(S, _partitions(n, p), stair, t_stage, m_stage)
+    return _by_stages(S, band, stair, t_stage, m_stage, rest)
+
+
+def _by_stages(S: _Stages, band: list[int], stair: _Staircase, t_stage: list[np.ndarray], m_stage: list[np.ndarray],
+               rest: _Rest) -> StacksSolution | None:
+    """The DP over the stages (module docstring: exact search)."""
+    tabs = S.tabs
+    p, n = tabs.shape.stages, tabs.n_units
+    solved = _dp(S, p, n, lambda s, a: band, stair, t_stage, m_stage, rest)
+    if solved is None:
+        return None
+    root, came_from = solved
+    splits, final = _read_back(S, root, came_from, p, n)
+    out = Factor(scope=(), keys=np.zeros((len(root), 0), dtype=np.int32), t=root.t, m=root.m + tabs.buffers)
+    return StacksSolution(tables=tabs, root=out, partitions=splits, assigns=final, stats=S.stats)
+
+
+def _dp(S: _Stages, p: int, n: int, sizes: Callable[[int, int], Iterable[int]], stair: _Staircase,
+        t_stage: list[np.ndarray], m_stage: list[np.ndarray], rest: _Rest
+        ) -> tuple[Factor, dict[tuple[int, int], list[int]]] | None:
+    """The stage DP over the cuts whose stage s, starting at unit a, holds one of `sizes(s, a)`
+    units: the frontier (memory without buffers) and, per (stage, end), each united part's start."""
+    carried = _carried(S)
     # state after s stages: the units they cover -> the frontier of (slowest stage's time,
     # heaviest stage's memory) over the configurations of the variables carried across that cut
     states: dict[int, Factor] = {0: leaf((), np.zeros((1, 0)), np.zeros(1), np.zeros(1))}
-    came_from: dict[tuple[int, int], list[int]] = {}  # (stage, end) -> each union part's start
+    came_from: dict[tuple[int, int], list[int]] = {}
     for s in range(p):
         parts: dict[int, list[tuple[int, Factor]]] = {}
         for a, state in states.items():
-            for k in band:
+            for k in sizes(s, a):
                 e = a + k
-                if e > n or not np.isfinite(t_rest[s + 1, e]):
+                if e > n or not np.isfinite(rest.t[s + 1, e]):
                     continue  # the stages left cannot cover the units left within the band
-                lb_t, lb_m = max(t_stage[s][a, e], t_rest[s + 1, e]), max(m_stage[s][a, e], m_rest[s + 1, e])
+                lb_t, lb_m = max(t_stage[s][a, e], rest.t[s + 1, e]), max(m_stage[s][a, e], rest.m[s + 1, e])
                 if stair.beats_all(np.maximum(state.t, lb_t), np.maximum(state.m, lb_m)).all():
                     continue  # every plan through this stage is beaten: the stage is never solved
-                f = S.at(s, a, k)
-                joined = _step(S, state, f, s, carried[a], carried[e], stair, lb_t, lb_m)
+                joined = _step(S, state, S.at(s, a, k), s, carried[a], carried[e], stair, lb_t, lb_m)
                 if joined is not None and len(joined):
                     parts.setdefault(e, []).append((a, joined))
         states = {}
@@ -469,13 +528,215 @@ def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
             came_from[(s, e)] = [a for a, _ in got]
             tag = f"cut:{s}"
             both = union([f for _, f in got], tag)
-            states[e] = eliminate_var(both, tag, {**S.domain, tag: len(got)}, eps)
+            states[e] = eliminate_var(both, tag, {**S.domain, tag: len(got)}, S.eps)
     root = states.get(n)
-    if root is None or not len(root):
+    return (root, came_from) if root is not None and len(root) else None
+
+
+def _by_cuts(S: _Stages, cuts: list[Split], stair: _Staircase, t_bound: list[np.ndarray], m_bound: list[np.ndarray]
+             ) -> StacksSolution | None:
+    """Each cut on its own: per stage the factor over its interface; per joint interface
+    configuration the pointwise maximum of the stages' staircases (`_max_frontier`); the union
+    over configurations and cuts, Pareto-reduced. A cut, or a configuration, whose bound a plan
+    already found (or known) beats is never combined: the cuts and configurations most
+    promising first, the end stages (few variants across cuts) solved first."""
+    tabs, eps = S.tabs, S.eps
+    p = tabs.shape.stages
+    stage_factors: dict[int, list[Factor]] = {}
+    done: list[tuple[int, int, np.ndarray, np.ndarray, list[np.ndarray], np.ndarray]] = []
+    # the cuts most promising first: their points bound the rest, and a cut whose bound a found
+    # point beats is never solved. The points are gathered back in (cut, configuration) order,
+    # so the frontier and its ties do not depend on the order of work.
+    t_cut, m_cut, t_stage, m_stage = _cut_bounds(cuts, t_bound, m_bound)
+    order = np.lexsort((np.arange(len(cuts)), m_cut, t_cut))
+    order = order[~stair.beats_all(t_cut[order], m_cut[order])]  # the known plans, at once
+    if p > 1 and len(order):
+        # the end stages' few variants solved for every remaining cut at once, their own
+        # fastest and leanest points in place of the ops' cheapest
+        for s in (p - 1, 0):
+            starts = np.array([sum(cuts[ci][:s]) for ci in order])
+            sizes = np.array([cuts[ci][s] for ci in order])
+            for a, k in set(zip(starts.tolist(), sizes.tolist(), strict=True)):
+                f = S.at(s, a, k)
+                at = order[(starts == a) & (sizes == k)]
+                t_stage[at, s] = float(f.t.min()) if len(f) else np.inf
+                m_stage[at, s] = float(f.m.min()) if len(f) else np.inf
+        t_cut, m_cut = t_stage.max(axis=1), m_stage.max(axis=1)
+        order = order[np.isfinite(t_cut[order])]
+        order = order[np.lexsort((order, m_cut[order], t_cut[order]))]
+        order = order[~stair.beats_all(t_cut[order], m_cut[order])]
+    for ci in order:
+        if stair.beats(float(t_cut[ci]), float(m_cut[ci])):
+            continue
+        # the end stages first (the head's and the embedding's; few variants across cuts): each
+        # solved stage's own fastest and leanest points tighten the cut's bound
+        tb, mb = t_stage[ci].copy(), m_stage[ci].copy()
+        beaten = False
+        for s in (p - 1, 0, *range(1, p - 1)) if p > 1 else (0,):
+            f = S.at(s, *_stage_span(cuts[ci], s))
+            if len(f) == 0:
+                beaten = True
+                break
+            tb[s], mb[s] = float(f.t.min()), float(f.m.min())
+            if stair.beats(float(tb.max()), float(mb.max())):
+                beaten = True
+                break
+        if beaten:
+            continue
+        fs = stage_factors[int(ci)] = [S.at(s, *_stage_span(cuts[ci], s)) for s in range(p)]
+        c = _combinations(S, int(ci), fs)  # the cut's joint interface configurations and their bounds
+        if c is None:
+            continue
+        order = np.lexsort((c.combo, c.m_lb, c.t_lb))
+        for start in range(0, len(order), _Staircase.BATCH):
+            chunk = order[start:start + _Staircase.BATCH]
+            for i in chunk[~stair.beats_all(c.t_lb[chunk], c.m_lb[chunk])]:
+                if stair.beats(float(c.t_lb[i]), float(c.m_lb[i])):  # a point found within this chunk
+                    continue
+                rows = [S.table(f).rows[int(g)] for f, g in zip(fs, c.gids[i], strict=True)]
+                t, m, chosen = _max_frontier([(f.t[r], f.m[r]) for f, r in zip(fs, rows, strict=True)])
+                done.append((c.cut, int(c.combo[i]), t, m, rows, chosen))
+                stair.add(t, m)
+    if not done:
         return None
-    splits, final = _read_back(S, root, came_from, p, n)
-    out = Factor(scope=(), keys=np.zeros((len(root), 0), dtype=np.int32), t=root.t, m=root.m + tabs.buffers)
-    return StacksSolution(tables=tabs, root=out, partitions=splits, assigns=final, stats=S.stats)
+    done.sort(key=lambda d: (d[0], d[1]))
+    t_all = np.concatenate([d[2] for d in done])
+    m_all = np.concatenate([d[3] for d in done])
+    owner = np.concatenate([np.full(len(d[2]), i) for i, d in enumerate(done)])
+    local = np.concatenate([np.arange(len(d[2])) for d in done])
+    keep = pareto_mask(np.zeros(len(t_all), dtype=np.int64), t_all, m_all, eps)
+    n = len(keep)
+    splits = [tuple(cuts[done[owner[k]][0]]) for k in keep]
+    # read back per (cut, stage), all its kept points in one walk: one walk per point cost
+    # minutes on T5 (each walk visits the stage factor's whole provenance)
+    by_cut: dict[int, list[int]] = {}
+    for j, k in enumerate(keep):
+        by_cut.setdefault(done[owner[k]][0], []).append(j)
+    final: dict[str, np.ndarray] = {}
+    for ci, js in by_cut.items():
+        pos = np.array(js)
+        for s, f in enumerate(stage_factors[ci]):
+            picked = np.array([_stage_row(done[owner[keep[j]]], int(local[keep[j]]), s) for j in js])
+            for v, a in assignments(f, picked).items():
+                final.setdefault(v, np.zeros(n, dtype=np.int64))[pos] = a
+    # every stage holds the mesh's constant buffers (evaluate_stacks adds them per stage)
+    root = Factor(scope=(), keys=np.zeros((n, 0), dtype=np.int32), t=t_all[keep], m=m_all[keep] + tabs.buffers)
+    return StacksSolution(tables=tabs, root=root, partitions=splits, assigns=final, stats=S.stats)
+
+
+def _stage_row(combined: tuple[int, int, np.ndarray, np.ndarray, list[np.ndarray], np.ndarray],
+               point: int, s: int) -> int:
+    """Stage s's factor row behind one point of a combined configuration."""
+    rows, chosen = combined[4], combined[5]
+    return int(rows[s][chosen[point, s]])
+
+
+@functools.lru_cache(maxsize=64)
+def _partitions(n_units: int, p: int) -> list[Split]:
+    """The cuts of the band, made once per (units, stages): every shape with p stages shares
+    them (hundreds of thousands for 16 stages over 24 units)."""
+    return partitions(n_units, p, 1, STACKS_BAND)
+
+
+def _stage_span(cut: Split, s: int) -> tuple[int, int]:
+    """Stage s's first unit and unit count under a cut."""
+    return sum(cut[:s]), cut[s]
+
+
+def _cut_bounds(cuts: list[Split], t_bound: list[np.ndarray], m_bound: list[np.ndarray]
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per cut, a (time, memory) none of its plans beats (the slowest and the heaviest stage's
+    bounds, `_stage_bounds`) and those per-stage bounds ([cut, stage])."""
+    arr = np.asarray(cuts, dtype=np.int64).reshape(len(cuts), len(t_bound))
+    ends = np.cumsum(arr, axis=1)
+    starts = ends - arr
+    t_s = np.stack([t_bound[s][starts[:, s], ends[:, s]] for s in range(arr.shape[1])], axis=1)
+    m_s = np.stack([m_bound[s][starts[:, s], ends[:, s]] for s in range(arr.shape[1])], axis=1)
+    return t_s.max(axis=1), m_s.max(axis=1), t_s, m_s
+
+
+@dataclass
+class _Combinations:
+    """The joint interface configurations of one cut under which every stage has a plan, in
+    enumeration order: their indices, each stage's group (`gids`, one row per configuration)
+    and their bounds."""
+
+    cut: int
+    combo: np.ndarray
+    gids: np.ndarray
+    t_lb: np.ndarray
+    m_lb: np.ndarray
+
+
+def _combinations(S: _Stages, ci: int, fs: list[Factor]) -> _Combinations | None:
+    """One cut's joint interface configurations, enumerated at once. The bound of one is the
+    slowest stage's fastest point and the heaviest stage's leanest one: no point of it beats
+    that. None when none exists or the cut's interface is too large (MAX_INTERFACE)."""
+    iface = list(dict.fromkeys(v for f in fs for v in f.scope))
+    sizes = [len(S.tabs.op_costs[v].configs) for v in iface]
+    total = math.prod(sizes)
+    if total > MAX_INTERFACE:
+        return None
+    digits = np.unravel_index(np.arange(total), sizes) if iface else ()
+    gids, t_lb, m_lb = [], np.zeros(total), np.zeros(total)
+    valid = np.ones(total, dtype=bool)
+    for f in fs:
+        table = S.table(f)
+        pos = [iface.index(v) for v in f.scope]
+        flat = (np.ravel_multi_index(tuple(digits[i] for i in pos), table.shape)
+                if pos else np.zeros(total, dtype=np.int64))
+        g = table.gid.reshape(-1)[flat]
+        valid &= g >= 0
+        g = np.maximum(g, 0)
+        gids.append(g)
+        t_lb = np.maximum(t_lb, table.t_min[g])
+        m_lb = np.maximum(m_lb, table.m_min[g])
+    keep = np.flatnonzero(valid)
+    if not len(keep):
+        return None
+    return _Combinations(cut=ci, combo=keep, gids=np.stack(gids, axis=1)[keep], t_lb=t_lb[keep], m_lb=m_lb[keep])
+
+
+@dataclass
+class _GroupTable:
+    """A stage factor's rows per interface configuration: a dense index over the configurations
+    (-1 where the stage has no plan), each group's rows and its fastest and leanest values."""
+
+    gid: np.ndarray
+    rows: list[np.ndarray]
+    t_min: np.ndarray
+    m_min: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.gid.shape)
+
+
+def _max_frontier(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Pareto set of (max_s t, max_s m) over one point per stage: for each candidate time,
+    every stage's leanest point within it. Returns t, m and the chosen point of each stage."""
+    order = [np.argsort(t, kind="stable") for t, _ in parts]
+    sorted_t = [t[o] for (t, _), o in zip(parts, order, strict=True)]
+    run_min = []
+    for (_, m), o in zip(parts, order, strict=True):
+        mm = m[o]
+        # the leanest point among the first i + 1 (the first of equals): a new prefix minimum
+        # wherever a point is strictly leaner than all before it
+        before = np.concatenate([[np.inf], np.minimum.accumulate(mm)[:-1]])
+        run_min.append(np.maximum.accumulate(np.where(mm < before, np.arange(len(mm)), 0)))
+    floor = max(st[0] for st in sorted_t)
+    taus = np.unique(np.concatenate([st[st >= floor] for st in sorted_t]))
+    chosen = []
+    T = np.zeros(len(taus))
+    M = np.zeros(len(taus))
+    for st, o, rm, (t, m) in zip(sorted_t, order, run_min, parts, strict=True):
+        k = np.searchsorted(st, taus, side="right") - 1
+        pick = o[rm[k]]
+        chosen.append(pick)
+        T = np.maximum(T, t[pick])
+        M = np.maximum(M, m[pick])
+    keep = pareto_mask(np.zeros(len(T), dtype=np.int64), T, M)
+    return T[keep], M[keep], np.stack(chosen, axis=1)[keep]
 
 
 def _carried(S: _Stages) -> list[tuple[str, ...]]:
@@ -513,7 +774,7 @@ def _step(S: _Stages, state: Factor, f: Factor, s: int, before: tuple[str, ...],
         return ~stair.beats_all(np.maximum(t, lb_t), np.maximum(m, lb_m))
 
     drop = tuple(v for v in (*state.scope, *rows.scope) if v not in after)
-    out = join(state, rows, drop=drop, domain=dom, eps=S.eps, stats=S.stats, admit=admit, peak=True)
+    out = peak_join(state, rows, drop=drop, domain=dom, eps=S.eps, stats=S.stats, admit=admit)
     for v in after:
         if v not in out.scope:  # free until a later stage reads it
             d = dom[v]
@@ -577,39 +838,82 @@ def _stage_bounds(S: _Stages) -> tuple[list[np.ndarray], list[np.ndarray]]:
     return ts, ms
 
 
-def _rest_bounds(t_stage: list[np.ndarray], m_stage: list[np.ndarray], p: int, n: int, band: list[int]
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """[s, e]: a time and a memory no plan of stages s .. p - 1 over units [e, n) beats (the least
-    over their cuts of the slowest stage's bound, and of the heaviest's, each on its own); inf
-    where those stages cannot cover those units within the band."""
+@dataclass
+class _Rest:
+    """[s, e]: a time (`t`) and a memory (`m`) no plan of stages s .. p - 1 over units [e, n)
+    beats - the least over their cuts of the slowest stage's bound, and of the heaviest's, each
+    on its own; inf where those stages cannot cover those units within the band - and how many
+    cuts they have (`cuts`)."""
+
+    t: np.ndarray
+    m: np.ndarray
+    cuts: np.ndarray
+
+
+def _rest_bounds(t_stage: list[np.ndarray], m_stage: list[np.ndarray], p: int, n: int, band: list[int]) -> _Rest:
     t = np.full((p + 1, n + 1), np.inf)
     m = np.full((p + 1, n + 1), np.inf)
+    cuts = np.zeros((p + 1, n + 1))
     t[p, n] = m[p, n] = 0.0
+    cuts[p, n] = 1
     for s in range(p - 1, -1, -1):
         for e in range(n):
             for k in band:
                 if e + k <= n and np.isfinite(t[s + 1, e + k]):
                     t[s, e] = min(t[s, e], max(t_stage[s][e, e + k], t[s + 1, e + k]))
                     m[s, e] = min(m[s, e], max(m_stage[s][e, e + k], m[s + 1, e + k]))
-    return t, m
+                    cuts[s, e] += cuts[s + 1, e + k]
+    return _Rest(t, m, cuts)
 
 
 class _Staircase:
-    """Plans known to exist, asked whether one beats a bound in both time and memory by more
-    than rounding (memory with the mesh's buffers, which a stage's points leave out)."""
+    """The points found so far (and an envelope of known plans), asked whether one beats a
+    bound in both time and memory by more than rounding. New points wait in a small batch and
+    join the sorted staircase when it fills."""
+
+    BATCH = 256
 
     def __init__(self, envelope: tuple[np.ndarray, np.ndarray] | None, buffers: float) -> None:
         self.buffers = buffers
-        self.t, self.m = np.zeros(0), np.zeros(0)
+        self.t = np.zeros(0)
+        self.m = np.zeros(0)  # running minimum of memory over t ascending
+        self.pending_t: list[np.ndarray] = []
+        self.pending_m: list[np.ndarray] = []
+        self.n_pending = 0
         if envelope is not None and len(envelope[0]):
-            self.t, self.m = staircase(np.asarray(envelope[0], float), np.asarray(envelope[1], float))
+            self._rebuild(np.asarray(envelope[0], float), np.asarray(envelope[1], float))
+
+    def _rebuild(self, t: np.ndarray, m: np.ndarray) -> None:
+        t = np.concatenate([self.t, t])
+        m = np.concatenate([self.m, m])
+        o = np.argsort(t, kind="stable")
+        self.t, self.m = t[o], np.minimum.accumulate(m[o])
+
+    def add(self, t: np.ndarray, m: np.ndarray) -> None:
+        self.pending_t.append(t)
+        self.pending_m.append(m + self.buffers)
+        self.n_pending += len(t)
+        if self.n_pending >= self.BATCH:
+            self._rebuild(np.concatenate(self.pending_t), np.concatenate(self.pending_m))
+            self.pending_t, self.pending_m, self.n_pending = [], [], 0
 
     def beats_all(self, t_lb: np.ndarray, m_lb: np.ndarray) -> np.ndarray:
-        """Per bound, whether a known plan is faster and leaner than it."""
+        """`beats` for many bounds against the staircase (not the pending batch)."""
+        t_cut = t_lb * (1.0 - 1e-9)
+        m_cut = (m_lb + self.buffers) * (1.0 - 1e-9)
+        k = np.searchsorted(self.t, t_cut, side="left")
         if not len(self.t):
-            return np.zeros(np.shape(t_lb), dtype=bool)
-        k = np.searchsorted(self.t, t_lb * (1.0 - 1e-9), side="left")
-        return (k > 0) & (self.m[np.maximum(k - 1, 0)] < (m_lb + self.buffers) * (1.0 - 1e-9))
+            return np.zeros(len(t_lb), dtype=bool)
+        return (k > 0) & (self.m[np.maximum(k - 1, 0)] < m_cut)
+
+    def beats(self, t_lb: float, m_lb: float) -> bool:
+        t_cut = t_lb * (1.0 - 1e-9)
+        m_cut = (m_lb + self.buffers) * (1.0 - 1e-9)
+        k = int(np.searchsorted(self.t, t_cut, side="left"))
+        if k and self.m[k - 1] < m_cut:
+            return True
+        return any(bool(np.any((pt < t_cut) & (pm < m_cut)))
+                   for pt, pm in zip(self.pending_t, self.pending_m, strict=True))
 
 
 def stack_shapes(cluster: Cluster, job: TrainingJob, graph: OpGraph, zero_stages: tuple[int, ...],

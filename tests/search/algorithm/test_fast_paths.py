@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from search.algorithm import frontier
-from search.algorithm.frontier import Factor, Stats, join, leaf
+from search.algorithm.frontier import Factor, Stats, join, leaf, peak_join
 
 
 def _factor(rng: np.random.Generator, scope: tuple[str, ...], domain: dict[str, int], n: int, ties: bool) -> Factor:
@@ -275,7 +275,7 @@ def test_join_bounded_rows_equal_the_full_join(seed: int, monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("seed", range(100))
 def test_peak_join_is_the_pareto_set_of_pairwise_maxima(seed: int) -> None:
-    """`join(peak=True)` (two pipeline stages side by side, stacks.py): per kept assignment, the
+    """`peak_join` (two pipeline stages side by side, stacks.py): per kept assignment, the
     Pareto set of (max time, max memory) over every pair that agrees on the shared variables."""
     rng = np.random.default_rng(seed)
     names = ["u", "v", "w"]
@@ -286,7 +286,7 @@ def test_peak_join_is_the_pareto_set_of_pairwise_maxima(seed: int) -> None:
     a = _factor(rng, a_scope, domain, int(rng.integers(1, 12)), ties)
     b = _factor(rng, b_scope, domain, int(rng.integers(1, 12)), ties)
     drop = tuple(v for v in dict.fromkeys(a_scope + b_scope) if rng.random() < 0.5)
-    got = join(a, b, drop=drop, domain=domain, peak=True)
+    got = peak_join(a, b, drop=drop, domain=domain)
     out = got.scope
     want: dict[tuple[int, ...], list[tuple[float, float]]] = {}
     for i in range(len(a)):

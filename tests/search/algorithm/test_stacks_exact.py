@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from search.algorithm import stacks
 from search.algorithm.evaluate import micro_batch_graph
 from search.algorithm.stacks import (
     anchors,
@@ -78,8 +79,17 @@ def test_the_tiny_model_has_two_stacks_and_a_cross_edge() -> None:
     assert {a[op.name] for op in readers} == {2, 3}  # both decoder layers read the encoder's output
 
 
+@pytest.fixture(params=["by_cuts", "by_stages"])
+def solver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both of solve_stacks' ways: each cut on its own (what these few cuts get), and the DP
+    over the stages (what shapes of many cuts get)."""
+    if request.param == "by_stages":
+        monkeypatch.setattr(stacks, "MAX_CUTS", 0)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("stages,recompute,tied", [(1, True, False), (2, False, False), (2, False, True)])
-def test_frontier_equals_exhaustive(stages: int, recompute: bool, tied: bool) -> None:
+def test_frontier_equals_exhaustive(stages: int, recompute: bool, tied: bool, solver: str) -> None:
     g = _graph(tied)
     cluster = make_cluster("cpu", 2 * stages if stages > 1 else 2, devices_per_node=4)
     shapes = [s for s in stack_shapes(cluster, _job(), g, (0,), pipelines=stages > 1, accumulate=stages == 1)
@@ -111,7 +121,7 @@ def test_frontier_equals_exhaustive(stages: int, recompute: bool, tied: bool) ->
 
 
 @pytest.mark.parametrize("stages,recompute", [(1, True), (2, False), (2, True), (3, False)])
-def test_block_reuse_equals_the_tied_reference(stages: int, recompute: bool) -> None:
+def test_block_reuse_equals_the_tied_reference(stages: int, recompute: bool, solver: str) -> None:
     """Three layers a stack (the block-family model of test_families_exact): each stack's copies
     are solved through its template (families.py), their outputs tied to the boundary's layout;
     the frontier equals the reference enumerating every tied assignment and cut, and the untied
