@@ -2,8 +2,9 @@
 
 Per family: the default config (`AutoConfig.for_model(TYPE)`, random weights on the meta device)
 searched on 64 H100s at global batch 64 and sequence 2,048 (or the model's positions if fewer):
-parameters, capture seconds, ops, frontier size, the fastest plan that fits 80 GiB and the leanest
-memory; or the one-line refusal. Then the tiny variant (2 layers, width 64) searched on 4 CPU
+parameters, capture seconds, search seconds (wall), CPU seconds of the whole request (capture,
+search and plans), ops, frontier size, the fastest plan that fits 80 GiB and the leanest memory;
+or the one-line refusal. Then the tiny variant (2 layers, width 64) searched on 4 CPU
 processes, and its fastest and leanest plans launched on 4 gloo processes against one process
 (losses step by step), or the reason they cannot run.
 
@@ -117,7 +118,7 @@ def default_row(family: str, timeout: int) -> dict[str, Any]:
     from search.plans.api import SearchRequest, run_search
 
     row: dict[str, Any] = {"family": family}
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(timeout)
     try:
@@ -133,7 +134,8 @@ def default_row(family: str, timeout: int) -> dict[str, Any]:
         return row
     finally:
         signal.alarm(0)
-    row.update(seconds=time.perf_counter() - t0, params=o.report.params, capture=o.capture_seconds,
+    row.update(seconds=time.perf_counter() - t0, cpu=time.process_time() - cpu0, search=o.result.search_seconds,
+               params=o.report.params, capture=o.capture_seconds,
                ops=len(o.result.graph.ops), frontier=len(o.plans), seq=seq,
                leanest=min(p.memory_bytes for p in o.result.points))
     if o.best is not None:
@@ -291,9 +293,9 @@ def main() -> None:
     if args.rest:
         rest_main(families, args.timeout)
         return
-    print(f"| family | params | capture s | ops | frontier | fastest fitting plan on {H100S} H100 (batch {BATCH}) "
-          f"| leanest | tiny variant on 4 gloo processes |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"| family | params | capture s | search s | CPU s | ops | frontier | fastest fitting plan on {H100S} H100 "
+          f"(batch {BATCH}) | leanest | tiny variant on 4 gloo processes |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     planned = 0
     for family in families:
         r = {"family": family, "outcome": "not searched"} if args.no_default else default_row(family, args.timeout)
@@ -301,10 +303,11 @@ def main() -> None:
             r.update(tiny_row(family, args.timeout, not args.no_run))
         planned += r["outcome"] == "planned"
         if "params" in r:
-            cells = [f"{r['params'] / 1e9:.2f}B", f"{r['capture']:.1f}", str(r["ops"]), str(r["frontier"]),
+            cells = [f"{r['params'] / 1e9:.2f}B", f"{r['capture']:.1f}", f"{r['search']:.1f}", f"{r['cpu']:.1f}",
+                     str(r["ops"]), str(r["frontier"]),
                      r.get("fastest", r["outcome"]), f"{r['leanest'] / GIB:.1f} GiB"]
         else:
-            cells = ["-", "-", "-", "-", r["outcome"], "-"]
+            cells = ["-", "-", "-", "-", "-", "-", r["outcome"], "-"]
         print(f"| {family} | " + " | ".join(cells) + f" | {r.get('tiny', '-')} |", flush=True)
     print(f"\n{planned}/{len(families)} families planned within 80 GiB")
 

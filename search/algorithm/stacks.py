@@ -25,14 +25,20 @@ Exact search. Fix the shape (p, m, sub-mesh, ZeRO stage, schedule). Each stage's
 over its ops, edges and received tensors under its weights (evaluate.stage_weights), so FT's
 elimination solves stage s holding units [a, e) down to a factor over its *interface*: the ops
 whose outputs cross a cut into or out of it. Stages share no variable but the interface, and a
-pipeline's time and memory are those of its slowest and its heaviest stage, so the cuts are a DP
-over the stages: the state after s stages is the units they cover and the frontier of (max time,
-max memory) per configuration of the variables carried across that position (`_carried`: each
-interface variable from the first to the last position one of its edges crosses); a step pairs a
-state with stage s's factor, each pair costing the larger time and the larger memory
-(`frontier.peak_join`), eliminates what is carried no further, and the states reaching one
-position are united. Exact - equal to the enumeration of every assignment and cut
-(`exhaustive_stacks`) - and linear in the stages, where enumerating the cuts was not (477k cuts for 16 stages over 24 units).
+pipeline's time and memory are those of its slowest and its heaviest stage. The stages are
+combined one of two ways, both exact - equal to the enumeration of every assignment and cut
+(`exhaustive_stacks`):
+- each cut on its own (`_by_cuts`, a shape of at most MAX_CUTS cuts): per joint interface
+  configuration, the pointwise maximum of the stages' staircases (`_max_frontier`); the union
+  over configurations and cuts, Pareto-reduced. The cuts and configurations most promising by
+  their bounds go first, and one whose bound a plan already found beats is never combined.
+- a DP over the stages (`_by_stages`, more cuts: 477k for 16 stages over 24 units): the state
+  after s stages is the units they cover and the frontier of (max time, max memory) per
+  configuration of the variables carried across that position (`_carried`: each interface
+  variable from the first to the last position one of its edges crosses); a step pairs a state
+  with stage s's factor, each pair costing the larger time and the larger memory
+  (`frontier.peak_join`), eliminates what is carried no further, and the states reaching one
+  position are united. Linear in the stages.
 
 Gradient accumulation is the one-stage case: every unit on one stage, m micro-batches as m slots,
 one micro-batch's activations held, no interface.
@@ -44,13 +50,16 @@ factor over (boundary, side inputs), and a stage's run of k copies is k copies b
 tie is part of the space, as on flat meshes (the reference ties too: `exhaustive_stacks(tie=)`);
 `reuse=False` solves every stage op by op, untied.
 
-Pruning, exact. A partial plan ends in plans at least as slow and as heavy as it, and as the
-stages still to come (`_rest_bounds`: per stage its ops at their cheapest, the best cut of the
-rest): where a known plan (the envelope: plans of other shapes) beats that in both, it is
-dropped, and a stage none of whose partial plans survive is never solved.
+Pruning, exact. A stage over units [a, e) is bounded before it is solved (`_stage_bounds`): its
+loose ops at their cheapest, each family copy at its template's least time and least memory (a
+min-sum elimination, `families.unit_least`). A cut's bound is its slowest and heaviest stage's;
+in the DP a partial plan ends in plans at least as slow and as heavy as it and as the stages
+still to come (`_rest_bounds`, the best cut of the rest): where a known plan (the envelope:
+plans of other shapes) beats that in both, it is dropped, and a stage none of whose partial
+plans survive is never solved.
 
-Left out on purpose: a DP step whose variables (carried in, the stage's interface, carried on)
-have more than MAX_INTERFACE joint configurations (counted out of the space, so the search stays
+Left out on purpose: a cut whose interface, or a DP step whose variables (carried in, the
+stage's interface, carried on), have more than MAX_INTERFACE joint configurations (counted out of the space, so the search stays
 exact over what it offers); interleaved 1F1B (virtual stages of a two-stack sequence have no executor
 either).
 """
