@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from search.models.graph import Op, OpGraph, ParamRef
+from search.models.graph import Op, OpGraph, ParamRef, TensorRef
 from search.prices.boundaries import INFEASIBLE, Boundaries
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import CostModel, TrainingJob
-from search.prices.mesh import Mesh, MeshAxis, op_configs
-from tests.search.graphs import act, linear, norm, pointwise
+from search.prices.mesh import Mesh, MeshAxis, input_grad_placement, op_configs
+from tests.search.graphs import B, H, S, act, linear, norm, pointwise
+
+V = 32  # a vocabulary
 
 TP4 = Mesh(pp=1, axes=(MeshAxis("dp", 1, 4, "data"), MeshAxis("tp", 4, 1, "tensor")))
 
@@ -190,3 +192,52 @@ def test_a_module_receiving_two_tensors_of_one_shape_converts_neither_at_its_ent
     assert ec.time[ca.index(seq), cadd.index(seq)] < INFEASIBLE   # no conversion: fine
     cn = op_configs(n2, TP4)
     assert cm.edge_costs(attn, n2, TP4, ca, cn).time[ca.index(rep), cn.index(seq)] < INFEASIBLE
+
+
+def nested_graph() -> OpGraph:
+    """T5's layer: its input x (the previous layer's residual add) read by the layer norm's first
+    op, inside `layer.norm` (a module of two ops), and by the residual add of `layer` itself."""
+    x = pointwise("x", [act(None, ("batch", "seq", "h"))]).model_copy(update={"module": "prev"})
+    to = pointwise("to", [act("x", x.output.dims)]).model_copy(update={"module": "layer.norm"})
+    ln = norm("ln", act("to", x.output.dims)).model_copy(update={"module": "layer.norm"})
+    f = linear("f", act("ln", x.output.dims), "h").model_copy(update={"module": "layer.f"})
+    add = pointwise("add", [act("x", x.output.dims), act("f", x.output.dims)]).model_copy(update={"module": "layer"})
+    return OpGraph(name="nested", ops=(x, to, ln, f, add))
+
+
+def test_a_reader_inside_another_readers_module_shares_its_conversion():
+    """The layer's input hook converts x for everything inside `layer`, the norm included, so the
+    norm's reader and the residual add convert x once, at `layer` (the executor does one all-gather
+    there; T5's plans priced a second one at `layer.norm`), and read it alike."""
+    g = nested_graph()
+    b = Boundaries(g)
+    assert b.conversion_module(g.op("x"), g.op("to")) == b.conversion_module(g.op("x"), g.op("add")) == "layer"
+    assert b.pays("x", "to") and not b.pays("x", "add")
+    assert [(p.a, p.b, p.tensor) for p in b.pairs if p.kind == "reader"] == [("to", "add", "x")]
+    cm = model(g)
+    cx, cto, cadd = (op_configs(g.op(n), TP4) for n in ("x", "to", "add"))
+    seq, whole_to = cx.index((None, "seq")), cto.index((None, None))
+    # x sequence-split, both readers want it whole: one all-gather, on the first reader's edge
+    assert cm.edge_costs(g.op("x"), g.op("to"), TP4, cx, cto).comm[seq, whole_to].sum() > 0
+    assert not cm.edge_costs(g.op("x"), g.op("add"), TP4, cx, cadd).comm.any()
+
+
+def test_integer_tensors_send_no_gradient_back():
+    """T5's decoder ids (its labels shifted right: a concatenation of integers) read by a
+    vocabulary-parallel embedding: its gradient placement would be a partial sum, but integers have
+    no gradient, and the executor reduces none (the plan priced a backward all-reduce)."""
+    ids = Op(name="cat", kind="elementwise", inputs=(TensorRef(source=None, shape=(B, S), dims=("batch", "seq"),
+                                                                 dtype="int64"),),
+             output=TensorRef(source=None, shape=(B, S), dims=("batch", "seq"), dtype="int64"),
+             splittable=("batch", "seq"), flops=0.0)
+    emb = Op(name="emb", kind="embedding",
+             inputs=(TensorRef(source="cat", shape=(B, S), dims=("batch", "seq"), dtype="int64"),),
+             output=TensorRef(source=None, shape=(B, S, H), dims=("batch", "seq", "h")),
+             params=(ParamRef(name="emb.weight", shape=(V, H), dims=("vocab", "h")),),
+             splittable=("batch", "seq", "vocab", "h"), flops=0.0)
+    g = OpGraph(name="ids", ops=(ids, emb))
+    cm = model(g)
+    cc, ce = op_configs(ids, TP4), op_configs(emb, TP4)
+    assert input_grad_placement((None, "vocab"), emb.inputs[0]) == ("R", "R")
+    ec = cm.edge_costs(ids, emb, TP4, cc, ce)
+    assert not ec.comm[cc.index((None, None)), ce.index((None, "vocab"))].any()
