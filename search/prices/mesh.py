@@ -375,19 +375,9 @@ def input_placement(cfg: Config, t: TensorRef) -> tuple[str, ...]:
     return tuple("R" if lab is None or lab not in t.dims else f"S:{lab}" for lab in cfg)
 
 
-def has_gradient(dtype: str) -> bool:
-    """Whether autograd carries a gradient for a tensor of this dtype (torch's names): floating
-    point only; token ids, positions and masks (integers, booleans) have none."""
-    return dtype.startswith(("float", "bfloat", "half", "double"))
-
-
 def input_grad_placement(cfg: Config, t: TensorRef) -> tuple[str, ...]:
     """The gradient an op sends back for one of its inputs: sharded like the input, Partial on
-    axes that split a label the input does not carry (each shard holds a partial sum). An input
-    without a gradient (T5's shifted decoder ids, a concatenation of integers) sends none back: 'R'
-    on every axis, as its producer's is, so no backward collective is priced for it."""
-    if not has_gradient(t.dtype):
-        return ("R",) * len(cfg)
+    axes that split a label the input does not carry (each shard holds a partial sum)."""
     return tuple("R" if lab is None else (f"S:{lab}" if lab in t.dims else "P") for lab in cfg)
 
 
@@ -396,10 +386,7 @@ def output_placement(cfg: Config, op: Op) -> tuple[str, ...]:
 
 
 def output_grad_placement(cfg: Config, op: Op) -> tuple[str, ...]:
-    """The gradient an op needs for its output: Partial outputs need the full (replicated) gradient;
-    an output without a gradient (integers) needs none ('R' on every axis, see input_grad_placement)."""
-    if not has_gradient(op.output.dtype):
-        return ("R",) * len(cfg)
+    """The gradient an op needs for its output: Partial outputs need the full (replicated) gradient."""
     return tuple("R" if lab is None else (f"S:{lab}" if lab in op.output.dims else "R") for lab in cfg)
 
 

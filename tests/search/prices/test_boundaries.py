@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from search.models.graph import Op, OpGraph, ParamRef, TensorRef
+from search.models.graph import Op, OpGraph, ParamRef
 from search.prices.boundaries import INFEASIBLE, Boundaries
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import CostModel, TrainingJob
-from search.prices.mesh import Mesh, MeshAxis, input_grad_placement, op_configs
-from tests.search.graphs import B, H, S, act, linear, norm, pointwise
-
-V = 32  # a vocabulary
+from search.prices.mesh import Mesh, MeshAxis, op_configs
+from tests.search.graphs import act, linear, norm, pointwise
 
 TP4 = Mesh(pp=1, axes=(MeshAxis("dp", 1, 4, "data"), MeshAxis("tp", 4, 1, "tensor")))
 
@@ -221,23 +219,3 @@ def test_a_reader_inside_another_readers_module_shares_its_conversion():
     assert cm.edge_costs(g.op("x"), g.op("to"), TP4, cx, cto).comm[seq, whole_to].sum() > 0
     assert not cm.edge_costs(g.op("x"), g.op("add"), TP4, cx, cadd).comm.any()
 
-
-def test_integer_tensors_send_no_gradient_back():
-    """T5's decoder ids (its labels shifted right: a concatenation of integers) read by a
-    vocabulary-parallel embedding: its gradient placement would be a partial sum, but integers have
-    no gradient, and the executor reduces none (the plan priced a backward all-reduce)."""
-    ids = Op(name="cat", kind="elementwise", inputs=(TensorRef(source=None, shape=(B, S), dims=("batch", "seq"),
-                                                                 dtype="int64"),),
-             output=TensorRef(source=None, shape=(B, S), dims=("batch", "seq"), dtype="int64"),
-             splittable=("batch", "seq"), flops=0.0)
-    emb = Op(name="emb", kind="embedding",
-             inputs=(TensorRef(source="cat", shape=(B, S), dims=("batch", "seq"), dtype="int64"),),
-             output=TensorRef(source=None, shape=(B, S, H), dims=("batch", "seq", "h")),
-             params=(ParamRef(name="emb.weight", shape=(V, H), dims=("vocab", "h")),),
-             splittable=("batch", "seq", "vocab", "h"), flops=0.0)
-    g = OpGraph(name="ids", ops=(ids, emb))
-    cm = model(g)
-    cc, ce = op_configs(ids, TP4), op_configs(emb, TP4)
-    assert input_grad_placement((None, "vocab"), emb.inputs[0]) == ("R", "R")
-    ec = cm.edge_costs(ids, emb, TP4, cc, ce)
-    assert not ec.comm[cc.index((None, None)), ce.index((None, "vocab"))].any()
