@@ -62,6 +62,35 @@ def placements(text: str | None) -> tuple[Placement, ...] | None:
     return tuple(out)
 
 
+class _Unaliased(torch.autograd.Function):
+    """The identity, whose output is no view: `DTensor.to_local()` returns a view made inside a
+    custom autograd Function, and autograd forbids modifying such a view in place. transformers
+    does (Llama-4's MoE adds the routed experts' sum into its shared expert's output with `add_`),
+    so a local shard leaving a style is handed over through this. It shares the shard's storage and
+    version counter: an in-place change of a tensor some backward saved is still caught."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def to_local(x: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard as a plain tensor the model may modify in place."""
+    from torch.distributed.tensor import DTensor
+
+    local = x.to_local() if isinstance(x, DTensor) else x
+    return _Unaliased.apply(local) if local._is_view() else local
+
+
+def _unaliased_output(mod: nn.Module, inputs: tuple, out: object) -> object:
+    """A forward hook after a torch style that leaves its output local (see `_Unaliased`)."""
+    return to_local(out) if isinstance(out, torch.Tensor) else out
+
+
 def _first_key(args: tuple, kwargs: dict) -> int | str | None:
     """Where a module's first input is: its first positional argument, else its first tensor
     keyword argument (transformers calls its attention as `self_attn(hidden_states=..., ...)`)."""
@@ -118,7 +147,7 @@ class PrepareFirstInput(ParallelStyle):
                 x = DTensor.from_local(x, device_mesh, (received,), run_check=False)
             if x.placements != (wanted,):
                 x = x.redistribute(device_mesh, (wanted,))
-            return with_first_input(args, kwargs, x.to_local() if self.local else x)
+            return with_first_input(args, kwargs, to_local(x) if self.local else x)
 
         module.register_forward_pre_hook(enter, with_kwargs=True)
         return module
@@ -157,7 +186,7 @@ class Placed(ParallelStyle):
                     x = DTensor.from_local(x, device_mesh, received, run_check=False)
                 if x.placements != wanted:
                     x = x.redistribute(device_mesh, wanted)
-                return with_first_input(args, kwargs, x.to_local() if local_in else x)
+                return with_first_input(args, kwargs, to_local(x) if local_in else x)
 
             module.register_forward_pre_hook(enter, with_kwargs=True)
         produced = placements(st.output_layout)
@@ -169,7 +198,7 @@ class Placed(ParallelStyle):
                     out = DTensor.from_local(out, device_mesh, produced, run_check=False)
                 if leaving is not None and out.placements != leaving:
                     out = out.redistribute(device_mesh, leaving)
-                return out.to_local() if st.use_local_output else out
+                return to_local(out) if st.use_local_output else out
 
             module.register_forward_hook(leave)
         return module
@@ -207,6 +236,10 @@ def has_module(root: nn.Module, fqn: str) -> bool:
         return False
 
 
+# torch's styles whose output leaves as `to_local()` (a view) when use_local_output is set
+LOCAL_OUTPUT = ("colwise", "rowwise", "sequence", "prepare_output")
+
+
 def apply_tensor_parallel(module: nn.Module, spec: ExecSpec, tp_mesh: DeviceMesh) -> None:
     """One ``parallelize_module`` call per style, in the spec's order (a module's input preparation
     registers its hook before the module's own style), or on two tensor dimensions one `Placed`
@@ -219,6 +252,8 @@ def apply_tensor_parallel(module: nn.Module, spec: ExecSpec, tp_mesh: DeviceMesh
             Placed(st)._apply(module.get_submodule(st.module), tp_mesh)
         else:
             parallelize_module(module, tp_mesh, {st.module: parallel_style(st)})
+            if st.use_local_output and st.style in LOCAL_OUTPUT:
+                module.get_submodule(st.module).register_forward_hook(_unaliased_output)
     if tp_mesh.ndim == 1:
         local_heads(module, spec, tp_mesh.size())
     retie(module, spec.ties)

@@ -80,9 +80,32 @@ class Boundaries:
     def conversion_module(self, prod: Op, reader: Op) -> str:
         """Where the reader's copy of prod's output changes placement: the innermost module it
         enters from outside that is not its own (its readers there share one conversion); its own
-        module when that is all it enters (a style's input layout); '' without module names."""
+        module when that is all it enters (a style's input layout); '' without module names.
+        Where another reader of the tensor converts it at a module around that one, and the reader
+        is one op of a module of several (a layer norm), the outermost such module: its input hook
+        converts the tensor for everything inside (T5's layer norm, inside the attention layer whose
+        residual add reads the layer's input too), so the inner reader receives it converted and
+        the two share one conversion (worker/analyze.py). A reader with a module of its own (BART's
+        column-parallel q, k and v, inside the attention its layer's residual add encloses) keeps
+        its own: its style returns a partial gradient the residual's does not, reduced apart."""
         if not self.has_modules:
             return ""
+        own = self._innermost_entry(prod, reader)
+        if self.own_module(reader):
+            return own
+        around = self._entries_of(prod.name)
+        outer = [m for m in _ancestors(own)[:-1] if m in around]
+        return outer[0] if outer else own
+
+    def _entries_of(self, prod: str) -> frozenset[str]:
+        """The innermost modules where the readers of prod's output enter (`_innermost_entry`)."""
+        memo: dict[str, frozenset[str]] = self.__dict__.setdefault("_entries_memo", {})
+        if prod not in memo:
+            p = self.graph.op(prod)
+            memo[prod] = frozenset(self._innermost_entry(p, self.graph.op(c)) for c, _ in self.consumers.get(prod, []))
+        return memo[prod]
+
+    def _innermost_entry(self, prod: Op, reader: Op) -> str:
         entered = [m for m in _ancestors(reader.module) if m not in set(_ancestors(prod.module))]
         if entered and self.own_module(reader) and entered[-1] == reader.module:
             entered = entered[:-1] or entered

@@ -190,3 +190,32 @@ def test_a_module_receiving_two_tensors_of_one_shape_converts_neither_at_its_ent
     assert ec.time[ca.index(seq), cadd.index(seq)] < INFEASIBLE   # no conversion: fine
     cn = op_configs(n2, TP4)
     assert cm.edge_costs(attn, n2, TP4, ca, cn).time[ca.index(rep), cn.index(seq)] < INFEASIBLE
+
+
+def nested_graph() -> OpGraph:
+    """T5's layer: its input x (the previous layer's residual add) read by the layer norm's first
+    op, inside `layer.norm` (a module of two ops), and by the residual add of `layer` itself."""
+    x = pointwise("x", [act(None, ("batch", "seq", "h"))]).model_copy(update={"module": "prev"})
+    to = pointwise("to", [act("x", x.output.dims)]).model_copy(update={"module": "layer.norm"})
+    ln = norm("ln", act("to", x.output.dims)).model_copy(update={"module": "layer.norm"})
+    f = linear("f", act("ln", x.output.dims), "h").model_copy(update={"module": "layer.f"})
+    add = pointwise("add", [act("x", x.output.dims), act("f", x.output.dims)]).model_copy(update={"module": "layer"})
+    return OpGraph(name="nested", ops=(x, to, ln, f, add))
+
+
+def test_a_reader_inside_another_readers_module_shares_its_conversion():
+    """The layer's input hook converts x for everything inside `layer`, the norm included, so the
+    norm's reader and the residual add convert x once, at `layer` (the executor does one all-gather
+    there; T5's plans priced a second one at `layer.norm`), and read it alike."""
+    g = nested_graph()
+    b = Boundaries(g)
+    assert b.conversion_module(g.op("x"), g.op("to")) == b.conversion_module(g.op("x"), g.op("add")) == "layer"
+    assert b.pays("x", "to") and not b.pays("x", "add")
+    assert [(p.a, p.b, p.tensor) for p in b.pairs if p.kind == "reader"] == [("to", "add", "x")]
+    cm = model(g)
+    cx, cto, cadd = (op_configs(g.op(n), TP4) for n in ("x", "to", "add"))
+    seq, whole_to = cx.index((None, "seq")), cto.index((None, None))
+    # x sequence-split, both readers want it whole: one all-gather, on the first reader's edge
+    assert cm.edge_costs(g.op("x"), g.op("to"), TP4, cx, cto).comm[seq, whole_to].sum() > 0
+    assert not cm.edge_costs(g.op("x"), g.op("add"), TP4, cx, cadd).comm.any()
+
