@@ -32,6 +32,10 @@ CASES: list[tuple[str, str, int, int, int, bool]] = [
     ("gpt3-175b", "a100-80gb", 1024, 1536, 2048, True),
     ("gpt3-175b", "a100-80gb", 1024, 1536, 2048, False),
     ("llama-70b", "h100-80gb", 128, 128, 4096, False),
+    # encoder-decoders: pipelines across two stacks (stacks.py: cuts on their own for T5's 12
+    # units, the stage DP for BART's 24 over 8 and 16 stages)
+    ("t5-small", "h100-80gb", 64, 64, 512, True),
+    ("bart-base", "h100-80gb", 64, 64, 512, True),
 ]
 QUICK = [c for c in CASES if c[2] <= 8]
 RTOL = 1e-9
