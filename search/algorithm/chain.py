@@ -139,6 +139,31 @@ def _find_chain(graph: OpGraph, min_layers: int, solo: bool) -> Chain | None:
     n = len(layers)
     if n < max(min_layers, 2):
         return None
+    uniform = _stack_proof(graph)
+    if uniform is None:
+        return None
+    if uniform == n:
+        return Chain(layers=layers)
+    if solo and uniform == n - 1 and n >= 3:
+        return Chain(layers=layers, solo=True)
+    return None
+
+
+def _stack_proof(graph: OpGraph) -> int | None:
+    """The first block's wiring checked and its layers compared (`_uniform`): None if the wiring
+    forbids a stack, else how many layers price like the template. Kept on the graph: FT's block
+    reuse (solo) and the pipeline search (not solo) ask for the same graph's stack, and the
+    proof, which reads every layer, is the same for both."""
+    cache: tuple[object, object, int | None] | None = graph.__dict__.get("_stack_proof")
+    if cache is None or cache[0] is not graph.ops or cache[1] is not graph.blocks:
+        cache = (graph.ops, graph.blocks, _prove_stack(graph))
+        object.__setattr__(graph, "_stack_proof", cache)
+    return cache[2]
+
+
+def _prove_stack(graph: OpGraph) -> int | None:
+    layers = list(graph.blocks[0].layers)
+    n = len(layers)
     consumers = graph.consumers()
     member = {name: i for i, layer in enumerate(layers) for name in layer}
     template = [_signature(graph.op(x)) for x in layers[1]]
@@ -160,12 +185,7 @@ def _find_chain(graph: OpGraph, min_layers: int, solo: bool) -> Chain | None:
                     return None
                 if i == n - 1 and c in member:
                     return None
-    uniform = _uniform(graph, layers)
-    if uniform == n:
-        return Chain(layers=layers)
-    if solo and uniform == n - 1 and n >= 3:
-        return Chain(layers=layers, solo=True)
-    return None
+    return _uniform(graph, layers)
 
 
 def _uniform(graph: OpGraph, layers: list[tuple[str, ...]]) -> int:
