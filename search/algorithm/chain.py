@@ -10,6 +10,7 @@ search cuts the same stack into stages.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from search.models.graph import Op, OpGraph, block_layout, module_layer
 from search.prices.boundaries import Boundaries
@@ -35,6 +36,12 @@ class Chain:
     def covered(self) -> set[str]:
         """The ops priced through the template's tables: those of layers 2.. the chain covers."""
         return {name for layer in self.layers[2:1 + self.reused] for name in layer}
+
+    @cached_property
+    def copies(self) -> frozenset[str]:
+        """The ops of layers 2..: the pipeline search prices them through the template's tables.
+        Found once per chain (the search asks per shape and part; a deep stack has thousands)."""
+        return frozenset(name for layer in self.layers[2:] for name in layer)
 
     @property
     def template(self) -> tuple[str, ...]:

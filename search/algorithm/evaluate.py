@@ -305,7 +305,7 @@ def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape, min_layers: int
         for a, b in zip(chain.template, chain.layers[i], strict=True):
             base[b] = base[a]
     p2p, p2p_bytes = p2p_costs(graph, cm, shape, chain.boundary, base[chain.boundary].configs)
-    covered = {name for layer in chain.layers[2:] for name in layer}
+    covered = chain.copies
     buffers = cm.buffers(sub, [graph.op(n) for n in base if n not in covered], shape.zero)
     tabs = PipeTables(shape=shape, graph=graph, chain=chain, op_costs=base, edge_costs={},
                       buffers=buffers, p2p=p2p, p2p_bytes=p2p_bytes)
@@ -316,7 +316,7 @@ def with_edges(tabs: PipeTables, cm: CostModel) -> PipeTables:
     """`tabs` with every edge's table (layers 2.. through the template's, as their ops)."""
     graph, chain = tabs.graph, tabs.chain
     sub = Mesh(pp=1, axes=tabs.shape.mesh.axes)
-    edges = _all_edges(graph, cm, sub, tabs.op_costs, chain, skip={n for layer in chain.layers[2:] for n in layer})
+    edges = _all_edges(graph, cm, sub, tabs.op_costs, chain, skip=chain.copies)
     template = set(chain.template)
     template_edges = {k: ec for k, ec in edges.items() if k[1] in template}
     for i in range(2, len(chain.layers)):
