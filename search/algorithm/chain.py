@@ -10,6 +10,7 @@ search cuts the same stack into stages.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from search.models.graph import Op, OpGraph, block_layout, module_layer
 from search.prices.boundaries import Boundaries
@@ -35,6 +36,12 @@ class Chain:
     def covered(self) -> set[str]:
         """The ops priced through the template's tables: those of layers 2.. the chain covers."""
         return {name for layer in self.layers[2:1 + self.reused] for name in layer}
+
+    @cached_property
+    def copies(self) -> frozenset[str]:
+        """The ops of layers 2..: the pipeline search prices them through the template's tables.
+        Found once per chain (the search asks per shape and part; a deep stack has thousands)."""
+        return frozenset(name for layer in self.layers[2:] for name in layer)
 
     @property
     def template(self) -> tuple[str, ...]:
@@ -139,6 +146,31 @@ def _find_chain(graph: OpGraph, min_layers: int, solo: bool) -> Chain | None:
     n = len(layers)
     if n < max(min_layers, 2):
         return None
+    uniform = _stack_proof(graph)
+    if uniform is None:
+        return None
+    if uniform == n:
+        return Chain(layers=layers)
+    if solo and uniform == n - 1 and n >= 3:
+        return Chain(layers=layers, solo=True)
+    return None
+
+
+def _stack_proof(graph: OpGraph) -> int | None:
+    """The first block's wiring checked and its layers compared (`_uniform`): None if the wiring
+    forbids a stack, else how many layers price like the template. Kept on the graph: FT's block
+    reuse (solo) and the pipeline search (not solo) ask for the same graph's stack, and the
+    proof, which reads every layer, is the same for both."""
+    cache: tuple[object, object, int | None] | None = graph.__dict__.get("_stack_proof")
+    if cache is None or cache[0] is not graph.ops or cache[1] is not graph.blocks:
+        cache = (graph.ops, graph.blocks, _prove_stack(graph))
+        object.__setattr__(graph, "_stack_proof", cache)
+    return cache[2]
+
+
+def _prove_stack(graph: OpGraph) -> int | None:
+    layers = list(graph.blocks[0].layers)
+    n = len(layers)
     consumers = graph.consumers()
     member = {name: i for i, layer in enumerate(layers) for name in layer}
     template = [_signature(graph.op(x)) for x in layers[1]]
@@ -160,12 +192,7 @@ def _find_chain(graph: OpGraph, min_layers: int, solo: bool) -> Chain | None:
                     return None
                 if i == n - 1 and c in member:
                     return None
-    uniform = _uniform(graph, layers)
-    if uniform == n:
-        return Chain(layers=layers)
-    if solo and uniform == n - 1 and n >= 3:
-        return Chain(layers=layers, solo=True)
-    return None
+    return _uniform(graph, layers)
 
 
 def _uniform(graph: OpGraph, layers: list[tuple[str, ...]]) -> int:

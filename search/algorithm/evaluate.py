@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from search.algorithm.chain import Chain, after_stack, carry_chains, find_chain, layer_index, layer_outputs, recompute_var
 from search.algorithm.interleave import device_layers, sends
-from search.models.graph import OpGraph, TensorRef
+from search.models.graph import Op, OpGraph, TensorRef
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, recomputed_mem
 from search.prices.mesh import (
     Config,
@@ -46,10 +46,29 @@ Assignment = Mapping[str, np.ndarray | int]
 # ---- one mesh ------------------------------------------------------------------------------------
 def mesh_costs(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int, chain: Chain | None) -> dict[str, OpCosts]:
     """Op cost tables for every op FT will see (with a stack: all but layers 2..n-1)."""
+    return {op.name: cm.op_costs(op, mesh, zero, checkpoint=kept) for op, kept in _priced_ops(graph, chain)}
+
+
+# the ops `mesh_costs` prices and whether each is a layer's output, per (graph, stack): the
+# pipeline search asks for every shape's sub-mesh and ZeRO stage of the same micro-batch graph,
+# and the walk over a deep graph's ops (most of them covered) cost as much as the memo hits.
+# Keyed by identity, graph and chain kept alive in the entry (graphs are never modified); bounded.
+_PRICED: dict[tuple[int, int], tuple[OpGraph, Chain | None, list[tuple[Op, bool]]]] = {}
+_PRICED_MAX = 256
+
+
+def _priced_ops(graph: OpGraph, chain: Chain | None) -> list[tuple[Op, bool]]:
+    key = (id(graph), id(chain))
+    hit = _PRICED.get(key)
+    if hit is not None and hit[0] is graph and hit[1] is chain:
+        return hit[2]
     covered = chain.covered if chain else set()
     outputs = layer_outputs(graph)
-    return {op.name: cm.op_costs(op, mesh, zero, checkpoint=op.name in outputs)
-            for op in graph.ops if op.name not in covered}
+    ops = [(op, op.name in outputs) for op in graph.ops if op.name not in covered]
+    if len(_PRICED) >= _PRICED_MAX:
+        _PRICED.clear()
+    _PRICED[key] = (graph, chain, ops)
+    return ops
 
 
 def tables(graph: OpGraph, cm: CostModel, mesh: Mesh, zero: int = 0
@@ -286,7 +305,7 @@ def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape, min_layers: int
         for a, b in zip(chain.template, chain.layers[i], strict=True):
             base[b] = base[a]
     p2p, p2p_bytes = p2p_costs(graph, cm, shape, chain.boundary, base[chain.boundary].configs)
-    covered = {name for layer in chain.layers[2:] for name in layer}
+    covered = chain.copies
     buffers = cm.buffers(sub, [graph.op(n) for n in base if n not in covered], shape.zero)
     tabs = PipeTables(shape=shape, graph=graph, chain=chain, op_costs=base, edge_costs={},
                       buffers=buffers, p2p=p2p, p2p_bytes=p2p_bytes)
@@ -297,7 +316,7 @@ def with_edges(tabs: PipeTables, cm: CostModel) -> PipeTables:
     """`tabs` with every edge's table (layers 2.. through the template's, as their ops)."""
     graph, chain = tabs.graph, tabs.chain
     sub = Mesh(pp=1, axes=tabs.shape.mesh.axes)
-    edges = _all_edges(graph, cm, sub, tabs.op_costs, chain, skip={n for layer in chain.layers[2:] for n in layer})
+    edges = _all_edges(graph, cm, sub, tabs.op_costs, chain, skip=chain.copies)
     template = set(chain.template)
     template_edges = {k: ec for k, ec in edges.items() if k[1] in template}
     for i in range(2, len(chain.layers)):
@@ -316,8 +335,10 @@ def _tied_copies(graph: OpGraph, cm: CostModel, sub: Mesh, shape: PipeShape, cha
     owned_in_tail = {p.name for op in graph.ops if op.name in tail for p in op.params if p.owner}
     out: dict[str, OpCosts] = {}
     for op in graph.ops:
+        if op.name not in tail:  # tested first: a deep stack's ops are almost all before the tail
+            continue
         tied = [p for p in op.params if not p.owner and p.name not in owned_in_tail]
-        if op.name not in tail or not tied:
+        if not tied:
             continue
         own = op.model_copy(update={"params": tuple(p.model_copy(update={"owner": True}) if p in tied else p
                                                     for p in op.params)})

@@ -311,7 +311,7 @@ class _Stages:
         shape, chain = tables.shape, tables.chain
         weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages)
         sub = Mesh(pp=1, axes=shape.mesh.axes)
-        covered = {name for layer in chain.layers[2:] for name in layer}  # priced through the template
+        covered = chain.copies  # priced through the template
         first, last = weights[0], weights[-1]
         known = (chain, tables.tail)
         fgs: dict[Weights, MeshFactors] = {}
@@ -698,7 +698,7 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
             sub = Mesh(pp=1, axes=shape.mesh.axes)
             if (m, shape.mesh.axes) not in placeable:
                 # layers 2.. repeat the template's ops (the chain's premise, as their prices do)
-                covered = {name for layer in ch.layers[2:] for name in layer} if ch is not None else set()
+                covered = ch.copies if ch is not None else frozenset()
                 placeable[(m, shape.mesh.axes)] = ch is not None and unplaceable_op(
                     [op for op in g.ops if op.name not in covered], sub, g.batch_label) is None
             ok = placeable[(m, shape.mesh.axes)]
@@ -1024,7 +1024,7 @@ def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, b
     p, n = shape.stages, len(chain.layers)
     weights = stage_weights(p, shape.micro_batches, shape.schedule, shape.virtual_stages)
     sub = Mesh(pp=1, axes=shape.mesh.axes)
-    covered = {name for layer in chain.layers[2:] for name in layer}
+    covered = chain.copies
     buffers = cm.buffers(sub, [graph.op(name) for name in base if name not in covered], shape.zero)
     template = list(chain.template)
     tail = tail if tail is not None else after_stack(graph, chain)

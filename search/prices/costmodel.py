@@ -898,9 +898,10 @@ class CostModel:
         # asked twice per pipeline shape with the same stage ops (its bound and its tables), and
         # by every shape on one sub-mesh: priced once per (mesh, ZeRO stage, ops), keyed by the
         # ops' identities with the ops kept alive in the entry (as `op_costs`'s memo)
-        memo: dict[tuple[Mesh, int, tuple[int, ...]], tuple[list[Op], float]] = self.__dict__.setdefault(
+        memo: dict[tuple[Mesh, bool, tuple[int, ...]], tuple[list[Op], float]] = self.__dict__.setdefault(
             "_buffers_memo", {})
-        key = (mesh, zero, tuple(id(op) for op in ops))
+        # only ZeRO-3 prices otherwise (its gathered parameters): stages 0-2 share one entry
+        key = (mesh, zero == 3, tuple(id(op) for op in ops))
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = (ops, self._buffers(mesh, ops, zero))

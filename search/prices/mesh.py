@@ -101,6 +101,20 @@ class Mesh:
         """Indices of the axes with size > 1: the only ones a configuration needs to choose for."""
         return tuple(i for i, a in enumerate(self.axes) if a.size > 1)
 
+    # The searches key their memos (op tables, configurations, edges) by mesh, hundreds of
+    # thousands of lookups in a pipeline search: the dataclass's hash of (pp, axes) is found once
+    # per mesh instead of rehashing every axis each time (the same value, so the same behaviour).
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.pp, self.axes))
+
+    def __getstate__(self) -> dict[str, object]:
+        # a str's hash differs between processes: a pickled mesh finds its hash again
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
 
 def mesh_candidates(cluster: Cluster, tp_sizes: list[int] | None = None, tensor_2d: bool = False) -> list[Mesh]:
     """The meshes the outer loop of the search tries: every tp that divides both the node size
