@@ -73,10 +73,62 @@ def _edge_factor(ec: EdgeCosts, src_name: str, dst_name: str, rc: str | None = N
                 m2=None if act is None else np.concatenate([act.ravel(), recomputed_mem(act.ravel())]))
 
 
+class JoinMemo:
+    """Joins and eliminations shared by the problems of one mesh (its ZeRO stages, a layer's
+    recomputation cases): many ops cost the same under each (no parameters, no recomputed
+    activations), so their leaves match and so do the joins among them. A result is a function
+    of its inputs' contents, `domain` and `eps` (one memo per mesh and eps), so sharing it is
+    exact; what a join adds to `Stats` is replayed, so the counts stay those of a plain run.
+    Leaves of equal contents are made one object (`leaf`), so a join is known by its inputs'
+    identities; the memo holds every input it has seen, so no identity is reused."""
+
+    def __init__(self) -> None:
+        self.leaves: dict[tuple[object, ...], Factor] = {}
+        self.done: dict[tuple[object, ...], tuple[Factor, Stats, tuple[Factor, ...]]] = {}
+
+    def leaf(self, f: Factor) -> Factor:
+        """The first leaf seen with f's contents (f itself if none)."""
+        content = (f.scope, f.note, f.keys.dtype.str, f.keys.shape, f.keys.tobytes(), f.t.tobytes(),
+                   f.m.tobytes(), None if f.m2 is None else f.m2.tobytes())
+        return self.leaves.setdefault(content, f)
+
+    def run(self, key: tuple[object, ...], inputs: tuple[Factor, ...], make: Callable[[Stats], Factor],
+            stats: Stats | None) -> Factor:
+        """`make`'s factor over `inputs`, made once per key and inputs; `make` counts into the
+        Stats it is given, and those counts go to `stats` on every call."""
+        full = (key, *map(id, inputs))
+        hit = self.done.get(full)
+        if hit is None:
+            own = Stats()
+            hit = (make(own), own, inputs)
+            self.done[full] = hit
+        f, own, _ = hit
+        if stats is not None:
+            stats.joins += own.joins
+            stats.pairs += own.pairs
+            stats.max_factor_points = max(stats.max_factor_points, own.max_factor_points)
+        return f
+
+
+def _join(a: Factor, b: Factor, drop: tuple[str, ...], domain: dict[str, int], eps: float, stats: Stats | None,
+          memo: JoinMemo | None) -> Factor:
+    if memo is None:
+        return join(a, b, drop=drop, domain=domain, eps=eps, stats=stats)
+    return memo.run(("join", drop), (a, b), lambda own: join(a, b, drop=drop, domain=domain, eps=eps, stats=own),
+                    stats)
+
+
+def _eliminate(f: Factor, v: str, domain: dict[str, int], eps: float, memo: JoinMemo | None) -> Factor:
+    if memo is None:
+        return eliminate_var(f, v, domain, eps)
+    return memo.run(("elim", v), (f,), lambda own: eliminate_var(f, v, domain, eps), None)
+
+
 def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str, ...] = (), eps: float = 0.0,
-                  stats: Stats | None = None) -> Factor:
+                  stats: Stats | None = None, memo: JoinMemo | None = None) -> Factor:
     """Variable elimination in min-weight order (the variable whose elimination makes the
-    smallest table goes first; ties: fewest points, then name); returns one factor over `keep`."""
+    smallest table goes first; ties: fewest points, then name); returns one factor over `keep`.
+    `memo`: joins already made on this mesh (same domain and eps), shared."""
     live: dict[int, Factor] = dict(enumerate(factors))
     next_id = len(live)
     by_var: dict[str, set[int]] = {}
@@ -86,18 +138,23 @@ def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str
     remaining = set(by_var) - set(keep)
     id_of = {id(f): fid for fid, f in live.items()}
 
+    def density(f: Factor) -> float:
+        """Points per assignment of f's scope (weighed again and again: kept per factor)."""
+        keys = 1
+        for u in f.scope:
+            keys *= domain[u]
+        return max(len(f), 1) / keys
+
+    dens = {fid: density(f) for fid, f in live.items()}
+
     def weight(v: str) -> tuple[float, str]:
         """Expected number of point pairs the elimination combines: the joint assignment space
         times the average frontier size per assignment of every factor involved."""
         scope: set[str] = set()
         est = 1.0
         for fid in by_var[v]:
-            f = live[fid]
-            scope.update(f.scope)
-            keys = 1
-            for u in f.scope:
-                keys *= domain[u]
-            est *= max(len(f), 1) / keys
+            scope.update(live[fid].scope)
+            est *= dens[fid]
         for u in scope:
             est *= domain[u]
         return (est, v)
@@ -120,13 +177,14 @@ def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str
                 if u != v:
                     by_var[u].discard(id_of[id(f)])
         if len(mine) == 1:
-            acc = eliminate_var(mine[0], v, domain, eps)
+            acc = _eliminate(mine[0], v, domain, eps, memo)
         else:
             acc = mine[0]
             for k, f in enumerate(mine[1:]):
-                acc = join(acc, f, drop=(v,) if k == len(mine) - 2 else (), domain=domain, eps=eps, stats=stats)
+                acc = _join(acc, f, (v,) if k == len(mine) - 2 else (), domain, eps, stats, memo)
         live[next_id] = acc
         id_of[id(acc)] = next_id
+        dens[next_id] = density(acc)
         for u in acc.scope:
             by_var[u].add(next_id)
         next_id += 1
@@ -138,7 +196,7 @@ def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str
     rest = sorted(live.values(), key=len)
     acc = rest[0]
     for f in rest[1:]:
-        acc = join(acc, f, domain=domain, eps=eps, stats=stats)
+        acc = _join(acc, f, (), domain, eps, stats, memo)
     return acc
 
 
@@ -179,8 +237,10 @@ class MeshFactors:
 
     def __init__(self, graph: OpGraph, cm: CostModel, mesh: Mesh, op_costs: dict[str, OpCosts],
                  layer_of: dict[str, int], chain: Chain | None, eps: float, edge_weights: Weights | None,
-                 activations: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+                 activations: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                 memo: JoinMemo | None = None) -> None:
         self.graph, self.cm, self.mesh, self.op_costs = graph, cm, mesh, op_costs
+        self.memo = memo  # joins shared with the other problems on this mesh (eliminate_all)
         self.activations = activations
         self.raw_mem: dict[tuple[str, str], np.ndarray] = {}  # edges' unweighted kept copies
         self.layer_of, self.eps, self.edge_weights = layer_of, eps, edge_weights
@@ -236,7 +296,8 @@ class MeshFactors:
         modified, so every caller may share them."""
         key = (tuple(op.name for op in ops), tuple(sorted(fixed.items())))
         if key not in self.leaves:
-            self.leaves[key] = self._factors(ops, fixed)
+            made = self._factors(ops, fixed)
+            self.leaves[key] = [self.memo.leaf(f) for f in made] if self.memo is not None else made
         return self.leaves[key]
 
     def _factors(self, ops: list[Op], fixed: dict[int, int]) -> list[Factor]:
@@ -276,7 +337,8 @@ class MeshFactors:
         """`ops` eliminated down to `keep` (then `finish`ed), with the recomputation of `layer`
         (if any) chosen: once per choice, the frontiers united."""
         def run(fixed: dict[int, int]) -> Factor:
-            f = eliminate_all(self.factors(ops, fixed), self.domain, keep=keep, eps=self.eps, stats=self.stats)
+            f = eliminate_all(self.factors(ops, fixed), self.domain, keep=keep, eps=self.eps, stats=self.stats,
+                              memo=self.memo)
             return finish(f) if finish is not None else f
 
         if layer is None or not any(self.layer_of.get(op.name) == layer for op in ops):
@@ -331,7 +393,7 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
                  split_outside: tuple[bool, bool] | None = None, edge_weights: Weights | None = None,
                  known: tuple[Chain, set[str]] | None = None,
                  activations: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
-                 factors: MeshFactors | None = None) -> MeshProblem:
+                 factors: MeshFactors | None = None, memo: JoinMemo | None = None) -> MeshProblem:
     """Cost tables and factors of one mesh under ZeRO stage `zero`; with `recompute`, every
     layer of the block stack may also be recomputed. With a stack, the template layer and the
     rest of the graph are each solved twice, their layer recomputed or not, and the two
@@ -344,7 +406,8 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     memory component in the template layer's elimination (with `edge_weights` holding no
     micro-batch in flight, the edges' kept copies go there too): the pipeline's middle stages
     weigh one such layer frontier each (only the unit is solved then); `factors`: the factors
-    `mesh_factors` made with these same arguments, shared with a bound taken from them."""
+    `mesh_factors` made with these same arguments, shared with a bound taken from them; `memo`:
+    joins shared with the other problems of this mesh and eps (JoinMemo)."""
     layer_of = layer_index(graph) if recompute else {}
     # a pipeline's stages cut the stack layer by layer: every layer, the last too, the template's
     # (the stage search passes its own such chain as `known`)
@@ -357,7 +420,7 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     # layouts are the template output's, which the tied stack relies on
     assert not chain or len(op_costs[chain.boundary].configs) == len(op_costs[chain.template[-1]].configs)
     fg = factors if factors is not None else MeshFactors(graph, cm, mesh, op_costs, layer_of, chain, eps, edge_weights,
-                                                        activations)
+                                                        activations, memo)
     costed = [graph.op(name) for name in op_costs]
     prob = MeshProblem(mesh=mesh, chain=chain, op_costs=op_costs, edge_costs=fg.edge_costs, domain=fg.domain,
                        buffers=cm.buffers(mesh, costed, zero), stats=fg.stats, factors=[], zero=zero)

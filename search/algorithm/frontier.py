@@ -417,7 +417,9 @@ def _join_small(a: Factor, b: Factor, drop: tuple[str, ...], domain: dict[str, i
             kb = b_keys[j]
             pairs.append((tuple(ka + [kb[c] for c in take_b]), ti + bt[j], mi + bm[j], i, j))
     total = len(pairs)
-    pairs.sort(key=lambda x: (x[0], x[1]))
+    # by (out keys, time): the whole tuples order so too, as two pairs of one group with equal
+    # times return None below whichever comes first (and no key function runs per pair)
+    pairs.sort()
     kept = []
     group: tuple[int, ...] | None = None
     prev_t = least = 0.0

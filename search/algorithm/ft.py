@@ -51,7 +51,7 @@ import numpy as np
 
 from search.algorithm.chain import find_chain
 from search.algorithm.evaluate import mesh_costs
-from search.algorithm.factor_graph import MeshProblem, eliminate_all, prepare_mesh
+from search.algorithm.factor_graph import JoinMemo, MeshProblem, eliminate_all, prepare_mesh
 from search.algorithm.families import family_costs, find_families, prepare_families
 from search.algorithm.frontier import RTOL, Factor, Stats, join, least_memory, pareto_mask, select, staircase
 from search.algorithm.gc_pause import gc_paused
@@ -147,7 +147,10 @@ def _mesh_problems(graph: OpGraph, cm: CostModel, options: SearchOptions) -> lis
     if families:
         return [prepare_families(graph, cm, mesh, families, options.eps, zero, options.recompute, costs)
                 for mesh, zero, costs in tables]
-    return [prepare_mesh(graph, cm, mesh, options.reuse_blocks, options.eps, zero, options.recompute, costs)
+    # the ZeRO stages of one mesh share the joins of the ops they price alike
+    memos = {mesh: JoinMemo() for mesh, _, _ in tables}
+    return [prepare_mesh(graph, cm, mesh, options.reuse_blocks, options.eps, zero, options.recompute, costs,
+                         memo=memos[mesh])
             for mesh, zero, costs in tables]
 
 

@@ -204,7 +204,7 @@ def run_search(req: SearchRequest, progress: Progress | None = None) -> SearchOu
         capture_seconds=capture_s, eps=result.eps, stats=result.stats,
         picked=result.points.index(best) if best is not None else None,
         frontier=[FrontierEntry(time_s=p.time_s, memory_bytes=int(round(p.memory_bytes)), mfu=plan.predicted.mfu,
-                                plan=plan.model_dump())
+                                plan=plan)  # PlanJSON dumps a Plan once, unvalidated again
                   for p, plan in zip(result.points, plans, strict=True)],
         baselines=baselines_json(result, bases, profile, source),
     )
@@ -295,7 +295,8 @@ def baselines_json(result, bases: list, profile=None, source=None) -> list[Basel
     return [BaselineEntry(name=b.name, description=b.description, time_s=b.time_s,
                           memory_bytes=int(round(b.memory_bytes)), mfu=plan.predicted.mfu,
                           against_frontier=against_frontier(result.points, b),
-                          plan=plan.model_dump()) for b, plan in zip(bases, plans, strict=True)]
+                          plan=plan)  # PlanJSON dumps a Plan once, unvalidated again
+            for b, plan in zip(bases, plans, strict=True)]
 
 
 def resized(req: SearchRequest, devices: int, memory_per_device: int | None,

@@ -20,7 +20,7 @@ import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator, model_validator
 
 from search.errors import invalid
 from search.plans.plan import Plan
@@ -41,7 +41,16 @@ def _a_plan(data: dict[str, Any]) -> dict[str, Any]:
         raise invalid(e, "not a valid Plan") from None  # an InputError is a ValueError: pydantic reports it
 
 
-PlanJSON = Annotated[dict[str, Any], AfterValidator(_a_plan)]
+def _plan_json(value: object, handler: ValidatorFunctionWrapHandler) -> dict[str, Any]:
+    """A Plan object (the search's, validated when it was built) is dumped once, not dumped,
+    validated and dumped again: a frontier holds one per point. Anything else must be a valid
+    Plan's JSON object."""
+    if isinstance(value, Plan):
+        return value.model_dump(mode="json")
+    return _a_plan(handler(value))
+
+
+PlanJSON = Annotated[dict[str, Any], WrapValidator(_plan_json)]
 
 
 class _Report(BaseModel):

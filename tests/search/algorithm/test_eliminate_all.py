@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search.algorithm.factor_graph import eliminate_all
-from search.algorithm.frontier import Factor, eliminate_var, join, leaf
+from search.algorithm.factor_graph import JoinMemo, eliminate_all
+from search.algorithm.frontier import Factor, Stats, eliminate_var, join, leaf
 
 
 def _scan_eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str, ...]) -> Factor:
@@ -92,3 +92,28 @@ def test_heap_order_is_the_scan_order(case):
     assert got.scope == want.scope
     assert np.array_equal(got.keys, want.keys)
     assert np.array_equal(got.t, want.t) and np.array_equal(got.m, want.m)
+
+
+@settings(max_examples=100, deadline=None)
+@given(factor_graphs(), st.integers(0, 2**32 - 1))
+def test_a_shared_memo_changes_nothing(case, seed):
+    """Two problems of one mesh (a ZeRO stage, another), the second with some tables re-priced
+    and the others equal but made anew: with one JoinMemo each frontier and each Stats is the
+    plain elimination's, bit for bit; the second reuses joins when it has anything in common."""
+    domain, factors, keep = case
+    rng = np.random.default_rng(seed)
+    redo = rng.random(len(factors)) < 0.3
+    changed = [leaf(f.scope, f.keys, f.t * 2.0 + 1.0, f.m, note=f.note) if r
+               else leaf(f.scope, f.keys.copy(), f.t.copy(), f.m.copy(), note=f.note) for f, r in zip(factors, redo, strict=True)]
+    memo = JoinMemo()
+    for problem in (factors, changed):
+        plain_stats, memo_stats = Stats(), Stats()
+        want = eliminate_all(problem, domain, keep, stats=plain_stats)
+        made = len(memo.done)
+        got = eliminate_all([memo.leaf(f) for f in problem], domain, keep, stats=memo_stats, memo=memo)
+        assert got.scope == want.scope
+        assert np.array_equal(got.keys, want.keys)
+        assert np.array_equal(got.t, want.t) and np.array_equal(got.m, want.m)
+        assert memo_stats == plain_stats
+    if not redo.any():
+        assert len(memo.done) == made  # the same problem again: every join and elimination reused
