@@ -8,8 +8,9 @@ from profiler.collectives import check_capacity, host_capacity, profile_collecti
 from search.errors import InputError
 from search.prices.profile import COLLECTIVE_KINDS
 
-# far apart (x2048, x16), so that the order of the medians survives a busy shared CPU (load 7 on
-# 2 cores was seen while other suites ran)
+# far apart (x2048, x16): the ends' order survives a busy shared CPU (load 7 on 2 cores was seen
+# while other suites ran); the middle one's may not (a 4 KiB broadcast once took 3.5 ms against
+# 2.8 ms for 8 MiB at load 10), so the test orders the ends and the fit, not every neighbour
 SIZES = (4096, 8 << 20, 128 << 20)
 
 
@@ -21,7 +22,7 @@ def test_two_gloo_processes_positive_monotone_costs() -> None:
     for f in fits:
         assert len(f.times) == len(SIZES), f.kind
         assert all(t > 0 for t in f.times), (f.kind, f.times)
-        assert all(a < b for a, b in zip(f.times, f.times[1:], strict=False)), (f.kind, f.times)  # bigger costs more
+        assert f.times[0] < f.times[-1], (f.kind, f.times)  # 32768x the bytes costs more
         # the bytes follow the cost model's convention: the whole tensor, rounded to the group
         assert f.sizes == [float(s) for s in SIZES]
         assert f.alpha >= 0 and f.beta > 0, (f.kind, f.alpha, f.beta)
