@@ -146,6 +146,19 @@ def _recomputed_op(oc: OpCosts) -> OpCosts:
                    time_rc=oc.time_rc, mem_rc=oc.mem_rc, parts_rc=oc.parts_rc, estimated=oc.estimated, step=oc.step)
 
 
+def _template_factors(family: Family, op_costs: dict[str, OpCosts], edges: dict[tuple[str, str], EdgeCosts],
+                      var: FamilyVars, r: int) -> list[Factor]:
+    """The template's op factors and the edges into them, recomputed (r = 1) or not: the same
+    list, in the same order, for `solve_unit`'s frontier and `unit_least`'s minima."""
+    template = family.chain.template
+    inside = set(template)
+    factors = [_op_factor(name, _recomputed_op(op_costs[name]) if r else op_costs[name]) for name in template]
+    # the template reads layer 0's output (the boundary itself) and side inputs
+    factors += [_edge_factor(_recomputed(ec) if r else ec, src if src in inside else var(src), dst)
+                for (src, dst), ec in edges.items() if dst in inside]
+    return factors
+
+
 def solve_unit(family: Family, op_costs: dict[str, OpCosts], edges: dict[tuple[str, str], EdgeCosts],
                var: FamilyVars, domain: dict[str, int], recompute: bool, eps: float, stats: Stats) -> Factor:
     """The template layer under the given (already weighed) tables, eliminated to a factor over
@@ -156,16 +169,10 @@ def solve_unit(family: Family, op_costs: dict[str, OpCosts], edges: dict[tuple[s
     template = chain.template
     out = template[-1]
     boundary = chain.boundary
-    inside = set(template)
     keep = (boundary, out, *dict.fromkeys(var(s) for s in family.sides))
 
     def run(r: int) -> Factor:
-        factors = [_op_factor(name, _recomputed_op(op_costs[name]) if r else op_costs[name]) for name in template]
-        for (src, dst), ec in edges.items():
-            if dst in inside:
-                # the template reads layer 0's output (the boundary itself) and side inputs
-                factors.append(_edge_factor(_recomputed(ec) if r else ec, src if src in inside else var(src), dst))
-        f = eliminate_all(factors, domain, keep=keep, eps=eps, stats=stats)
+        f = eliminate_all(_template_factors(family, op_costs, edges, var, r), domain, keep=keep, eps=eps, stats=stats)
         return restrict_equal(f, boundary, out, boundary)
 
     if not recompute:
@@ -183,17 +190,9 @@ def unit_least(family: Family, op_costs: dict[str, OpCosts], edges: dict[tuple[s
     """The least time and the least memory of one copy of the template (each on its own) under
     the given (weighed) tables: `solve_unit`'s least point in each objective, by min-sum
     elimination (minsum.py) instead of a frontier - a bound needs no more (stacks.py)."""
-    template = family.chain.template
-    inside = set(template)
-
-    def factors(r: int) -> list[Factor]:
-        fs = [_op_factor(name, _recomputed_op(op_costs[name]) if r else op_costs[name]) for name in template]
-        fs += [_edge_factor(_recomputed(ec) if r else ec, src if src in inside else var(src), dst)
-               for (src, dst), ec in edges.items() if dst in inside]
-        return fs
-
-    boundary, out = family.chain.boundary, template[-1]
-    least = least_sums([factors(r) for r in ((0, 1) if recompute else (0,))], domain, (boundary, out), np.eye(2))
+    boundary, out = family.chain.boundary, family.chain.template[-1]
+    variants = [_template_factors(family, op_costs, edges, var, r) for r in ((0, 1) if recompute else (0,))]
+    least = least_sums(variants, domain, (boundary, out), np.eye(2))
     tied = least[np.arange(domain[boundary]), np.arange(domain[boundary])]  # output in the boundary's layout
     return float(tied[..., 0].min()), float(tied[..., 1].min())
 

@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -500,7 +499,7 @@ def _by_stages(S: _Stages, band: list[int], stair: _Staircase, t_stage: list[np.
     """The DP over the stages (module docstring: exact search)."""
     tabs = S.tabs
     p, n = tabs.shape.stages, tabs.n_units
-    solved = _dp(S, p, n, lambda s, a: band, stair, t_stage, m_stage, rest)
+    solved = _dp(S, band, stair, t_stage, m_stage, rest)
     if solved is None:
         return None
     root, came_from = solved
@@ -509,11 +508,11 @@ def _by_stages(S: _Stages, band: list[int], stair: _Staircase, t_stage: list[np.
     return StacksSolution(tables=tabs, root=out, partitions=splits, assigns=final, stats=S.stats)
 
 
-def _dp(S: _Stages, p: int, n: int, sizes: Callable[[int, int], Iterable[int]], stair: _Staircase,
-        t_stage: list[np.ndarray], m_stage: list[np.ndarray], rest: _Rest
-        ) -> tuple[Factor, dict[tuple[int, int], list[int]]] | None:
-    """The stage DP over the cuts whose stage s, starting at unit a, holds one of `sizes(s, a)`
-    units: the frontier (memory without buffers) and, per (stage, end), each united part's start."""
+def _dp(S: _Stages, band: list[int], stair: _Staircase, t_stage: list[np.ndarray], m_stage: list[np.ndarray],
+        rest: _Rest) -> tuple[Factor, dict[tuple[int, int], list[int]]] | None:
+    """The stage DP over the cuts of the band: the frontier (memory without buffers) and, per
+    (stage, end), each united part's start."""
+    p, n = S.tabs.shape.stages, S.tabs.n_units
     carried = _carried(S)
     # state after s stages: the units they cover -> the frontier of (slowest stage's time,
     # heaviest stage's memory) over the configurations of the variables carried across that cut
@@ -522,7 +521,7 @@ def _dp(S: _Stages, p: int, n: int, sizes: Callable[[int, int], Iterable[int]], 
     for s in range(p):
         parts: dict[int, list[tuple[int, Factor]]] = {}
         for a, state in states.items():
-            for k in sizes(s, a):
+            for k in band:
                 e = a + k
                 if e > n or not np.isfinite(rest.t[s + 1, e]):
                     continue  # the stages left cannot cover the units left within the band

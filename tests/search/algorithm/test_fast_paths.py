@@ -18,6 +18,18 @@ def _factor(rng: np.random.Generator, scope: tuple[str, ...], domain: dict[str, 
     return leaf(scope, keys, t, m)
 
 
+def _pair(rng: np.random.Generator, names: list[str], least: int) -> tuple[dict[str, int], Factor, Factor]:
+    """Two random factors over random subsets of `names`, `least` to 11 points each, with equal
+    times and memories common in about a third of the draws."""
+    domain = {v: int(rng.integers(1, 4)) for v in names}
+    a_scope = tuple(v for v in names if rng.random() < 0.6)
+    b_scope = tuple(v for v in names if rng.random() < 0.6)
+    ties = bool(rng.random() < 0.3)
+    a = _factor(rng, a_scope, domain, int(rng.integers(least, 12)), ties)
+    b = _factor(rng, b_scope, domain, int(rng.integers(least, 12)), ties)
+    return domain, a, b
+
+
 def _same(x: Factor, y: Factor) -> None:
     assert x.scope == y.scope
     assert x.keys.dtype == y.keys.dtype and np.array_equal(x.keys, y.keys)
@@ -29,13 +41,8 @@ def _same(x: Factor, y: Factor) -> None:
 @pytest.mark.parametrize("seed", range(300))
 def test_small_join_equals_numpy_join(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(seed)
-    names = ["u", "v", "w", "x"]
-    domain = {v: int(rng.integers(1, 4)) for v in names}
-    a_scope = tuple(v for v in names if rng.random() < 0.6)
-    b_scope = tuple(v for v in names if rng.random() < 0.6)
-    ties = bool(rng.random() < 0.3)
-    a = _factor(rng, a_scope, domain, int(rng.integers(0, 12)), ties)
-    b = _factor(rng, b_scope, domain, int(rng.integers(0, 12)), ties)
+    domain, a, b = _pair(rng, ["u", "v", "w", "x"], least=0)
+    a_scope, b_scope = a.scope, b.scope
     shared = [v for v in a_scope if v in b_scope]
     drop = tuple(v for v in shared if rng.random() < 0.5)
     s_small, s_numpy = Stats(), Stats()
@@ -278,13 +285,8 @@ def test_peak_join_is_the_pareto_set_of_pairwise_maxima(seed: int) -> None:
     """`peak_join` (two pipeline stages side by side, stacks.py): per kept assignment, the
     Pareto set of (max time, max memory) over every pair that agrees on the shared variables."""
     rng = np.random.default_rng(seed)
-    names = ["u", "v", "w"]
-    domain = {v: int(rng.integers(1, 4)) for v in names}
-    a_scope = tuple(v for v in names if rng.random() < 0.6)
-    b_scope = tuple(v for v in names if rng.random() < 0.6)
-    ties = bool(rng.random() < 0.3)
-    a = _factor(rng, a_scope, domain, int(rng.integers(1, 12)), ties)
-    b = _factor(rng, b_scope, domain, int(rng.integers(1, 12)), ties)
+    domain, a, b = _pair(rng, ["u", "v", "w"], least=1)
+    a_scope, b_scope = a.scope, b.scope
     drop = tuple(v for v in dict.fromkeys(a_scope + b_scope) if rng.random() < 0.5)
     got = peak_join(a, b, drop=drop, domain=domain)
     out = got.scope
