@@ -202,8 +202,8 @@ def join(a: Factor, b: Factor, drop: tuple[str, ...] = (), domain: dict[str, int
     memory of the rows it meets) it refuses is left out before its pairs are formed - the same
     pairs reach the reduction, in the same order and chunks, with far fewer made when known
     plans beat most of them."""
-    if admit is None and eps == 0.0 and a.m2 is None and b.m2 is None and len(a) * len(b) <= SMALL_PAIRS:
-        small = _join_small(a, b, drop, domain or {}, stats)
+    if eps == 0.0 and a.m2 is None and b.m2 is None and len(a) * len(b) <= SMALL_PAIRS:
+        small = _join_small(a, b, drop, domain or {}, stats, admit)
         if small is not None:
             return small
     shared = [v for v in a.scope if v in b.scope]
@@ -385,14 +385,16 @@ def _bounded_rows(a: Factor, b: Factor, ka: np.ndarray, kb: np.ndarray, ob: np.n
 SMALL_PAIRS = 256  # at most this many point pairs: `_join_small` (numpy's per-call overhead dominates)
 
 
-def _join_small(a: Factor, b: Factor, drop: tuple[str, ...], domain: dict[str, int], stats: Stats | None
-                ) -> Factor | None:
+def _join_small(a: Factor, b: Factor, drop: tuple[str, ...], domain: dict[str, int], stats: Stats | None,
+                admit: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None) -> Factor | None:
     """`join` of two small factors in plain Python: most joins of a layer's elimination pair a
     few points with a few, where numpy's per-call overhead costs several times the arithmetic.
     The result is `join`'s to the bit - the same sums, the same points kept in the same order -
     whenever no two pairs of one group have times equal within RTOL (the order is then the
     group's time order, which both paths sort by); otherwise None, and `join` reduces them
-    (which of two equal-time pairs survives follows numpy's sort there)."""
+    (which of two equal-time pairs survives follows numpy's sort there). `admit` vetoes pairs as
+    in `join`, asked once for every pair (its rows bound, `join`'s `bound`, only saves pairs it
+    would veto)."""
     a_scope, b_scope = a.scope, b.scope
     shared_a = [a_scope.index(v) for v in a_scope if v in b_scope]
     shared_b = [b_scope.index(v) for v in a_scope if v in b_scope]
@@ -417,6 +419,10 @@ def _join_small(a: Factor, b: Factor, drop: tuple[str, ...], domain: dict[str, i
             kb = b_keys[j]
             pairs.append((tuple(ka + [kb[c] for c in take_b]), ti + bt[j], mi + bm[j], i, j))
     total = len(pairs)
+    if admit is not None and pairs:
+        ok = admit(np.array([p[1] for p in pairs], dtype=np.float64), np.array([p[2] for p in pairs], dtype=np.float64),
+                   np.array([p[0] for p in pairs], dtype=np.result_type(a.keys, b.keys)).reshape(total, len(out_scope)))
+        pairs = [p for p, keep in zip(pairs, ok.tolist(), strict=True) if keep]
     # by (out keys, time): the whole tuples order so too, as two pairs of one group with equal
     # times return None below whichever comes first (and no key function runs per pair)
     pairs.sort()

@@ -53,6 +53,33 @@ def test_small_join_equals_numpy_join(seed: int, monkeypatch: pytest.MonkeyPatch
     assert s_small == s_numpy
 
 
+@pytest.mark.parametrize("seed", range(300))
+def test_small_join_with_admit_equals_numpy_join(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an `admit` veto (and its rows' `bound`, as the pipeline search's envelope passes
+    them) the plain-Python path keeps what the numpy path keeps, to the bit."""
+    rng = np.random.default_rng(seed)
+    domain, a, b = _pair(rng, ["u", "v", "w", "x"], least=0)
+    shared = [v for v in a.scope if v in b.scope]
+    drop = tuple(v for v in shared if rng.random() < 0.5)
+    # a known plan's staircase: a pair is vetoed where some step is no slower and no heavier
+    steps_t, steps_m = np.sort(rng.uniform(2.0, 20.0, 3)), np.sort(rng.uniform(2.0, 20.0, 3))[::-1]
+
+    def beaten_by_steps(t: np.ndarray, m: np.ndarray) -> np.ndarray:
+        return ~np.any((steps_t[None, :] <= t[:, None]) & (steps_m[None, :] <= m[:, None]), axis=1)
+
+    def admit(t: np.ndarray, m: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        assert keys.shape == (len(t), len(join_scope))
+        return beaten_by_steps(t, m)
+
+    join_scope = tuple(v for v in a.scope if v not in drop) + tuple(v for v in b.scope if v not in a.scope and v not in drop)
+    s_small, s_numpy = Stats(), Stats()
+    small = join(a, b, drop=drop, domain=domain, stats=s_small, admit=admit, bound=beaten_by_steps)
+    monkeypatch.setattr(frontier, "SMALL_PAIRS", -1)  # the numpy path only
+    ref = join(a, b, drop=drop, domain=domain, stats=s_numpy, admit=admit, bound=beaten_by_steps)
+    _same(small, ref)
+    assert s_small == s_numpy
+
+
 def test_small_join_is_taken() -> None:
     """Without equal times the plain-Python path answers (a test of the path, not of speed)."""
     domain = {"u": 2}
