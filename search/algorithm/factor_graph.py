@@ -238,8 +238,10 @@ class MeshFactors:
     def __init__(self, graph: OpGraph, cm: CostModel, mesh: Mesh, op_costs: dict[str, OpCosts],
                  layer_of: dict[str, int], chain: Chain | None, eps: float, edge_weights: Weights | None,
                  activations: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
-                 memo: JoinMemo | None = None) -> None:
+                 memo: JoinMemo | None = None, weighed_from: tuple[MeshFactors, float] | None = None) -> None:
         self.graph, self.cm, self.mesh, self.op_costs = graph, cm, mesh, op_costs
+        # (bare, inflight): every leaf is bare's, its activations weighed by inflight (`weighed_like`)
+        self.weighed_from = weighed_from
         self.memo = memo  # joins shared with the other problems on this mesh (eliminate_all)
         self.activations = activations
         self.raw_mem: dict[tuple[str, str], np.ndarray] = {}  # edges' unweighted kept copies
@@ -255,6 +257,7 @@ class MeshFactors:
             self.solo_out = chain.layers[-1][-1]
         elif chain:
             self.rename = {chain.layers[-1][-1]: chain.boundary}
+        self.chain = chain
         self.boundary = chain.boundary if chain else None
         self.template = set(chain.template) if chain else set()  # solved under its own names
         self.domain = {name: len(oc.configs) for name, oc in op_costs.items()}
@@ -296,7 +299,11 @@ class MeshFactors:
         modified, so every caller may share them."""
         key = (tuple(op.name for op in ops), tuple(sorted(fixed.items())))
         if key not in self.leaves:
-            made = self._factors(ops, fixed)
+            if self.weighed_from is not None:
+                bare, inflight = self.weighed_from
+                made = [_weighed_leaf(f, inflight) for f in bare.factors(ops, fixed)]
+            else:
+                made = self._factors(ops, fixed)
             self.leaves[key] = [self.memo.leaf(f) for f in made] if self.memo is not None else made
         return self.leaves[key]
 
@@ -349,6 +356,30 @@ class MeshFactors:
         var = recompute_var(layer)
         return eliminate_var(union(cases, var), var, self.domain, self.eps)
 
+
+
+def _weighed_leaf(f: Factor, inflight: float) -> Factor:
+    """A leaf kept with its activations apart (m2), under `inflight` micro-batches in flight."""
+    return Factor(scope=f.scope, keys=f.keys, t=f.t, m=f.m if f.m2 is None else f.m + inflight * f.m2, note=f.note)
+
+
+def weighed_like(bare: MeshFactors, op_costs: dict[str, OpCosts], w: Weights) -> MeshFactors:
+    """The factors `mesh_factors` makes under stage weights w, made from `bare`'s - the same
+    graph, sub-mesh, stack and eps under w's slots and weight copies with no micro-batch in
+    flight, activations kept apart (`activations`) - by one multiply-add per leaf instead of
+    pricing every op and edge again: the end stages of a pipeline differ only in their
+    micro-batches in flight. The same leaves to the bit: a weighed op's memory is its parts
+    summed in order, the activations last (`weigh_op`), here the bare sum (activations x 0)
+    plus w.inflight x activations; an edge's kept copy scales by w.inflight, and with
+    w.inflight >= 1 a recomputed copy stays INFEASIBLE exactly where the bare one is. `op_costs`:
+    the ops' tables under w (the problem's, as `mesh_factors` takes them); edges are not priced
+    again, so `edge_costs` stays empty."""
+    ew = bare.edge_weights
+    assert ew is not None and bare.activations is not None and ew.inflight == 0.0
+    assert (w.slots, w.copies) == (ew.slots, ew.copies) and w.inflight >= 1.0
+    assert op_costs.keys() == bare.op_costs.keys()
+    return MeshFactors(bare.graph, bare.cm, bare.mesh, op_costs, bare.layer_of, bare.chain, bare.eps, w,
+                       weighed_from=(bare, w.inflight))
 
 
 def least_of(fgs: list[MeshFactors], ops: list[Op], layer: int | None, keep: tuple[str, ...],

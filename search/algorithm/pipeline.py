@@ -68,7 +68,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from search.algorithm.chain import Chain, after_stack, find_chain
+from search.algorithm.chain import Chain, after_stack, find_chain, layer_index
 from search.algorithm.context import context_accumulation_shapes
 from search.algorithm.evaluate import (
     PipeShape,
@@ -82,7 +82,15 @@ from search.algorithm.evaluate import (
     weigh_op,
     with_edges,
 )
-from search.algorithm.factor_graph import MeshFactors, MeshProblem, least_of, mesh_factors, prepare_mesh, stage_parts
+from search.algorithm.factor_graph import (
+    MeshFactors,
+    MeshProblem,
+    least_of,
+    mesh_factors,
+    prepare_mesh,
+    stage_parts,
+    weighed_like,
+)
 from search.algorithm.frontier import RTOL, Factor, Stats, assignments, join, least_memory, pareto_mask, select, staircase
 from search.algorithm.interleave import MAX_VIRTUAL_STAGES, sends, to_model_order
 from search.algorithm.results import PipeSolution, Split
@@ -315,12 +323,30 @@ class _Stages:
         first, last = weights[0], weights[-1]
         known = (chain, tables.tail)
         fgs: dict[Weights, MeshFactors] = {}
+        # what only the micro-batches in flight tell apart (every stage of a 1F1B pipeline): their
+        # factors are the ones with no micro-batch in flight, activations kept apart, weighed
+        bare = Weights(first.slots, first.copies, 0.0)
+        bare_fgs: list[MeshFactors] = []
+
+        def bare_factors() -> MeshFactors:
+            """The factors with no micro-batch in flight, activations apart, made once (eps as the
+            stage solves'; the middle stages' layer, solved exactly, shares them when eps is 0)."""
+            if not bare_fgs:
+                weighted = {name: weigh_op(oc, bare) for name, oc in tables.op_costs.items() if name not in covered}
+                act = {name: (oc.parts[:, 3], oc.parts_rc[:, 3]) for name, oc in tables.op_costs.items()
+                       if name not in covered}
+                bare_fgs.append(MeshFactors(graph, cm, sub, weighted, layer_index(graph) if recompute else {}, chain,
+                                            eps, bare, activations=act))
+            return bare_fgs[0]
 
         def factors(w: Weights) -> MeshFactors:
             """Stage weighting w's factors, made once for its bound and its solve."""
             if w not in fgs:
                 weighted = {name: weigh_op(oc, w) for name, oc in tables.op_costs.items() if name not in covered}
-                fgs[w] = mesh_factors(graph, cm, sub, eps, recompute, weighted, w, chain)
+                if len(weights) > 1 and (w.slots, w.copies) == (bare.slots, bare.copies) and w.inflight >= 1.0:
+                    fgs[w] = weighed_like(bare_factors(), weighted, w)
+                else:
+                    fgs[w] = mesh_factors(graph, cm, sub, eps, recompute, weighted, w, chain)
             return fgs[w]
 
         def solve(w: Weights, head: bool = False) -> MeshProblem | None:
@@ -334,17 +360,20 @@ class _Stages:
         # (time, static, activations) Pareto in all three holds, for every inflight >= 0, the
         # layer's frontier under that weighing (a point beaten in all three components is beaten
         # under every weighing): each middle stage then costs one reduction instead of a solve.
-        bare = Weights(first.slots, first.copies, 0.0)
         layer3: list[Factor] = []
 
         def middle(w: Weights) -> Factor:
             assert (w.slots, w.copies) == (bare.slots, bare.copies) and w.inflight >= 0
             if not layer3:
-                weighted = {name: weigh_op(oc, bare) for name, oc in tables.op_costs.items() if name not in covered}
-                act = {name: (oc.parts[:, 3], oc.parts_rc[:, 3]) for name, oc in tables.op_costs.items()
-                       if name not in covered}
-                prob = prepare_mesh(graph, cm, sub, True, 0.0, shape.zero, recompute, weighted,
-                                    split_outside=(False, False), edge_weights=bare, known=known, activations=act)
+                if eps == 0.0:
+                    prob = prepare_mesh(graph, cm, sub, True, 0.0, shape.zero, recompute,
+                                        split_outside=(False, False), edge_weights=bare, known=known,
+                                        factors=bare_factors())
+                else:
+                    fg = bare_factors()
+                    prob = prepare_mesh(graph, cm, sub, True, 0.0, shape.zero, recompute, fg.op_costs,
+                                        split_outside=(False, False), edge_weights=bare, known=known,
+                                        activations=fg.activations)
                 assert prob.unit is not None and prob.unit.m2 is not None  # the ends solved it as one layer
                 layer3.append(prob.unit)
             u = layer3[0]

@@ -360,3 +360,47 @@ def test_twin_shapes_left_unsolved_change_no_point(monkeypatch: pytest.MonkeyPat
     slow = search(graph, cluster, job, options)
     assert slow.stats["pipeline_shapes_twins"] == 0
     assert plans(fast) == plans(slow)
+
+
+def test_weighed_like_equals_mesh_factors() -> None:
+    """`weighed_like` (a stage's factors from the bare ones, activations weighed) gives the
+    leaves `mesh_factors` prices for that stage, bit for bit: every part a stage solves (the
+    template layer with its recomputation free or fixed, the ops before and after the stack),
+    on a real graph's tables, under 1F1B's stage weights and a fractional interleaved one."""
+    from search.algorithm.chain import after_stack, find_chain, layer_index
+    from search.algorithm.evaluate import Weights, mesh_costs, weigh_op
+    from search.algorithm.factor_graph import MeshFactors, mesh_factors, stage_parts, weighed_like
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.cluster import make_cluster
+    from search.prices.costmodel import CostModel, TrainingJob
+    from search.prices.mesh import Mesh, mesh_candidates
+
+    graph = capture_model(get_model("gpt2-mini"), 8, 64)
+    cluster = make_cluster("h100-80gb", 4)
+    cm = CostModel(graph, cluster, TrainingJob(global_batch=8, seq_len=64, precision="bf16"))
+    chain = find_chain(graph)
+    assert chain is not None
+    tail = after_stack(graph, chain)
+    block = 1  # the template's layer index (what `prepare_mesh` fixes the recomputation of)
+    checked = 0
+    for mesh in mesh_candidates(cluster):
+        sub = Mesh(pp=1, axes=mesh.axes)
+        for zero in (0, 1):
+            base = {n: oc for n, oc in mesh_costs(graph, cm, sub, zero, chain).items() if n not in chain.copies}
+            bare_w = Weights(7.0, 1, 0.0)
+            bare = MeshFactors(graph, cm, sub, {n: weigh_op(oc, bare_w) for n, oc in base.items()}, layer_index(graph),
+                               chain, 0.0, bare_w, activations={n: (oc.parts[:, 3], oc.parts_rc[:, 3])
+                                                                for n, oc in base.items()})
+            for w in (Weights(7.0, 1, 4.0), Weights(7.0, 1, 1.0), Weights(7.0, 1, 2.5)):
+                weighted = {n: weigh_op(oc, w) for n, oc in base.items()}
+                ours = weighed_like(bare, weighted, w)
+                ref = mesh_factors(graph, cm, sub, 0.0, True, weighted, w, chain)
+                ops, head, after = stage_parts(graph, chain, weighted, tail)
+                for part, fixed in ((ops, {}), (ops, {block: 0}), (ops, {block: 1}), (head, {0: 1}), (after, {})):
+                    for x, y in zip(ours.factors(part, fixed), ref.factors(part, fixed), strict=True):
+                        assert (x.scope, x.note) == (y.scope, y.note) and x.m2 is None and y.m2 is None
+                        assert np.array_equal(x.keys, y.keys) and x.keys.dtype == y.keys.dtype
+                        assert np.array_equal(x.t, y.t) and np.array_equal(x.m, y.m)
+                        checked += 1
+    assert checked > 100
