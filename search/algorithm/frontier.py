@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.ma  # noqa: F401  np.unique imports it on its first call (~10 ms): once here, not inside the first search
 
 RTOL = 1e-9
 
