@@ -12,6 +12,7 @@ from functools import cache
 import pytest
 import torch
 
+from search.models.pipelines import DECODER_PIPELINES
 from search.models.zoo import ModelSpec, get_model, spec_from_hf_config
 from search.plans.api import SearchRequest, run_search
 from search.plans.plan import Plan
@@ -68,19 +69,51 @@ def test_encoder_decoder_stages_compute_the_model(model, cuts):
     # sliding windows on the layers past max_window_layers: each layer's mask by its type
     ({"model_type": "qwen2", "num_hidden_layers": 4, **_NARROW, "use_sliding_window": True, "sliding_window": 4,
       "max_window_layers": 2}, [1, 3]),
+    # Gemma 2's alternating sliding layers and soft-caps; Gemma 3's window over 4 of 6 layers
+    ({"model_type": "gemma2", "num_hidden_layers": 4, **_NARROW, "head_dim": 16, "sliding_window": 4}, [1, 2, 3]),
+    ({"model_type": "gemma3_text", "num_hidden_layers": 6, **_NARROW, "head_dim": 16, "sliding_window": 4}, [2, 5]),
 ])
 def test_decoder_stages_compute_the_model(config, cuts):
     whole, chained = _chained(spec_from_hf_config(config, config["model_type"]), cuts)
     assert chained == pytest.approx(whole, abs=1e-6)
 
 
-def test_a_decoder_without_the_llama_forward_is_refused_with_the_reason():
+def _tiny(model_type: str) -> dict:
+    """A 4-layer variant of width 64 of the family, dropout and router noise off."""
+    return {"model_type": model_type, "num_hidden_layers": 4, **_NARROW, **TINY.get(model_type, {})}
+
+
+_GPT_DROP = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+_BERT_DROP = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+TINY: dict[str, dict] = {
+    "gpt2": _GPT_DROP, "gpt_bigcode": _GPT_DROP, "gptj": {**_GPT_DROP, "rotary_dim": 8},
+    "opt": {"dropout": 0.0, "attention_dropout": 0.0}, "bert": _BERT_DROP, "roberta": _BERT_DROP,
+    "phimoe": {"router_jitter_noise": 0.0, "input_jitter_noise": 0.0}, "phi3": {"pad_token_id": 0},
+    "glm4": {"pad_token_id": 0}, "mamba2": {"num_heads": 8, "head_dim": 16},
+    # multi-latent attention: a key and value per query head; expert widths grouped_mm can stride
+    "deepseek_v2": {"num_key_value_heads": 4, "moe_intermediate_size": 32},
+    "deepseek_v3": {"num_key_value_heads": 4, "moe_intermediate_size": 32},
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(set(DECODER_PIPELINES) - {"llama", "mixtral", "qwen2"}))
+def test_every_family_s_stages_compute_the_model(model_type):
+    """Each family's own forward on every stage (worker/hfstages.py ModelStage): learned
+    positions (GPT-2, OPT), ALiBi (BLOOM, MPT), embedding scales and soft-caps (Gemma), parallel
+    attention and MLP (GPT-J, Falcon), Mamba and linear-attention layers (Jamba, Qwen3-Next),
+    masked LMs and an image classifier: a first, a middle and a last stage chained."""
+    whole, chained = _chained(spec_from_hf_config(_tiny(model_type), model_type), [1, 3])
+    assert chained == pytest.approx(whole, abs=1e-6)
+
+
+def test_a_family_not_checked_is_refused_with_the_reason():
     from worker.hfstages import NoPipeline
 
-    spec = spec_from_hf_config({"model_type": "gemma", "num_hidden_layers": 2, **_NARROW, "head_dim": 16}, "gemma")
+    spec = spec_from_hf_config({"model_type": "persimmon", "num_hidden_layers": 2, **_NARROW,
+                                "num_key_value_heads": 4}, "persimmon")
     with torch.device("meta"):
         model = spec.build()
-    with pytest.raises(NoPipeline, match="'gemma' is priced but not launched"):
+    with pytest.raises(NoPipeline, match="'persimmon' is priced but not launched"):
         pipe_of(model, spec)
 
 
