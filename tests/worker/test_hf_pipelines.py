@@ -159,7 +159,7 @@ def _shape_points(config: dict, name: str, stages: int) -> list[Plan]:
     return sorted(plans, key=lambda p: p.predicted.time_s)
 
 
-def _t5_pp2_tp2() -> Plan:
+def _pp2_tp2(config: dict, name: str) -> Plan:
     """Of the pp2 x tp2 points the executor runs, the one splitting the most modules on the tensor
     axis inside each stage (points that split the tied embedding across the stages are refused)."""
     from worker.analyze import Unsupported, analyze
@@ -173,7 +173,7 @@ def _t5_pp2_tp2() -> Plan:
             return 0
         return sum(st.style in ("colwise", "rowwise") for st in spec.styles)
 
-    return max(_shape_points(T5, "t5", 2), key=split)
+    return max(_shape_points(config, name, 2), key=split)
 
 
 def _hand_pp2(config: dict, name: str) -> Plan:
@@ -202,10 +202,15 @@ MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 2, **_NARROW, "num_loca
 PLANS = {
     "bart pp2 x dp2": lambda: _piped("bart", 2),
     "t5 pp4": lambda: _piped("t5", 4),
-    "t5 pp2 x tp2": _t5_pp2_tp2,
+    "t5 pp2 x tp2": lambda: _pp2_tp2(T5, "t5"),
     "llama pp2 x dp2": lambda: _hand_pp2(LLAMA, "llama"),
     "mixtral pp2 x dp2": lambda: _hand_pp2(MIXTRAL, "mixtral"),
     "llama pp2 interleaved": _llama_interleaved,
+    # the model's own forward on each stage (ModelStage): GPT-2's learned positions stood in for on
+    # the last stage, its embedding tied to the head across the cut; ViT's pixels as placeholders
+    "gpt2 pp2 x dp2": lambda: _hand_pp2({**_tiny("gpt2"), "num_hidden_layers": 2}, "gpt2"),
+    "vit pp2 x dp2": lambda: _hand_pp2({**_tiny("vit"), "num_hidden_layers": 2}, "vit"),
+    "bloom pp2 x tp2": lambda: _pp2_tp2({**_tiny("bloom"), "num_hidden_layers": 8}, "bloom"),
 }
 
 share(__name__, "runs", analyzed(PLANS), STEPS, lambda name: True)
