@@ -1,4 +1,4 @@
-"""Pipeline stages of HuggingFace models: encoder-decoders (T5, BART) and one-stack models.
+"""Pipeline stages of HuggingFace models: encoder-decoders (T5, BART, mBART) and one-stack models.
 
 A stage holds the model's own modules under their own dotted paths (``model.encoder.block.3``,
 ``model.model.embed_tokens``), so parameter FQNs, the Plan's module names, the tensor-parallel
@@ -124,8 +124,9 @@ def _masks() -> Any:
 
 
 class Seq2SeqStage(_HFStage):
-    """A stage of a T5 or BART ``...ForConditionalGeneration`` inside a Seq2SeqLM (seq2seq.py),
-    its forward that of T5Stack / BartEncoder / BartDecoder and the LM head, layer by layer."""
+    """A stage of a T5, BART or mBART ``...ForConditionalGeneration`` inside a Seq2SeqLM (seq2seq.py),
+    its forward that of T5Stack / BartEncoder / BartDecoder (MBart's: a layer norm more at each
+    stack's end) and the LM head, layer by layer."""
 
     def __init__(self, model: nn.Module, family: str, stacks: tuple[str, str], first: int, end: int,
                  is_first: bool, is_last: bool) -> None:
@@ -140,8 +141,8 @@ class Seq2SeqStage(_HFStage):
         # plain attributes (not modules): what the stacks' forwards read besides their submodules
         self.enc_config: Any = enc.config
         self.dec_config: Any = dec.config
-        self.enc_dropout = float(getattr(enc, "dropout", 0.0)) if family == "bart" else 0.0
-        self.dec_dropout = float(getattr(dec, "dropout", 0.0)) if family == "bart" else 0.0
+        self.enc_dropout = float(getattr(enc, "dropout", 0.0)) if family != "t5" else 0.0
+        self.dec_dropout = float(getattr(dec, "dropout", 0.0)) if family != "t5" else 0.0
         assert isinstance(model, Seq2SeqLM)  # pipe_of builds these stages for a seq2seq spec only
         top: Any = model.get_submodule("model").config  # the ...ForConditionalGeneration's config
         self.start_token = model.start_token
@@ -150,8 +151,11 @@ class Seq2SeqStage(_HFStage):
         n = self.n_enc + self.n_dec
         e0, e1 = min(first, self.n_enc), min(end, self.n_enc)
         d0, d1 = max(first, self.n_enc) - self.n_enc, max(end, self.n_enc) - self.n_enc
-        pre = {"t5": ("embed_tokens", "dropout"), "bart": ("embed_tokens", "embed_positions", "layernorm_embedding")}
-        post = {"t5": ("final_layer_norm", "dropout"), "bart": ()}
+        bart_pre = ("embed_tokens", "embed_positions", "layernorm_embedding")
+        pre = {"t5": ("embed_tokens", "dropout"), "bart": bart_pre, "mbart": bart_pre}
+        # mBART's stacks are BART's with a layer norm at each one's end
+        post = {"t5": ("final_layer_norm", "dropout"), "bart": (), "mbart": ("layer_norm",)}
+        self.post = post[family]
         if first == 0:
             for m in pre[family]:
                 hold(self, model, f"{self.enc_path}.{m}")
@@ -170,7 +174,7 @@ class Seq2SeqStage(_HFStage):
             for m in post[family]:
                 hold(self, model, f"{self.dec_path}.{m}")
             hold(self, model, f"{self.head}.lm_head")
-            if family == "bart":
+            if family != "t5":
                 hold_buffer(self, model, f"{self.head}.final_logits_bias")
 
     def names(self, b: int) -> tuple[str, ...]:
@@ -220,6 +224,8 @@ class Seq2SeqStage(_HFStage):
             st.pop("enc_bias", None)
             if self.family == "t5":
                 h = self._m(f"{e}.dropout")(self._m(f"{e}.final_layer_norm")(h))
+            elif self.family == "mbart":
+                h = self._m(f"{e}.layer_norm")(h)
             st["enc_out"] = h
 
     # T5Stack.forward (decoder) and BartDecoder.forward, one layer
@@ -269,13 +275,15 @@ class Seq2SeqStage(_HFStage):
                 h = h * self.scale
             st["logits"] = self._m(f"{self.head}.lm_head")(h)
         else:
+            if self.family == "mbart":
+                h = self._m(f"{d}.layer_norm")(h)
             logits = self._m(f"{self.head}.lm_head")(h)
             bias = self._m(self.head).get_buffer("final_logits_bias")
             st["logits"] = logits + bias.to(logits.device)
 
 
 def seq2seq_family(model: nn.Module) -> str:
-    """'t5' or 'bart' for a Seq2SeqLM the stages restate; NoPipeline otherwise."""
+    """'t5', 'bart' or 'mbart' for a Seq2SeqLM the stages restate; NoPipeline otherwise."""
     inner = getattr(model, "model", None)
     config: Any = getattr(inner, "config", None)
     model_type = str(getattr(config, "model_type", type(inner).__name__))

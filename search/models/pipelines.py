@@ -8,8 +8,9 @@ their own splits (worker/stages.py).
 
 from __future__ import annotations
 
-# encoder-decoders: T5's and BART's stacks, cut anywhere across the encoder's and decoder's layers
-SEQ2SEQ_PIPELINES = ("t5", "bart")
+# encoder-decoders: T5's, BART's and mBART's stacks, cut anywhere across the encoder's and decoder's
+# layers (Whisper is not planned as one: the zoo builds its decoder alone, a causal LM below)
+SEQ2SEQ_PIPELINES = ("t5", "bart", "mbart")
 
 # one-stack models (causal LMs, masked LMs, an image classifier) whose pipelines launch: each stage
 # runs the model's own forward over its layers (worker/hfstages.py ModelStage), which makes masks,
@@ -23,6 +24,7 @@ DECODER_PIPELINES = frozenset({
     "gpt_neox", "gptj", "gpt2", "gpt_bigcode", "gpt_oss", "opt", "bloom", "mpt", "cohere", "cohere2",
     "deepseek_v2", "deepseek_v3", "olmo", "olmo2", "olmoe", "granite", "granitemoe", "jamba", "mamba", "mamba2",
     "starcoder2", "stablelm", "glm4", "glm4_moe", "internlm3", "minimax", "llama4_text", "bert", "roberta", "vit",
+    "whisper",  # as the zoo builds it (search/models/zoo.py _hf_kind): WhisperForCausalLM, the decoder alone
 })
 
 
@@ -31,7 +33,7 @@ def seq2seq_refusal(model_type: str) -> str | None:
     if model_type in SEQ2SEQ_PIPELINES:
         return None
     return (f"a pipeline of the {model_type!r} encoder-decoder is priced but not launched: the executor's stages "
-            f"restate the forward of {' and '.join(SEQ2SEQ_PIPELINES)} only (each stage passes its tensors, the "
+            f"restate the forward of {', '.join(SEQ2SEQ_PIPELINES)} only (each stage passes its tensors, the "
             f"encoder's output among them, to the next, and runs its layers as the model's own stacks do)")
 
 
@@ -42,4 +44,4 @@ def decoder_refusal(model_type: str) -> str | None:
     return (f"a pipeline of HF model type {model_type!r} is priced but not launched: the executor's stages run the "
             f"model's own forward over their layers, which is checked to pass nothing but the hidden states between "
             f"layers for {len(DECODER_PIPELINES)} families ({', '.join(sorted(DECODER_PIPELINES))}), and for the "
-            f"encoder-decoders {' and '.join(SEQ2SEQ_PIPELINES)}")
+            f"encoder-decoders {', '.join(SEQ2SEQ_PIPELINES)}")

@@ -62,6 +62,15 @@ def test_encoder_decoder_stages_compute_the_model(model, cuts):
     assert chained == pytest.approx(whole, abs=1e-6)
 
 
+@pytest.mark.parametrize("cuts", [[1], [2], [3], [1, 2, 3]])
+def test_mbart_stages_compute_the_model(cuts):
+    """mBART: BART's stages with the layer norm that ends each stack, on the stage of the
+    encoder's last layer and on the last stage."""
+    spec = spec_from_hf_config({**BART, "model_type": "mbart"}, "mbart")
+    whole, chained = _chained(spec, cuts)
+    assert chained == pytest.approx(whole, abs=1e-6)
+
+
 @pytest.mark.parametrize(("config", "cuts"), [
     (LLAMA, [1]),
     ({"model_type": "mixtral", "num_hidden_layers": 4, **_NARROW, "num_local_experts": 4, "num_experts_per_tok": 2},
@@ -93,6 +102,10 @@ TINY: dict[str, dict] = {
     # multi-latent attention: a key and value per query head; expert widths grouped_mm can stride
     "deepseek_v2": {"num_key_value_heads": 4, "moe_intermediate_size": 32},
     "deepseek_v3": {"num_key_value_heads": 4, "moe_intermediate_size": 32},
+    # the zoo plans Whisper as WhisperForCausalLM (search/models/zoo.py _hf_kind): its decoder alone
+    "whisper": {"d_model": 64, "encoder_layers": 4, "decoder_layers": 4, "encoder_attention_heads": 4,
+                "decoder_attention_heads": 4, "pad_token_id": 0, "dropout": 0.0, "attention_dropout": 0.0,
+                "activation_dropout": 0.0, "architectures": ["WhisperForConditionalGeneration"]},
 }
 
 
@@ -248,15 +261,15 @@ def test_hf_pipeline_sends_equal_the_spec(name, runs):
 
 
 def test_another_encoder_decoders_pipeline_is_refused_with_the_reason():
-    """mBART's stacks end in layer norms BART's lack: its pipelines are priced, and refused with
-    the reason the service shows too."""
+    """Pegasus' stacks embed positions by sinusoids BART's stages do not make: its pipelines are
+    priced, and refused with the reason the service shows too."""
     from search.models.pipelines import seq2seq_refusal
     from worker.hfstages import NoPipeline
 
-    spec = spec_from_hf_config({**BART, "model_type": "mbart"}, "mbart")
+    spec = spec_from_hf_config({**BART, "model_type": "pegasus", "pad_token_id": 0}, "pegasus")
     assert spec.kind == "seq2seq"
     with torch.device("meta"):
         model = spec.build()
     with pytest.raises(NoPipeline) as e:
         pipe_of(model, spec)
-    assert str(e.value) == seq2seq_refusal("mbart")
+    assert str(e.value) == seq2seq_refusal("pegasus")
