@@ -1,9 +1,10 @@
-"""Pipelines of HuggingFace models launch: encoder-decoders (T5, BART) cut across their two stacks,
-and Llama-style decoders. Each stage restates the transformers forward of the modules it holds
-(worker/hfstages.py); chained in one process they give the model's own loss for every cut, and
-the search's (or the zoo tests' hand-made) pipeline plans train on 4 gloo processes as one process
-does, with the point-to-point sends and receives the ExecSpec counts for the tuples that cross
-each cut."""
+"""Pipelines of HuggingFace models launch: encoder-decoders (T5, BART, mBART) cut across their two
+stacks, and every one-stack family the search plans (causal LMs, masked LMs, ViT). An
+encoder-decoder's stages restate the transformers forward of the modules they hold; a one-stack
+model's run the model's own forward over their layers (worker/hfstages.py ModelStage). Chained in
+one process they give the model's own loss for every cut, and the search's (or the zoo tests'
+hand-made) pipeline plans train on 4 gloo processes as one process does, with the point-to-point
+sends and receives the ExecSpec counts for the tuples that cross each cut."""
 
 from __future__ import annotations
 
@@ -99,6 +100,8 @@ TINY: dict[str, dict] = {
     "opt": {"dropout": 0.0, "attention_dropout": 0.0}, "bert": _BERT_DROP, "roberta": _BERT_DROP,
     "phimoe": {"router_jitter_noise": 0.0, "input_jitter_noise": 0.0}, "phi3": {"pad_token_id": 0},
     "glm4": {"pad_token_id": 0}, "mamba2": {"num_heads": 8, "head_dim": 16},
+    # a Mamba-2 mixer of the tiny width (the default's 1024 channels take most of the test's time)
+    "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_state": 16, "mamba_chunk_size": 8},
     # multi-latent attention: a key and value per query head; expert widths grouped_mm can stride
     "deepseek_v2": {"num_key_value_heads": 4, "moe_intermediate_size": 32},
     "deepseek_v3": {"num_key_value_heads": 4, "moe_intermediate_size": 32},
