@@ -1,13 +1,15 @@
-"""Pipeline stages of HuggingFace models: encoder-decoders (T5, BART) and Llama-style decoders.
+"""Pipeline stages of HuggingFace models: encoder-decoders (T5, BART, mBART) and one-stack models.
 
 A stage holds the model's own modules under their own dotted paths (``model.encoder.block.3``,
 ``model.model.embed_tokens``), so parameter FQNs, the Plan's module names, the tensor-parallel
 styles and the recompute list mean the same inside a stage as in the whole model (as
-worker/stages.py does for the zoo's classes). Its forward restates the forward of the
-transformers classes it holds, for the layers it holds: masks, positions and rotary tables are
-recomputed on every stage from the hidden states' shape, as the model's own forward computes them
-from its inputs (the training step passes no attention mask: no padding), so nothing but
-activations crosses a cut.
+worker/stages.py does for the zoo's classes). An encoder-decoder's stage restates the forward of
+the transformers classes it holds, for the layers it holds; a one-stack model's (causal LM,
+masked LM, image classifier: ModelStage) runs the model's own forward with its layer list standing
+for the stage's layers. Either way masks, positions and rotary tables are recomputed on every
+stage from the hidden states' shape, as the model's own forward computes them from its inputs
+(the training step passes no attention mask: no padding), so nothing but activations crosses a
+cut.
 
 Units are the layers of the model's stacks in order (an encoder-decoder's: the encoder's, then the
 decoder's, as search/algorithm/stacks.py cuts them). The modules outside the layers sit where the
@@ -26,13 +28,14 @@ decoder position bias).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from search.models.pipelines import DECODER_PIPELINES, decoder_refusal, seq2seq_refusal
+from search.models.pipelines import decoder_refusal, seq2seq_refusal
 from search.models.seq2seq import Seq2SeqLM, shift_right
 
 
@@ -121,8 +124,9 @@ def _masks() -> Any:
 
 
 class Seq2SeqStage(_HFStage):
-    """A stage of a T5 or BART ``...ForConditionalGeneration`` inside a Seq2SeqLM (seq2seq.py),
-    its forward that of T5Stack / BartEncoder / BartDecoder and the LM head, layer by layer."""
+    """A stage of a T5, BART or mBART ``...ForConditionalGeneration`` inside a Seq2SeqLM (seq2seq.py),
+    its forward that of T5Stack / BartEncoder / BartDecoder (MBart's: a layer norm more at each
+    stack's end) and the LM head, layer by layer."""
 
     def __init__(self, model: nn.Module, family: str, stacks: tuple[str, str], first: int, end: int,
                  is_first: bool, is_last: bool) -> None:
@@ -137,8 +141,8 @@ class Seq2SeqStage(_HFStage):
         # plain attributes (not modules): what the stacks' forwards read besides their submodules
         self.enc_config: Any = enc.config
         self.dec_config: Any = dec.config
-        self.enc_dropout = float(getattr(enc, "dropout", 0.0)) if family == "bart" else 0.0
-        self.dec_dropout = float(getattr(dec, "dropout", 0.0)) if family == "bart" else 0.0
+        self.enc_dropout = float(getattr(enc, "dropout", 0.0)) if family != "t5" else 0.0
+        self.dec_dropout = float(getattr(dec, "dropout", 0.0)) if family != "t5" else 0.0
         assert isinstance(model, Seq2SeqLM)  # pipe_of builds these stages for a seq2seq spec only
         top: Any = model.get_submodule("model").config  # the ...ForConditionalGeneration's config
         self.start_token = model.start_token
@@ -147,8 +151,11 @@ class Seq2SeqStage(_HFStage):
         n = self.n_enc + self.n_dec
         e0, e1 = min(first, self.n_enc), min(end, self.n_enc)
         d0, d1 = max(first, self.n_enc) - self.n_enc, max(end, self.n_enc) - self.n_enc
-        pre = {"t5": ("embed_tokens", "dropout"), "bart": ("embed_tokens", "embed_positions", "layernorm_embedding")}
-        post = {"t5": ("final_layer_norm", "dropout"), "bart": ()}
+        bart_pre = ("embed_tokens", "embed_positions", "layernorm_embedding")
+        pre = {"t5": ("embed_tokens", "dropout"), "bart": bart_pre, "mbart": bart_pre}
+        # mBART's stacks are BART's with a layer norm at each one's end
+        post = {"t5": ("final_layer_norm", "dropout"), "bart": (), "mbart": ("layer_norm",)}
+        self.post = post[family]
         if first == 0:
             for m in pre[family]:
                 hold(self, model, f"{self.enc_path}.{m}")
@@ -167,7 +174,7 @@ class Seq2SeqStage(_HFStage):
             for m in post[family]:
                 hold(self, model, f"{self.dec_path}.{m}")
             hold(self, model, f"{self.head}.lm_head")
-            if family == "bart":
+            if family != "t5":
                 hold_buffer(self, model, f"{self.head}.final_logits_bias")
 
     def names(self, b: int) -> tuple[str, ...]:
@@ -217,6 +224,8 @@ class Seq2SeqStage(_HFStage):
             st.pop("enc_bias", None)
             if self.family == "t5":
                 h = self._m(f"{e}.dropout")(self._m(f"{e}.final_layer_norm")(h))
+            elif self.family == "mbart":
+                h = self._m(f"{e}.layer_norm")(h)
             st["enc_out"] = h
 
     # T5Stack.forward (decoder) and BartDecoder.forward, one layer
@@ -266,13 +275,15 @@ class Seq2SeqStage(_HFStage):
                 h = h * self.scale
             st["logits"] = self._m(f"{self.head}.lm_head")(h)
         else:
+            if self.family == "mbart":
+                h = self._m(f"{d}.layer_norm")(h)
             logits = self._m(f"{self.head}.lm_head")(h)
             bias = self._m(self.head).get_buffer("final_logits_bias")
             st["logits"] = logits + bias.to(logits.device)
 
 
 def seq2seq_family(model: nn.Module) -> str:
-    """'t5' or 'bart' for a Seq2SeqLM the stages restate; NoPipeline otherwise."""
+    """'t5', 'bart' or 'mbart' for a Seq2SeqLM the stages restate; NoPipeline otherwise."""
     inner = getattr(model, "model", None)
     config: Any = getattr(inner, "config", None)
     model_type = str(getattr(config, "model_type", type(inner).__name__))
@@ -291,79 +302,286 @@ def seq2seq_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
 
-# ---- Llama-style decoders -----------------------------------------------------------------------
-class DecoderStage(_HFStage):
-    """A stage of an HFLossAdapter over a Llama-style ``...ForCausalLM``: its base model's forward
-    (embed_tokens, layers, norm) and the LM head, for layers [first, end)."""
+# ---- any one-stack HF model: its own forward, over the stage's layers ---------------------------
+class _Reached(Exception):  # noqa: N818 - a signal, not an error: the stage's layers are done
+    """Raised at the layer after a stage's last: carries the hidden states that layer would read."""
 
-    def __init__(self, model: nn.Module, model_type: str, first: int, end: int, is_first: bool, is_last: bool
+    def __init__(self, hidden: torch.Tensor) -> None:
+        super().__init__()
+        self.hidden = hidden
+
+
+def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The hidden states a layer is called with (HF layers take them first, or by name)."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
+class _Stand(nn.Module):
+    """In place of a module the stage does not run: attribute reads (a layer's attention_type, an
+    embedding's padding_idx) go to the module it stands for, held as a plain attribute (not
+    registered: its parameters are another stage's, maybe on meta). A tensor read so (Llama 4 moves
+    the ids to its embedding's weight.device) is one of its shape and dtype on the stage's device,
+    taking no memory (a stride-0 expansion of one element)."""
+
+    def __init__(self, module: nn.Module, device: torch.device | None = None) -> None:
+        super().__init__()
+        self.__dict__["_for"] = module
+        self.__dict__["_device"] = device
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            value = getattr(self.__dict__["_for"], name)
+            device = self.__dict__["_device"]
+            if isinstance(value, torch.Tensor) and device is not None and value.device != device:
+                return torch.empty((), dtype=value.dtype, device=device).expand(value.shape)
+            return value
+
+
+class _Skip(_Stand):
+    """A layer before the stage's: it returns the hidden states it got as the 1-tuple that layers
+    returning tuples give (whatever the loop makes of it, the stage's first layer reads the
+    received hidden states instead)."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return (_hidden(args, kwargs),)
+
+
+class _Stop(_Stand):
+    """The layer after the stage's last: the hidden states it is called with are the stage's output."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise _Reached(_hidden(args, kwargs))
+
+
+class _Enter(_Stand):
+    """The stage's first layer on a stage after the first: called with the received hidden states
+    in place of those the forward computed from the placeholder inputs."""
+
+    def __init__(self, module: nn.Module, stage: nn.Module, path: str) -> None:
+        super().__init__(module)
+        self.__dict__["_stage"], self.__dict__["_path"] = stage, path
+        self.received: torch.Tensor | None = None
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        layer = self.__dict__["_stage"].get_submodule(self.__dict__["_path"])  # as wrapped (recompute, FSDP)
+        if args:
+            return layer(self.received, *args[1:], **kwargs)
+        return layer(*args, **{**kwargs, "hidden_states": self.received})
+
+
+class _Absent(_Stand):
+    """A module with parameters that another stage holds, met on the way to this stage's layers
+    (the embedding, on a later stage): zeros of its output's shape and dtype, found by running it
+    on the meta device. Only the received hidden states reach the stage's first layer, so these
+    zeros are never read but to make the placeholders' shapes."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.func import functional_call
+        from torch.utils._pytree import tree_map
+
+        module: nn.Module = self.__dict__["_for"]
+        device: torch.device = self.__dict__["_device"]
+        state = {n: torch.empty_like(t, device="meta") for n, t in
+                 [*module.named_parameters(), *module.named_buffers()]}
+
+        def meta(t: Any) -> Any:
+            return t.to("meta") if isinstance(t, torch.Tensor) else t
+
+        def zeros(t: Any) -> Any:
+            return torch.zeros(t.shape, dtype=t.dtype, device=device) if isinstance(t, torch.Tensor) else t
+
+        with torch.no_grad():
+            out = functional_call(module, state, tree_map(meta, args), tree_map(meta, kwargs))
+        return tree_map(zeros, out)
+
+
+class _Seen(_Absent):
+    """An _Absent that notes its path when it is called (finding which modules run before the layers)."""
+
+    def __init__(self, module: nn.Module, path: str, called: list[str]) -> None:
+        super().__init__(module, torch.device("cpu"))
+        self.__dict__["_seen"] = (path, called)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        path, called = self.__dict__["_seen"]
+        called.append(path)
+        return super().forward(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a one-stack HF model's modules sit around its layers, as its own forward runs them.
+    `chain`: the modules from the HF model down to the one holding the layer list (their forwards
+    are run, with their children resolved per stage); `pre` and `post`: the other children of those
+    with parameters, run before the first layer (held by the first stage) or after the last (the
+    last stage); `free`: those without parameters (rotary tables, dropout; every stage holds them);
+    `buffers`: the chain's own buffers (Gemma's embedding scale; every stage)."""
+
+    kind: str
+    layers: str
+    n: int
+    chain: tuple[str, ...]
+    pre: tuple[str, ...]
+    post: tuple[str, ...]
+    free: tuple[str, ...]
+    buffers: tuple[str, ...]
+
+
+def _proxy(model: nn.Module, path: str, layout: Layout, resolve: Callable[[str, nn.Module], nn.Module | None],
+           layers: nn.ModuleList, buffers: Callable[[str], torch.Tensor]) -> nn.Module:
+    """The module at `path` of the chain as an object of its own class sharing its attributes (the
+    config, hooks), its children resolved per stage: the next of the chain as its proxy, the layer
+    list as `layers`, every other child by `resolve(path, module)`."""
+    orig = model.get_submodule(path)
+    p = object.__new__(type(orig))
+    p.__dict__.update(orig.__dict__)
+    children: dict[str, nn.Module | None] = {}
+    for name, child in orig._modules.items():
+        at = f"{path}.{name}"
+        if at == layout.layers:
+            children[name] = layers
+        elif at in layout.chain:
+            children[name] = _proxy(model, at, layout, resolve, layers, buffers)
+        else:
+            children[name] = None if child is None else resolve(at, child)
+    p.__dict__["_modules"] = children
+    p.__dict__["_buffers"] = {n: buffers(f"{path}.{n}") for n in orig._buffers if f"{path}.{n}" in layout.buffers}
+    return p
+
+
+def _placeholder(layout: Layout, model: nn.Module, like: torch.Tensor) -> torch.Tensor:
+    """The HF model's inputs for a stage after the first, of the shape the first stage's have
+    (the embedding it stands in for makes the placeholders the forward needs from them)."""
+    if layout.kind == "vision":
+        config: Any = model.get_submodule(layout.chain[0]).config
+        size = int(config.image_size)
+        return torch.zeros(like.shape[0], int(config.num_channels), size, size, device=like.device)
+    return torch.zeros(like.shape[:2], dtype=torch.long, device=like.device)
+
+
+def _call(layout: Layout, top: nn.Module, inputs: torch.Tensor) -> Any:
+    """The HF model's forward as HFLossAdapter calls it (search/models/zoo.py)."""
+    if layout.kind == "vision":
+        return top(pixel_values=inputs)
+    if layout.kind == "lm":
+        return top(input_ids=inputs, use_cache=False)
+    return top(input_ids=inputs)
+
+
+def layout_of(model: nn.Module, layers: str, kind: str) -> Layout:
+    """The Layout of an HFLossAdapter's model, found by running its forward up to the first layer
+    on CPU placeholders, every child standing in (_Absent: the model may be on meta): the children
+    with parameters it calls on the way are `pre`, the others `post`. NoPipeline where the chain
+    holds parameters itself."""
+    stack = model.get_submodule(layers)
+    assert isinstance(stack, nn.ModuleList)  # find_blocks_attr picks ModuleLists only
+    parts = layers.split(".")
+    chain = tuple(".".join(parts[:i]) for i in range(1, len(parts)))  # "model", "model.model", ...
+    own = [f"{c}.{n}" for c in chain for n, _ in model.get_submodule(c).named_parameters(recurse=False)]
+    model_type = str(getattr(model.get_submodule(chain[0]).config, "model_type", "?"))
+    if own:
+        raise NoPipeline(f"a pipeline of HF model type {model_type!r} is priced but not launched: its forward reads "
+                         f"parameters of its own ({', '.join(own)}) that no stage's modules hold")
+    sides = {f"{c}.{n}": m for c in chain for n, m in model.get_submodule(c).named_children()
+             if f"{c}.{n}" not in chain and f"{c}.{n}" != layers}
+    free = tuple(p for p, m in sides.items() if next(m.parameters(), None) is None)
+    bufs = tuple(f"{c}.{n}" for c in chain for n, _ in model.get_submodule(c).named_buffers(recurse=False))
+    probe = Layout(kind, layers, len(stack), chain, (), (), free, bufs)
+    called: list[str] = []
+
+    def seen(path: str, module: nn.Module) -> nn.Module:
+        return _Seen(module, path, called)
+
+    stops = nn.ModuleList([_Stop(layer) for layer in stack])
+    cpu = torch.device("cpu")  # the model may be on meta, where masks and positions are not made (.item())
+    try:
+        top = _proxy(model, chain[0], probe, seen, stops, lambda b: torch.zeros_like(model.get_buffer(b), device=cpu))
+        _call(probe, top, _placeholder(probe, model, torch.zeros(1, 2, 1)))
+    except _Reached:
+        pass
+    except Exception as e:  # noqa: BLE001 - any failure of the model's own forward: the reason shown
+        raise NoPipeline(f"a pipeline of HF model type {model_type!r} is priced but not launched: its forward up to "
+                         f"its first layer does not run on placeholders ({type(e).__name__}: {e})") from None
+    else:
+        raise NoPipeline(f"a pipeline of HF model type {model_type!r} is priced but not launched: its forward does "
+                         f"not run the layers of {layers}")
+    weighted = [p for p in sides if p not in free]
+    pre = tuple(p for p in weighted if p in called)
+    return Layout(kind, layers, len(stack), chain, pre, tuple(p for p in weighted if p not in pre), free, bufs)
+
+
+class ModelStage(_HFStage):
+    """A stage of an HFLossAdapter over any one-stack HF model (causal LM, masked LM, image
+    classifier): the model's own forward, run on every stage with its layer list standing for the
+    stage's layers - those before skipped, the first fed the received hidden states, the one after
+    the last stopping the forward with its input, which is the stage's output. Masks, positions,
+    rotary tables and ALiBi biases are made by that forward from placeholder inputs of the shape of
+    the first stage's, the modules other stages hold standing in with zeros of their outputs'
+    shapes (_Absent); the last stage returns the model's logits (final norm, head, soft-cap)."""
+
+    def __init__(self, model: nn.Module, layout: Layout, first: int, end: int, is_first: bool, is_last: bool
                  ) -> None:
         super().__init__(first, end, is_first, is_last)
-        self.base = "model.model"
-        base = model.get_submodule(self.base)
-        self.config: Any = base.config
-        self.mask_rule = DECODER_PIPELINES[model_type]
-        if is_first:
-            hold(self, model, f"{self.base}.embed_tokens")
-        hold_layers(self, model, f"{self.base}.layers", first, end)
-        hold(self, model, f"{self.base}.rotary_emb")  # no parameters: every stage makes its own tables
-        if is_last:
-            hold(self, model, f"{self.base}.norm")
-            hold(self, model, "model.lm_head")
+        self.__dict__["_model"] = model  # a plain attribute: the stage registers only what it holds
+        self.layout = layout
+        held = list(layout.free) + (list(layout.pre) if is_first else []) + (list(layout.post) if is_last else [])
+        for p in held:
+            hold(self, model, p)
+        for b in layout.buffers:
+            hold_buffer(self, model, b)
+        hold_layers(self, model, layout.layers, first, end)
+        self.held = frozenset(held)
+        stack = model.get_submodule(layout.layers)
+        assert isinstance(stack, nn.ModuleList)  # layout_of checked
+        enter = None if is_first else _Enter(stack[first], self, f"{layout.layers}.{first}")
+        self.__dict__["_enter"] = enter  # not registered, as the stand-ins below
+        self.__dict__["_layers"] = nn.ModuleList(
+            [_Skip(stack[i]) for i in range(first)]
+            + [enter or _Stand(stack[first])]
+            + [_Stand(stack[i]) for i in range(first + 1, end)]  # resolved per call: see _stack
+            + [_Stop(stack[i]) for i in range(end, len(stack))])
 
-    def names(self, b: int) -> tuple[str, ...]:
-        return ("h",)
+    def _stack(self) -> nn.ModuleList:
+        """The layer list the forward runs: the stage's own layers as they are now (recompute and
+        data parallelism wrap them after the stage is built)."""
+        out = nn.ModuleList()
+        for i, m in enumerate(self.__dict__["_layers"]):
+            held = self.first <= i < self.end and (i > self.first or self.is_first)
+            out.append(self.get_submodule(f"{self.layout.layers}.{i}") if held else m)
+        return out
 
-    def start(self, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        return {"h": self.get_submodule(f"{self.base}.embed_tokens")(inputs)}
+    def _resolve(self, path: str, module: nn.Module, device: torch.device) -> nn.Module:
+        return self.get_submodule(path) if path in self.held else _Absent(module, device)
 
     def forward(self, *xs: torch.Tensor) -> Any:
-        if self.is_first:
-            st = self.start(xs[0])
+        model, layout = self.__dict__["_model"], self.layout
+        enter: _Enter | None = self.__dict__["_enter"]
+        if enter is None:
+            inputs = xs[0]
         else:
-            st = {"h": xs[0]}
-        h = st["h"]
-        pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
-        masks = self._masks(h, pos)
-        pe = self.get_submodule(f"{self.base}.rotary_emb")(h, position_ids=pos)
-        for i in range(self.first, self.end):
-            layer = self.get_submodule(f"{self.base}.layers.{i}")
-            h = layer(h, attention_mask=masks(i), position_embeddings=pe, position_ids=pos, cache=None,
-                      use_cache=False)
-        if not self.is_last:
-            return h
-        return self.get_submodule("model.lm_head")(self.get_submodule(f"{self.base}.norm")(h))
-
-    def _masks(self, h: torch.Tensor, pos: torch.Tensor) -> Callable[[int], Any]:
-        m = _masks()
-        kw = dict(config=self.config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos)
-        if self.mask_rule == "causal":
-            one = m.create_causal_mask(**kw)
-            return lambda i: one
-        if self.mask_rule == "window":
-            make = m.create_causal_mask if self.config.sliding_window is None else m.create_sliding_window_causal_mask
-            one = make(**kw)
-            return lambda i: one
-        types = self.config.layer_types
-        by_type = {"full_attention": m.create_causal_mask(**kw)}
-        if "sliding_attention" in types:
-            by_type["sliding_attention"] = m.create_sliding_window_causal_mask(**kw)
-        return lambda i: by_type[types[i]]
+            assert len(xs) == 1, f"stage over layers {self.first}-{self.end} got {len(xs)} tensors"
+            enter.received = xs[0]
+            inputs = _placeholder(layout, model, xs[0])
+        device = xs[0].device
+        top = _proxy(model, layout.chain[0], layout, lambda p, m: self._resolve(p, m, device), self._stack(),
+                     self.get_buffer)
+        try:
+            out = _call(layout, top, inputs)
+        except _Reached as r:
+            return r.hidden
+        finally:
+            if enter is not None:
+                enter.received = None
+        assert self.is_last, f"the forward of the stage over layers {self.first}-{self.end} ran past them"
+        return out.logits
 
 
-def decoder_type(model: nn.Module) -> str:
-    """The model type of an HFLossAdapter over a Llama-style causal LM; NoPipeline otherwise."""
-    inner = getattr(model, "model", None)
-    config = getattr(inner, "config", None)
-    model_type = str(getattr(config, "model_type", "?"))
-    refusal = decoder_refusal(model_type)
+def model_layout(model: nn.Module, layers: str, kind: str) -> Layout:
+    """The Layout of an HFLossAdapter's one-stack model whose pipelines launch; NoPipeline otherwise."""
+    config = getattr(getattr(model, "model", None), "config", None)
+    refusal = decoder_refusal(str(getattr(config, "model_type", "?")))
     if refusal is not None:
         raise NoPipeline(refusal)
-    if getattr(model, "kind", None) != "lm":
-        raise NoPipeline(f"a pipeline of HF model type {model_type!r} as a {getattr(model, 'kind', '?')} model is "
-                         f"priced but not launched: the executor's stages restate causal LMs")
-    base = getattr(inner, "model", None)
-    if not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
-        raise NoPipeline(f"HF model type {model_type!r} lacks the Llama layout (embed_tokens, layers, norm, rotary_emb) "
-                         f"the executor's stages run")
-    return model_type
+    return layout_of(model, layers, kind)

@@ -174,11 +174,9 @@ def pipe_of(model: nn.Module, spec: zoo.ModelSpec) -> Pipe:
         return Pipe(n, lambda a, b, first, last: hfstages.Seq2SeqStage(model, family, stacks, a, b, first, last),
                     hfstages.seq2seq_loss, _inputs_and_targets, crossing)
     if spec.family == "hf" and spec.blocks_attr is not None:
-        model_type = hfstages.decoder_type(model)
-        stack = model.get_submodule(spec.blocks_attr)
-        assert isinstance(stack, nn.ModuleList)  # find_blocks_attr picks ModuleLists only
-        return Pipe(len(stack), lambda a, b, first, last: hfstages.DecoderStage(model, model_type, a, b, first, last),
-                    zoo._lm_loss, _inputs_only, _one_activation)
+        layout = hfstages.model_layout(model, spec.blocks_attr, spec.kind)
+        return Pipe(layout.n, lambda a, b, first, last: hfstages.ModelStage(model, layout, a, b, first, last),
+                    _vision_loss if spec.kind == "vision" else zoo._lm_loss, _inputs_only, _one_activation)
     raise hfstages.NoPipeline(f"model {spec.name!r} has no pipeline split (block stack and the modules around it)")
 
 

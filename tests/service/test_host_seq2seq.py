@@ -1,5 +1,5 @@
 """The service says whether a pipeline of an HF model launches, before any worker refuses it: T5's,
-BART's and Llama-style decoders' do (worker/hfstages.py), another family's is refused with the
+BART's and the one-stack families' worker/hfstages.py runs do (worker/hfstages.py), another family's is refused with the
 reason worker/analyze.py gives."""
 
 from __future__ import annotations
@@ -21,17 +21,19 @@ def test_t5_and_bart_pipelines_across_the_stacks_are_launchable() -> None:
     assert launch_blocker(_plan("t5-tiny", 2)) is None
     assert launch_blocker(_plan("bart-tiny", 2)) is None
     assert launch_blocker(_plan("hf:t5:mine", 2, {"model_type": "t5"})) is None
+    assert launch_blocker(_plan("hf:mbart:mine", 2, {"model_type": "mbart"})) is None
 
 
 def test_another_encoder_decoders_pipeline_is_refused_with_the_reason() -> None:
-    reason = seq2seq_refusal("whisper")
-    assert reason and "'whisper' encoder-decoder is priced but not launched" in reason
-    assert launch_blocker(_plan("hf:whisper:mine", 2, {"model_type": "whisper"})) == reason
-    assert launch_blocker(_plan("hf:whisper:mine", 1, {"model_type": "whisper"})) is None
+    reason = seq2seq_refusal("pegasus")
+    assert reason and "'pegasus' encoder-decoder is priced but not launched" in reason
+    assert launch_blocker(_plan("hf:pegasus:mine", 2, {"model_type": "pegasus"})) == reason
+    assert launch_blocker(_plan("hf:pegasus:mine", 1, {"model_type": "pegasus"})) is None
 
 
-def test_decoder_pipelines_launch_for_llama_style_families_only() -> None:
-    assert launch_blocker(_plan("hf:mixtral:mine", 2, {"model_type": "mixtral"}, stacks=1)) is None
-    reason = decoder_refusal("gemma")
-    assert reason and "'gemma' is priced but not launched" in reason
-    assert launch_blocker(_plan("hf:gemma:mine", 2, {"model_type": "gemma"}, stacks=1)) == reason
+def test_one_stack_pipelines_launch_for_the_checked_families_only() -> None:
+    for model_type in ("mixtral", "gemma", "gpt2", "bloom", "vit", "whisper"):
+        assert launch_blocker(_plan(f"hf:{model_type}:mine", 2, {"model_type": model_type}, stacks=1)) is None
+    reason = decoder_refusal("persimmon")
+    assert reason and "'persimmon' is priced but not launched" in reason
+    assert launch_blocker(_plan("hf:persimmon:mine", 2, {"model_type": "persimmon"}, stacks=1)) == reason

@@ -1,9 +1,10 @@
-"""Pipelines of HuggingFace models launch: encoder-decoders (T5, BART) cut across their two stacks,
-and Llama-style decoders. Each stage restates the transformers forward of the modules it holds
-(worker/hfstages.py); chained in one process they give the model's own loss for every cut, and
-the search's (or the zoo tests' hand-made) pipeline plans train on 4 gloo processes as one process
-does, with the point-to-point sends and receives the ExecSpec counts for the tuples that cross
-each cut."""
+"""Pipelines of HuggingFace models launch: encoder-decoders (T5, BART, mBART) cut across their two
+stacks, and every one-stack family the search plans (causal LMs, masked LMs, ViT). An
+encoder-decoder's stages restate the transformers forward of the modules they hold; a one-stack
+model's run the model's own forward over their layers (worker/hfstages.py ModelStage). Chained in
+one process they give the model's own loss for every cut, and the search's (or the zoo tests'
+hand-made) pipeline plans train on 4 gloo processes as one process does, with the point-to-point
+sends and receives the ExecSpec counts for the tuples that cross each cut."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from functools import cache
 import pytest
 import torch
 
+from search.models.pipelines import DECODER_PIPELINES
 from search.models.zoo import ModelSpec, get_model, spec_from_hf_config
 from search.plans.api import SearchRequest, run_search
 from search.plans.plan import Plan
@@ -61,6 +63,15 @@ def test_encoder_decoder_stages_compute_the_model(model, cuts):
     assert chained == pytest.approx(whole, abs=1e-6)
 
 
+@pytest.mark.parametrize("cuts", [[1], [2], [3], [1, 2, 3]])
+def test_mbart_stages_compute_the_model(cuts):
+    """mBART: BART's stages with the layer norm that ends each stack, on the stage of the
+    encoder's last layer and on the last stage."""
+    spec = spec_from_hf_config({**BART, "model_type": "mbart"}, "mbart")
+    whole, chained = _chained(spec, cuts)
+    assert chained == pytest.approx(whole, abs=1e-6)
+
+
 @pytest.mark.parametrize(("config", "cuts"), [
     (LLAMA, [1]),
     ({"model_type": "mixtral", "num_hidden_layers": 4, **_NARROW, "num_local_experts": 4, "num_experts_per_tok": 2},
@@ -68,19 +79,57 @@ def test_encoder_decoder_stages_compute_the_model(model, cuts):
     # sliding windows on the layers past max_window_layers: each layer's mask by its type
     ({"model_type": "qwen2", "num_hidden_layers": 4, **_NARROW, "use_sliding_window": True, "sliding_window": 4,
       "max_window_layers": 2}, [1, 3]),
+    # Gemma 2's alternating sliding layers and soft-caps; Gemma 3's window over 4 of 6 layers
+    ({"model_type": "gemma2", "num_hidden_layers": 4, **_NARROW, "head_dim": 16, "sliding_window": 4}, [1, 2, 3]),
+    ({"model_type": "gemma3_text", "num_hidden_layers": 6, **_NARROW, "head_dim": 16, "sliding_window": 4}, [2, 5]),
 ])
 def test_decoder_stages_compute_the_model(config, cuts):
     whole, chained = _chained(spec_from_hf_config(config, config["model_type"]), cuts)
     assert chained == pytest.approx(whole, abs=1e-6)
 
 
-def test_a_decoder_without_the_llama_forward_is_refused_with_the_reason():
+def _tiny(model_type: str) -> dict:
+    """A 4-layer variant of width 64 of the family, dropout and router noise off."""
+    return {"model_type": model_type, "num_hidden_layers": 4, **_NARROW, **TINY.get(model_type, {})}
+
+
+_GPT_DROP = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+_BERT_DROP = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+TINY: dict[str, dict] = {
+    "gpt2": _GPT_DROP, "gpt_bigcode": _GPT_DROP, "gptj": {**_GPT_DROP, "rotary_dim": 8},
+    "opt": {"dropout": 0.0, "attention_dropout": 0.0}, "bert": _BERT_DROP, "roberta": _BERT_DROP,
+    "phimoe": {"router_jitter_noise": 0.0, "input_jitter_noise": 0.0}, "phi3": {"pad_token_id": 0},
+    "glm4": {"pad_token_id": 0}, "mamba2": {"num_heads": 8, "head_dim": 16},
+    # a Mamba-2 mixer of the tiny width (the default's 1024 channels take most of the test's time)
+    "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_state": 16, "mamba_chunk_size": 8},
+    # multi-latent attention: a key and value per query head; expert widths grouped_mm can stride
+    "deepseek_v2": {"num_key_value_heads": 4, "moe_intermediate_size": 32},
+    "deepseek_v3": {"num_key_value_heads": 4, "moe_intermediate_size": 32},
+    # the zoo plans Whisper as WhisperForCausalLM (search/models/zoo.py _hf_kind): its decoder alone
+    "whisper": {"d_model": 64, "encoder_layers": 4, "decoder_layers": 4, "encoder_attention_heads": 4,
+                "decoder_attention_heads": 4, "pad_token_id": 0, "dropout": 0.0, "attention_dropout": 0.0,
+                "activation_dropout": 0.0, "architectures": ["WhisperForConditionalGeneration"]},
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(set(DECODER_PIPELINES) - {"llama", "mixtral", "qwen2"}))
+def test_every_family_s_stages_compute_the_model(model_type):
+    """Each family's own forward on every stage (worker/hfstages.py ModelStage): learned
+    positions (GPT-2, OPT), ALiBi (BLOOM, MPT), embedding scales and soft-caps (Gemma), parallel
+    attention and MLP (GPT-J, Falcon), Mamba and linear-attention layers (Jamba, Qwen3-Next),
+    masked LMs and an image classifier: a first, a middle and a last stage chained."""
+    whole, chained = _chained(spec_from_hf_config(_tiny(model_type), model_type), [1, 3])
+    assert chained == pytest.approx(whole, abs=1e-6)
+
+
+def test_a_family_not_checked_is_refused_with_the_reason():
     from worker.hfstages import NoPipeline
 
-    spec = spec_from_hf_config({"model_type": "gemma", "num_hidden_layers": 2, **_NARROW, "head_dim": 16}, "gemma")
+    spec = spec_from_hf_config({"model_type": "persimmon", "num_hidden_layers": 2, **_NARROW,
+                                "num_key_value_heads": 4}, "persimmon")
     with torch.device("meta"):
         model = spec.build()
-    with pytest.raises(NoPipeline, match="'gemma' is priced but not launched"):
+    with pytest.raises(NoPipeline, match="'persimmon' is priced but not launched"):
         pipe_of(model, spec)
 
 
@@ -126,7 +175,7 @@ def _shape_points(config: dict, name: str, stages: int) -> list[Plan]:
     return sorted(plans, key=lambda p: p.predicted.time_s)
 
 
-def _t5_pp2_tp2() -> Plan:
+def _pp2_tp2(config: dict, name: str) -> Plan:
     """Of the pp2 x tp2 points the executor runs, the one splitting the most modules on the tensor
     axis inside each stage (points that split the tied embedding across the stages are refused)."""
     from worker.analyze import Unsupported, analyze
@@ -140,7 +189,7 @@ def _t5_pp2_tp2() -> Plan:
             return 0
         return sum(st.style in ("colwise", "rowwise") for st in spec.styles)
 
-    return max(_shape_points(T5, "t5", 2), key=split)
+    return max(_shape_points(config, name, 2), key=split)
 
 
 def _hand_pp2(config: dict, name: str) -> Plan:
@@ -169,10 +218,15 @@ MIXTRAL = {"model_type": "mixtral", "num_hidden_layers": 2, **_NARROW, "num_loca
 PLANS = {
     "bart pp2 x dp2": lambda: _piped("bart", 2),
     "t5 pp4": lambda: _piped("t5", 4),
-    "t5 pp2 x tp2": _t5_pp2_tp2,
+    "t5 pp2 x tp2": lambda: _pp2_tp2(T5, "t5"),
     "llama pp2 x dp2": lambda: _hand_pp2(LLAMA, "llama"),
     "mixtral pp2 x dp2": lambda: _hand_pp2(MIXTRAL, "mixtral"),
     "llama pp2 interleaved": _llama_interleaved,
+    # the model's own forward on each stage (ModelStage): GPT-2's learned positions stood in for on
+    # the last stage, its embedding tied to the head across the cut; ViT's pixels as placeholders
+    "gpt2 pp2 x dp2": lambda: _hand_pp2({**_tiny("gpt2"), "num_hidden_layers": 2}, "gpt2"),
+    "vit pp2 x dp2": lambda: _hand_pp2({**_tiny("vit"), "num_hidden_layers": 2}, "vit"),
+    "bloom pp2 x tp2": lambda: _pp2_tp2({**_tiny("bloom"), "num_hidden_layers": 8}, "bloom"),
 }
 
 share(__name__, "runs", analyzed(PLANS), STEPS, lambda name: True)
@@ -210,15 +264,15 @@ def test_hf_pipeline_sends_equal_the_spec(name, runs):
 
 
 def test_another_encoder_decoders_pipeline_is_refused_with_the_reason():
-    """mBART's stacks end in layer norms BART's lack: its pipelines are priced, and refused with
-    the reason the service shows too."""
+    """Pegasus' stacks embed positions by sinusoids BART's stages do not make: its pipelines are
+    priced, and refused with the reason the service shows too."""
     from search.models.pipelines import seq2seq_refusal
     from worker.hfstages import NoPipeline
 
-    spec = spec_from_hf_config({**BART, "model_type": "mbart"}, "mbart")
+    spec = spec_from_hf_config({**BART, "model_type": "pegasus", "pad_token_id": 0}, "pegasus")
     assert spec.kind == "seq2seq"
     with torch.device("meta"):
         model = spec.build()
     with pytest.raises(NoPipeline) as e:
         pipe_of(model, spec)
-    assert str(e.value) == seq2seq_refusal("mbart")
+    assert str(e.value) == seq2seq_refusal("pegasus")
