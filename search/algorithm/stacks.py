@@ -83,7 +83,7 @@ from search.algorithm.evaluate import (
     weigh_edge,
     weigh_op,
 )
-from search.algorithm.factor_graph import _edge_factor, _op_factor, eliminate_all
+from search.algorithm.factor_graph import JoinMemo, _edge_factor, _op_factor, eliminate_all
 from search.algorithm.families import (
     Family,
     FamilyVars,
@@ -267,6 +267,12 @@ class _Stages:
         self.powers: dict[tuple[int, Weights], Powers] = {}
         # keyed by id, the factor held alongside so the id stays its own
         self.group_memo: dict[int, tuple[Factor, _GroupTable]] = {}
+        # the stages' joins, shared where their factors agree (the ops around a run, solved for
+        # every run length beside them: JoinMemo's exact sharing), and each run's labelled power
+        self.join_memo = JoinMemo()
+        self.runs: dict[tuple[int, Weights, int, int], Factor] = {}
+        # a run-only stage's factor per (stage, family, copies, received, kept), and its Stats
+        self.run_memo: dict[tuple[int, int, int, tuple[str, ...], tuple[str, ...]], tuple[Factor, Stats]] = {}
         self.stats = Stats()
         self._index(tabs)
 
@@ -341,21 +347,60 @@ class _Stages:
         def rc(name: str) -> str | None:
             return recompute_var(self.layer_of[name]) if name in self.layer_of else None
 
-        factors = [_op_factor(name, self._weigh(name, w), rc(name)) for name in mine]
-        factors += [_edge_factor(weigh_edge(tabs.edge_costs[(src, dst)], w), var(src), dst, rc(dst))
+        leaf_of = self.join_memo.leaf
+        factors = [leaf_of(_op_factor(name, self._weigh(name, w), rc(name))) for name in mine]
+        factors += [leaf_of(_edge_factor(weigh_edge(tabs.edge_costs[(src, dst)], w), var(src), dst, rc(dst)))
                     for _, src, dst in sorted(x for u in span for x in self.into[u])]
         received = [src for _, _, src in sorted(x for u in span for x in self.reads[u]) if not a <= anchor[src] < e]
-        for src in dict.fromkeys(var(x) for x in received):
-            c = np.arange(domain[src])
-            # a tied boundary stands for every copy's output: all of one shape, one transfer table
-            factors.append(leaf((src,), c[:, None], w.slots * tabs.p2p[src], np.zeros(len(c)), note=f"recv {src}"))
-        factors += tie_factors(var, domain, set(mine))
-        factors += [wrap(self._powers(fam, w)(k), fam, first) for fam, first, k in runs]
+        recv = tuple(dict.fromkeys(var(x) for x in received))
         # the interface: every op on one side of an edge (a read, or a pair constraint such as a
         # tied parameter's layouts) whose other side is on another stage
         crossing = sorted({x for u in span for x in self.touch[u] if (a <= anchor[x[1]] < e) != (a <= anchor[x[2]] < e)})
         keep = tuple(dict.fromkeys(var(src) for _, src, _ in crossing))
-        return eliminate_all(factors, domain, keep=keep, eps=self.eps, stats=self.stats)
+        if not mine and len(runs) == 1:
+            return self._solve_run(s, runs[0], recv, keep)
+        factors += [self._received(src, w) for src in recv]
+        factors += [leaf_of(f) for f in tie_factors(var, domain, set(mine))]
+        factors += [self._run(fam, w, first, k) for fam, first, k in runs]
+        return eliminate_all(factors, domain, keep=keep, eps=self.eps, stats=self.stats, memo=self.join_memo)
+
+    def _run(self, fam: Family, w: Weights, first: int, k: int) -> Factor:
+        """The family's copies first..first + k - 1 under weights w, one object per run (the
+        stages holding it share their joins with it through the memo)."""
+        key = (fam.block, w, first, k)
+        if key not in self.runs:
+            self.runs[key] = wrap(self._powers(fam, w)(k), fam, first)
+        return self.runs[key]
+
+    def _received(self, src: str, w: Weights) -> Factor:
+        """The transfer of `src`'s output into a stage under weights w, per configuration."""
+        c = np.arange(self.domain[src])
+        # a tied boundary stands for every copy's output: all of one shape, one transfer table
+        return self.join_memo.leaf(leaf((src,), c[:, None], w.slots * self.tabs.p2p[src], np.zeros(len(c)),
+                                        note=f"recv {src}"))
+
+    def _solve_run(self, s: int, run: tuple[Family, int, int], recv: tuple[str, ...], keep: tuple[str, ...]) -> Factor:
+        """A stage holding a run of one family's copies and nothing else: the same factor list
+        (the template's k-th power, the tied variables it receives, the interface it keeps)
+        wherever the run starts - BART's middle stages, thousands per shape - so it is
+        eliminated once per (stage, family, k, received, kept) and each start labels those
+        points with its own layers (`wrap`: the read-back maps apply below the label, and
+        nothing below it but the power's copies reads through them). What the elimination
+        adds to Stats is replayed on every start, so the counts stay a plain run's."""
+        fam, first, k = run
+        key = (s, fam.block, k, recv, keep)
+        hit = self.run_memo.get(key)
+        if hit is None:
+            w = self.weights[s]
+            own = Stats()
+            factors = [self._received(src, w) for src in recv] + [self._powers(fam, w)(k)]
+            hit = self.run_memo[key] = (eliminate_all(factors, self.domain, keep=keep, eps=self.eps, stats=own,
+                                                      memo=self.join_memo), own)
+        f, own = hit
+        self.stats.joins += own.joins
+        self.stats.pairs += own.pairs
+        self.stats.max_factor_points = max(self.stats.max_factor_points, own.max_factor_points)
+        return wrap(f, fam, first, layers=k)
 
     def _runs(self, a: int, e: int) -> list[tuple[Family, int, int]]:
         """Per family, the run of its copies a stage over units [a, e) holds: (family, first
