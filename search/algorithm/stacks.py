@@ -614,10 +614,13 @@ def _by_cuts(S: _Stages, cuts: list[Split], stair: _Staircase, t_bound: list[np.
                 at = order[(starts == a) & (sizes == k)]
                 t_stage[at, s] = float(f.t.min()) if len(f) else np.inf
                 m_stage[at, s] = float(f.m.min()) if len(f) else np.inf
-        t_cut, m_cut = t_stage.max(axis=1), m_stage.max(axis=1)
-        order = order[np.isfinite(t_cut[order])]
+            # the last stage's own points may already bound a cut out: its first stage is then
+            # never solved (a solved stage's least points are at least its bound, so the cuts
+            # dropped here are dropped below as well, and the same cuts remain)
+            t_cut, m_cut = t_stage.max(axis=1), m_stage.max(axis=1)
+            order = order[np.isfinite(t_cut[order])]
+            order = order[~stair.beats_all(t_cut[order], m_cut[order])]
         order = order[np.lexsort((order, m_cut[order], t_cut[order]))]
-        order = order[~stair.beats_all(t_cut[order], m_cut[order])]
     for ci in order:
         if stair.beats(float(t_cut[ci]), float(m_cut[ci])):
             continue
