@@ -10,15 +10,9 @@ from torch import nn
 
 from search.algorithm import stacks
 from search.algorithm.evaluate import micro_batch_graph
-from search.algorithm.stacks import (
-    anchors,
-    exhaustive_stacks,
-    search_stacks,
-    solve_stacks,
-    stack_shapes,
-    stack_tables,
-    stage_families,
-)
+from search.algorithm.stack_stages import StageFactors, stage_families
+from search.algorithm.stack_tables import anchors, exhaustive_stacks, stack_tables
+from search.algorithm.stacks import search_stacks, solve_stacks, stack_shapes
 from search.models.capture import capture_module
 from search.models.seq2seq import annotate_stacks
 from search.prices.cluster import make_cluster
@@ -204,7 +198,7 @@ def test_skipping_beaten_shapes_keeps_the_frontier() -> None:
 
 def test_a_run_of_copies_alone_on_a_stage_reads_back_its_own_layers(solver: str) -> None:
     """Four stages over a five-layer encoder: stages holding only encoder copies start at several
-    layers, and share one eliminated factor per (stage, run length) (`_Stages._solve_run`); each
+    layers, and share one eliminated factor per (stage, run length) (`StageFactors._solve_run`); each
     point still reads back every layer's configuration under that layer's own names, so the
     frontier equals the tied reference and every point, priced again, is itself."""
     g = _family_graph(5, 2)
@@ -217,14 +211,14 @@ def test_a_run_of_copies_alone_on_a_stage_reads_back_its_own_layers(solver: str)
     assert tabs is not None
     families = stage_families(tabs)
     solved: list[tuple[int, int, int]] = []
-    run_memo = stacks._Stages._solve_run
+    run_memo = StageFactors._solve_run
 
-    def counted(self: stacks._Stages, s: int, run: tuple, recv: tuple, keep: tuple):  # type: ignore[no-untyped-def]
+    def counted(self: StageFactors, s: int, run: tuple, recv: tuple, keep: tuple):  # type: ignore[no-untyped-def]
         solved.append((s, run[1], run[2]))
         return run_memo(self, s, run, recv, keep)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stacks._Stages, "_solve_run", counted)
+        mp.setattr(StageFactors, "_solve_run", counted)
         sol = solve_stacks(tabs, recompute=False)
     assert sol is not None
     # some stage and run length met at two starts: one factor, labelled twice
