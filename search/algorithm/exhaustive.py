@@ -22,7 +22,7 @@ from search.algorithm.frontier import Factor, Stats, pareto_mask
 from search.algorithm.ft import ZERO_STAGES
 from search.algorithm.pipeline import partitions
 from search.algorithm.results import FrontierPoint, MeshSolution, SearchResult, Solution
-from search.algorithm.stacks import is_multi_stack
+from search.algorithm.stack_tables import is_multi_stack
 from search.errors import InputError
 from search.models.graph import OpGraph
 from search.prices.cluster import Cluster

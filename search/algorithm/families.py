@@ -212,10 +212,13 @@ class Powers:
         return self.memo[k]
 
 
-def wrap(power: Factor, family: Family, first: int) -> Factor:
+def wrap(power: Factor, family: Family, first: int, layers: int | None = None) -> Factor:
     """`power`, k copies, standing for the family's layers first..first + k - 1 (first >= 1): the
-    same points, read back through those layers' names."""
-    maps = family.chain.layer_maps()[first - 1:first - 1 + power.layers]
+    same points, read back through those layers' names. `layers`: k, where `power` is a factor
+    made from the k copies' power (and only from it and unlabelled factors) rather than the
+    power itself."""
+    k = power.layers if layers is None else layers
+    maps = family.chain.layer_maps()[first - 1:first - 1 + k]
     return Factor(scope=power.scope, keys=power.keys, t=power.t, m=power.m, parents=(power,),
                   parent_idx=(np.arange(len(power)),), maps=maps)
 

@@ -57,7 +57,8 @@ from search.algorithm.frontier import RTOL, Factor, Stats, join, least_memory, p
 from search.algorithm.gc_pause import gc_paused
 from search.algorithm.pipeline import search_pipelines
 from search.algorithm.results import FrontierPoint, MeshSolution, SearchResult, Solution
-from search.algorithm.stacks import is_multi_stack, search_stacks
+from search.algorithm.stack_tables import is_multi_stack
+from search.algorithm.stacks import search_stacks
 from search.models.graph import OpGraph
 from search.prices.boundaries import INFEASIBLE
 from search.prices.cluster import Cluster

@@ -10,15 +10,9 @@ from torch import nn
 
 from search.algorithm import stacks
 from search.algorithm.evaluate import micro_batch_graph
-from search.algorithm.stacks import (
-    anchors,
-    exhaustive_stacks,
-    search_stacks,
-    solve_stacks,
-    stack_shapes,
-    stack_tables,
-    stage_families,
-)
+from search.algorithm.stack_stages import StageFactors, stage_families
+from search.algorithm.stack_tables import anchors, exhaustive_stacks, stack_tables
+from search.algorithm.stacks import search_stacks, solve_stacks, stack_shapes
 from search.models.capture import capture_module
 from search.models.seq2seq import annotate_stacks
 from search.prices.cluster import make_cluster
@@ -200,3 +194,41 @@ def test_skipping_beaten_shapes_keeps_the_frontier() -> None:
         assert any(s.pipeline is not None for s in r.solutions)
     np.testing.assert_allclose(got[True][0], got[False][0], rtol=1e-9)
     np.testing.assert_allclose(got[True][1], got[False][1], rtol=1e-9)
+
+
+def test_a_run_of_copies_alone_on_a_stage_reads_back_its_own_layers(solver: str) -> None:
+    """Four stages over a five-layer encoder: stages holding only encoder copies start at several
+    layers, and share one eliminated factor per (stage, run length) (`StageFactors._solve_run`); each
+    point still reads back every layer's configuration under that layer's own names, so the
+    frontier equals the tied reference and every point, priced again, is itself."""
+    g = _family_graph(5, 2)
+    cluster = make_cluster("cpu", 8, devices_per_node=8)
+    shapes = [s for s in stack_shapes(cluster, _job(), g, (0,), pipelines=True) if s.stages == 4]
+    shape = min(shapes, key=lambda s: s.micro_batches)
+    mg = micro_batch_graph(g, shape.micro_batches)
+    cm = CostModel(mg, cluster, _job().model_copy(update={"global_batch": BATCH // shape.micro_batches}))
+    tabs = stack_tables(mg, cm, shape)
+    assert tabs is not None
+    families = stage_families(tabs)
+    solved: list[tuple[int, int, int]] = []
+    run_memo = StageFactors._solve_run
+
+    def counted(self: StageFactors, s: int, run: tuple, recv: tuple, keep: tuple):  # type: ignore[no-untyped-def]
+        solved.append((s, run[1], run[2]))
+        return run_memo(self, s, run, recv, keep)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StageFactors, "_solve_run", counted)
+        sol = solve_stacks(tabs, recompute=False)
+    assert sol is not None
+    # some stage and run length met at two starts: one factor, labelled twice
+    assert len({(s, k) for s, _, k in solved}) < len(set(solved))
+    ref_t, ref_m = exhaustive_stacks(tabs, recompute=False, tie=families)
+    order = np.argsort(sol.root.t, kind="stable")
+    np.testing.assert_allclose(sol.root.t[order], ref_t, rtol=1e-9)
+    np.testing.assert_allclose(sol.root.m[order], ref_m, rtol=1e-9)
+    configs, splits = sol.read_back(np.arange(len(sol.root)))
+    again = sol.recost(g, configs, splits)
+    np.testing.assert_allclose(again["time"], sol.root.t, rtol=1e-9)
+    np.testing.assert_allclose(again["memory"], sol.root.m, rtol=1e-9)
+    assert set(configs) >= {op.name for op in g.ops}
