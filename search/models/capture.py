@@ -10,6 +10,8 @@ Repeated blocks: when a model names its stack of identical layers (``blocks_attr
 first two layers are exported; the second is checked to be a faithful copy of the first (same
 ops, shapes and wiring, one input from the previous layer) and is then replicated for the rest.
 That keeps capture time independent of depth and tells the search which layers to solve once.
+A periodic stack (Jamba's Mamba and attention layers, repeating every 8) is exported as two
+periods, the second checked against the first and replicated period by period.
 """
 
 from __future__ import annotations
@@ -1160,8 +1162,9 @@ def capture_with_blocks(module: nn.Module, example_args: tuple[torch.Tensor, ...
                         name: str = "model", input_labels: list[list[str]] | None = None,
                         meta: GraphMeta | None = None) -> OpGraph:
     """Capture a model whose `blocks_attr` ModuleList holds identical layers: export two layers,
-    verify the second is a copy of the first, replicate it. Falls back to a full export when the
-    layers are not identical or are wired in a way the replication cannot express."""
+    verify the second is a copy of the first, replicate it; or, with layers repeating every p
+    (`_period`), two periods, the second replicated. Falls back to a full export when the layers
+    are neither or are wired in a way the replication cannot express."""
     if not blocks_attr:
         return capture_module(module, example_args, name, input_labels, meta)
     blocks = _get_attr(module, blocks_attr)
@@ -1170,23 +1173,26 @@ def capture_with_blocks(module: nn.Module, example_args: tuple[torch.Tensor, ...
     n = len(blocks)
     # the layers from `first` on are identical (DeepSeek-V3's first 3 of 61 are dense, the rest
     # MoE): the layers before them and two of them are exported, the rest replicated
-    first = _uniform_from(blocks)
+    first, period = _uniform_from(blocks), 1
     if n - first < 3:
-        g = capture_module(module, example_args, name, input_labels, meta)
         if n < 2:
-            return g
+            return capture_module(module, example_args, name, input_labels, meta)
+        period = _period(blocks)
+        if period == 1:
+            return _annotate_blocks(capture_module(module, example_args, name, input_labels, meta), blocks_attr, n)
         # a periodic stack (Jamba's Mamba/attention and dense/MoE layers repeat every 8): one
-        # block-stack layer per period, so the search reuses, recomputes and pipelines by period
-        return _annotate_blocks(g, blocks_attr, n, _period(blocks))
-    _set_attr(module, blocks_attr, nn.ModuleList(list(blocks)[:first + 2]))
+        # block-stack layer per period, so the search reuses, recomputes and pipelines by period;
+        # two periods are exported and the second replicated, as one layer is below
+        first = 0
+    _set_attr(module, blocks_attr, nn.ModuleList(list(blocks)[:first + 2 * period]))
     try:
         g2 = capture_module(module, example_args, name, input_labels, meta)
     finally:
         _set_attr(module, blocks_attr, blocks)
-    full = _replicate(g2, blocks_attr, n, first)
+    full = _replicate(g2, blocks_attr, n, first, period)
     if full is None:
         g = capture_module(module, example_args, name, input_labels, meta)
-        return _annotate_blocks(g, blocks_attr, n)
+        return _annotate_blocks(g, blocks_attr, n, period)
     # tied/shared params are counted from the real module, not from the two-layer export; the
     # MoE layers from the replicated graph
     return moe_meta(full)
@@ -1238,38 +1244,53 @@ def _annotate_blocks(g: OpGraph, prefix: str, n: int, period: int = 1) -> OpGrap
     return g.model_copy(update={"blocks": (BlockInfo(prefix=prefix, layers=tuple(tuple(x) for x in layers)),)})
 
 
-def _renamer(prefix: str, src: int, dst: int) -> Callable[[str], str]:
-    pat = re.compile(r"(^|(?<=[/:]))" + re.escape(f"{prefix}.{src}") + r"(?=[.:/#]|$)")
-    return lambda s: pat.sub(f"{prefix}.{dst}", s)
+def _renamer(prefix: str, moves: dict[int, int]) -> Callable[[str], str]:
+    """Names with module layer i of the stack (a key of `moves`) renamed to layer moves[i]."""
+    pat = re.compile(r"(^|(?<=[/:]))" + re.escape(prefix) + r"\.(\d+)(?=[.:/#]|$)")
+
+    def one(m: re.Match[str]) -> str:
+        i = int(m.group(2))
+        return f"{prefix}.{moves[i]}" if i in moves else m.group(0)
+
+    return lambda s: pat.sub(one, s)
 
 
-def _replicate(g2: OpGraph, prefix: str, n: int, first: int = 0) -> OpGraph | None:
-    """g2 exported layers 0 .. first + 1 of an n-layer stack whose layers from `first` on are
-    identical: layer first + 1 is copied for the rest. With differing layers before `first`, the
-    block stack is layers first .. n - 1."""
+def _replicate(g2: OpGraph, prefix: str, n: int, first: int = 0, period: int = 1) -> OpGraph | None:
+    """g2 exported module layers 0 .. first + 2 * period - 1 of an n-layer stack whose layers
+    from `first` on repeat every `period` (1: identical): the second period (layers first +
+    period ..) is copied for the rest, each block-stack layer one period. With differing layers
+    before `first`, the block stack is layers first .. n - 1."""
+    if (n - first) % period:
+        return None
     ops = list(g2.ops)
-    idx = [_layer_of(op.name, op.module, prefix) for op in ops]
-    t0, t1 = first, first + 1  # the template layers
-    l0 = [op for op, i in zip(ops, idx, strict=True) if i == t0]
-    l1 = [op for op, i in zip(ops, idx, strict=True) if i == t1]
+    # the period each op belongs to (-1 before `first`, None outside the stack)
+    idx = [None if (i := _layer_of(op.name, op.module, prefix)) is None else -1 if i < first else (i - first) // period
+           for op in ops]
+    l0 = [op for op, i in zip(ops, idx, strict=True) if i == 0]
+    l1 = [op for op, i in zip(ops, idx, strict=True) if i == 1]
     if not l0 or len(l0) != len(l1):
         return None
-    first1 = min(k for k, i in enumerate(idx) if i == t1)
-    last1 = max(k for k, i in enumerate(idx) if i == t1)
-    if any(i != t1 for i in idx[first1:last1 + 1]):
+    first1 = min(k for k, i in enumerate(idx) if i == 1)
+    last1 = max(k for k, i in enumerate(idx) if i == 1)
+    if any(i != 1 for i in idx[first1:last1 + 1]):
         return None
     l0_names = {op.name for op in l0}
     l1_names = {op.name for op in l1}
-    earlier = {op.name for op, i in zip(ops, idx, strict=True) if i is not None and i < t0}
+    earlier = {op.name for op, i in zip(ops, idx, strict=True) if i == -1}
     out0 = l0[-1].name
-    # the copied layer may read only its own ops, the layer before's last op, graph inputs and
+    # the copied period may read only its own ops, the period before's last op, graph inputs and
     # non-layer ops before the stack
     for op in l1:
         for t in op.inputs:
             if (t.source in l0_names and t.source != out0) or t.source in earlier:
                 return None
-    ren = _renamer(prefix, t0, t1)
-    for a, b in zip(l0, l1, strict=True):  # structural identity of the two exported layers
+
+    def moves(src: int, dst: int) -> dict[int, int]:
+        """Module layers of period src -> those of period dst."""
+        return {first + src * period + j: first + dst * period + j for j in range(period)}
+
+    ren = _renamer(prefix, moves(0, 1))
+    for a, b in zip(l0, l1, strict=True):  # structural identity of the two exported periods
         if (a.kind, a.flops, a.output.shape, tuple(p.shape for p in a.params),
                 tuple(t.shape for t in a.inputs)) != (b.kind, b.flops, b.output.shape,
                                                       tuple(p.shape for p in b.params), tuple(t.shape for t in b.inputs)):
@@ -1286,17 +1307,16 @@ def _replicate(g2: OpGraph, prefix: str, n: int, first: int = 0) -> OpGraph | No
             if t.source in l0_names or t.source in earlier:
                 return None
     new_ops: list[Op] = [op for op in pre]
-    layers: list[tuple[str, ...]] = [tuple(op.name for op, i in zip(ops, idx, strict=True) if i == k)
-                                     for k in range(t0)]
-    layers += [tuple(op.name for op in l0), tuple(op.name for op in l1)]
+    layers: list[tuple[str, ...]] = [tuple(op.name for op in l0), tuple(op.name for op in l1)]
     new_ops += l1
     prev_out = out1
     prev_dims = l1[-1].output.dims
-    for i in range(t1 + 1, n):
-        r = _renamer(prefix, t1, i)
-        # the template read layer t0's output, whose labels may be its own (a stack without a
-        # residual stream names each layer's output after its last weight): layer i reads
-        # layer i - 1's output under that layer's labels
+    periods = (n - first) // period
+    for i in range(2, periods):
+        r = _renamer(prefix, moves(1, i))
+        # the template read period 0's output, whose labels may be its own (a stack without a
+        # residual stream names each layer's output after its last weight): period i reads
+        # period i - 1's output under that period's labels
         labels = {a: b for a, b in zip(l0[-1].output.dims, prev_dims, strict=True) if a != b}
         layer_ops = []
         for op in l1:
@@ -1305,7 +1325,7 @@ def _replicate(g2: OpGraph, prefix: str, n: int, first: int = 0) -> OpGraph | No
         prev_dims = layer_ops[-1].output.dims
         layers.append(tuple(op.name for op in layer_ops))
         prev_out = layer_ops[-1].name
-    rl = _renamer(prefix, t1, n - 1)
+    rl = _renamer(prefix, moves(1, periods - 1))
     for op in post:
         new_ops.append(_rename_op(op, rl, {}))
     meta = dict(g2.meta)
@@ -1313,7 +1333,7 @@ def _replicate(g2: OpGraph, prefix: str, n: int, first: int = 0) -> OpGraph | No
     # MoE ones): the block stack is the run alone, the layers before it are ops like the
     # embedding's (priced with the rest of the graph, on the first pipeline stage, not recomputed)
     return OpGraph(name=g2.name, ops=tuple(new_ops), meta=meta,
-                   blocks=(BlockInfo(prefix=prefix, layers=tuple(layers[t0:])),))
+                   blocks=(BlockInfo(prefix=prefix, layers=tuple(layers)),))
 
 
 def _rename_op(op: Op, r: Callable[[str], str], source_map: dict[str, str],

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -360,17 +360,20 @@ def unplaceable_op(ops: Iterable[Op], mesh: Mesh, batch: str) -> Op | None:
     return next((op for op in ops if not op_configs(op, mesh, batch)), None)
 
 
-def placeable_meshes(graph: OpGraph, meshes: list[Mesh]) -> list[Mesh]:
+def placeable_meshes(graph: OpGraph, meshes: list[Mesh], ops: Sequence[Op] | None = None) -> list[Mesh]:
     """The meshes every op of `graph` can run on, with their expert-parallel variants for a graph
     with routed experts (expert_meshes) and context-parallel ones for long sequences
-    (context_meshes); InputError naming why when there are none."""
+    (context_meshes); InputError naming why when there are none. `ops`: the ops to test, where
+    the caller knows the others configure as one of them does (a block stack's copies of its
+    template layer); default every op of the graph."""
+    tested = graph.ops if ops is None else ops
     out, why = [], []
     blocker = context_blocker(graph)
     for mesh in context_meshes(graph, expert_meshes(graph, meshes)):
         if blocker is not None and any(a.role == CONTEXT and a.size > 1 for a in mesh.axes):
             why.append(f"{mesh.describe()}: no context axis: {blocker}")
             continue
-        odd = unplaceable_op(graph.ops, mesh, graph.batch_label)
+        odd = unplaceable_op(tested, mesh, graph.batch_label)
         if odd is None:
             out.append(mesh)
         else:

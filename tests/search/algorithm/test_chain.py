@@ -91,3 +91,22 @@ def test_a_micro_batch_graph_inherits_the_proven_stack(name: str) -> None:
         assert carried is full
         fresh = _find_chain(mg, 3, False)
         assert fresh is not None and fresh.layers == full.layers and fresh.solo == full.solo
+
+
+@pytest.mark.parametrize("batch", [16, 12])
+def test_the_template_places_the_copies_on_every_mesh(batch: int) -> None:
+    """FT tests placeability on every op but the stack's copies (layers 2..), which configure
+    as the template does: the same meshes are placeable as when every op is tested, also where
+    the batch leaves some meshes out (12 splits over neither 16 nor 8 data-parallel ranks)."""
+    from search.models.capture import capture_model
+    from search.models.zoo import get_model
+    from search.prices.cluster import make_cluster
+    from search.prices.mesh import mesh_candidates, placeable_meshes
+
+    g = capture_model(get_model("gpt2"), batch, 64)
+    chain = find_chain(g, solo=True)
+    assert chain is not None and chain.copies
+    candidates = mesh_candidates(make_cluster("h100-80gb", 16))
+    every = placeable_meshes(g, candidates)
+    assert placeable_meshes(g, candidates, [op for op in g.ops if op.name not in chain.copies]) == every
+    assert (len(every) < len(candidates)) == (batch == 12)

@@ -150,3 +150,47 @@ def test_a_stack_alike_after_its_first_layers_is_captured_as_a_whole_export_is()
     assert [(op.kind, op.flops, op.output.shape) for op in g.ops] == [(op.kind, op.flops, op.output.shape)
                                                                        for op in whole.ops]
     assert sum(1 for op in g.ops if op.kind == "combine") == 3
+
+
+JAMBA_PERIODIC = {"model_type": "jamba", **NARROW, "num_hidden_layers": 6, "num_key_value_heads": 2,
+                  "num_experts": 4, "num_experts_per_tok": 2, "mamba_d_state": 16, "mamba_expand": 2,
+                  "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1}
+QWEN3_NEXT_PERIODIC = {"model_type": "qwen3_next", **NARROW, "num_hidden_layers": 6, "num_key_value_heads": 2,
+                       "head_dim": 16, "full_attention_interval": 2, "linear_num_key_heads": 2,
+                       "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                       "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                       "shared_expert_intermediate_size": 64}
+
+
+@pytest.mark.parametrize("cfg", [JAMBA_PERIODIC, QWEN3_NEXT_PERIODIC], ids=["jamba", "qwen3_next"])
+def test_a_periodic_stack_is_captured_from_two_periods_as_a_whole_export_is(cfg):
+    """Jamba's Mamba and attention layers (and Qwen3-Next's linear and full attention) alternate:
+    the stack is periodic, not uniform, so it was exported whole (35-40 s for the 32 and 48 layers
+    of their default configs). Two periods are exported and the second copied for the rest: the
+    graph equals the whole export's, op by op, wiring and block-stack layers included."""
+    import torch
+
+    from search.models.capture import _INPUT_LABELS, _annotate_blocks, _replicate, _set_attr, _stack, capture_module
+
+    spec = spec_from_hf_config(cfg, cfg["model_type"])
+    g = capture_model(spec, 4, 16)
+    with torch.device("meta"):
+        module = spec.build()
+    whole = _annotate_blocks(capture_module(module, spec.example_inputs(4, 16, device="meta"), spec.name,
+                                            _INPUT_LABELS["lm"]), spec.blocks_attr or "", 6, 2)
+
+    def outline(graph):
+        return [(op.name, op.kind, op.module, op.flops, op.output.shape, tuple(t.source for t in op.inputs),
+                 tuple(t.shape for t in op.inputs), tuple((p.name, p.shape) for p in op.params), op.saves,
+                 op.workspace) for op in graph.ops]
+
+    assert outline(g) == outline(whole)
+    assert len(g.blocks) == 1 and len(g.blocks[0].layers) == 3  # one block-stack layer per period
+    # and the copy is what capture made: two periods exported replicate (no fallback to the whole)
+    layers = _stack(module, spec.blocks_attr or "")
+    _set_attr(module, spec.blocks_attr or "", torch.nn.ModuleList(list(layers)[:4]))
+    two = capture_module(module, spec.example_inputs(4, 16, device="meta"), spec.name, _INPUT_LABELS["lm"])
+    copied = _replicate(two, spec.blocks_attr or "", 6, 0, 2)
+    assert copied is not None and outline(copied) == outline(g)
+    assert g.blocks == whole.blocks
+    assert {k: g.meta.get(k) for k in whole.meta} == whole.meta  # the routed experts' counts
