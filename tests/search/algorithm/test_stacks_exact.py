@@ -10,10 +10,13 @@ from torch import nn
 
 from search.algorithm import stacks
 from search.algorithm.evaluate import micro_batch_graph
+from search.algorithm.families import Family
+from search.algorithm.stack_solution import StacksSolution
 from search.algorithm.stack_stages import StageFactors, stage_families
-from search.algorithm.stack_tables import anchors, exhaustive_stacks, stack_tables
+from search.algorithm.stack_tables import StackTables, anchors, exhaustive_stacks, stack_tables
 from search.algorithm.stacks import search_stacks, solve_stacks, stack_shapes
 from search.models.capture import capture_module
+from search.models.graph import OpGraph
 from search.models.seq2seq import annotate_stacks
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import CostModel, TrainingJob
@@ -64,6 +67,21 @@ def _job() -> TrainingJob:
     return TrainingJob(global_batch=BATCH, seq_len=None, precision="fp32")
 
 
+def _assert_exact(sol: StacksSolution, tabs: StackTables, g: OpGraph, recompute: bool,
+                  tie: tuple[Family, ...] = ()) -> dict[str, np.ndarray]:
+    """The solved frontier equals the exhaustive reference (tied as `tie` says), and each point's
+    assignment and cut, read back and priced again, is the point. Returns the assignments."""
+    ref_t, ref_m = exhaustive_stacks(tabs, recompute=recompute, tie=tie)
+    order = np.argsort(sol.root.t, kind="stable")
+    np.testing.assert_allclose(sol.root.t[order], ref_t, rtol=1e-9)
+    np.testing.assert_allclose(sol.root.m[order], ref_m, rtol=1e-9)
+    configs, splits = sol.read_back(np.arange(len(sol.root)))
+    again = sol.recost(g, configs, splits)
+    np.testing.assert_allclose(again["time"], sol.root.t, rtol=1e-9)
+    np.testing.assert_allclose(again["memory"], sol.root.m, rtol=1e-9)
+    return configs
+
+
 def test_the_tiny_model_has_two_stacks_and_a_cross_edge() -> None:
     g = _graph()
     assert [len(b.layers) for b in g.blocks] == [2, 2]
@@ -100,16 +118,7 @@ def test_frontier_equals_exhaustive(stages: int, recompute: bool, tied: bool, so
         assert sol is not None
         if tied:
             assert any(p.kind != "reader" for p in cm.bounds.pairs)
-        ref_t, ref_m = exhaustive_stacks(tabs, recompute=recompute)
-        order = np.argsort(sol.root.t, kind="stable")
-        np.testing.assert_allclose(sol.root.t[order], ref_t, rtol=1e-9)
-        np.testing.assert_allclose(sol.root.m[order], ref_m, rtol=1e-9)
-        # each point's assignment and cut, priced again, is the point
-        rows = np.arange(len(sol.root))
-        configs, splits = sol.read_back(rows)
-        again = sol.recost(g, configs, splits)
-        np.testing.assert_allclose(again["time"], sol.root.t, rtol=1e-9)
-        np.testing.assert_allclose(again["memory"], sol.root.m, rtol=1e-9)
+        _assert_exact(sol, tabs, g, recompute)
         checked += 1
     assert checked
 
@@ -136,14 +145,7 @@ def test_block_reuse_equals_the_tied_reference(stages: int, recompute: bool, sol
         sol = solve_stacks(tabs, recompute=recompute)
         assert sol is not None
         assert sol.stats.joins  # the copies were joined by doubling, not eliminated op by op
-        ref_t, ref_m = exhaustive_stacks(tabs, recompute=recompute, tie=families)
-        order = np.argsort(sol.root.t, kind="stable")
-        np.testing.assert_allclose(sol.root.t[order], ref_t, rtol=1e-9)
-        np.testing.assert_allclose(sol.root.m[order], ref_m, rtol=1e-9)
-        configs, splits = sol.read_back(np.arange(len(sol.root)))
-        again = sol.recost(g, configs, splits)
-        np.testing.assert_allclose(again["time"], sol.root.t, rtol=1e-9)
-        np.testing.assert_allclose(again["memory"], sol.root.m, rtol=1e-9)
+        configs = _assert_exact(sol, tabs, g, recompute, families)
         for fam in families:  # every copy's output read back in its boundary's layout
             for layer in fam.chain.layers[1:]:
                 np.testing.assert_array_equal(configs[layer[-1]], configs[fam.chain.boundary])
@@ -223,12 +225,5 @@ def test_a_run_of_copies_alone_on_a_stage_reads_back_its_own_layers(solver: str)
     assert sol is not None
     # some stage and run length met at two starts: one factor, labelled twice
     assert len({(s, k) for s, _, k in solved}) < len(set(solved))
-    ref_t, ref_m = exhaustive_stacks(tabs, recompute=False, tie=families)
-    order = np.argsort(sol.root.t, kind="stable")
-    np.testing.assert_allclose(sol.root.t[order], ref_t, rtol=1e-9)
-    np.testing.assert_allclose(sol.root.m[order], ref_m, rtol=1e-9)
-    configs, splits = sol.read_back(np.arange(len(sol.root)))
-    again = sol.recost(g, configs, splits)
-    np.testing.assert_allclose(again["time"], sol.root.t, rtol=1e-9)
-    np.testing.assert_allclose(again["memory"], sol.root.m, rtol=1e-9)
+    configs = _assert_exact(sol, tabs, g, False, families)
     assert set(configs) >= {op.name for op in g.ops}
