@@ -15,7 +15,7 @@ reference checks FT.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import cached_property
@@ -404,24 +404,34 @@ def evaluate_pipeline(tabs: PipeTables, assignment: Assignment, layers_per_stage
     layer_of = layer_index(graph)
     n = np.size(next(iter(assignment.values())))
     b = np.asarray(assignment[chain.boundary]).reshape(-1)
-    per_t, per_m, per_parts, per_comm = [], [], [], []
+    stages = []
     for s, names in enumerate(stage_ops(graph, chain, layers_per_stage, v)):
         w = weights[s]
-        ops = {k: weigh_op(oc, w) for k, oc in tabs.op_costs.items() if k in names}
-        edges = {k: weigh_edge(ec, w) for k, ec in tabs.edge_costs.items() if k[1] in names}
-        res = evaluate(ops, edges, tabs.buffers, assignment, layer_of)
+        res = price_stage(tabs.op_costs, tabs.edge_costs, tabs.buffers, w, names.__contains__, assignment, layer_of)
         # per micro-batch a stage sends its boundary on once, or once per chunk when interleaved
         # (the last stage's last chunk ends the model)
         k = sends(s, p, v)
-        t = res["time"] + (w.slots * k * tabs.p2p[b] if k else 0.0)
-        per_t.append(t)
-        per_m.append(res["memory"])
-        per_parts.append(res["parts"])
-        per_comm.append(res["comm"])
-    T, M = np.stack(per_t), np.stack(per_m)
-    worst = np.argmax(M, axis=0)
-    cols = np.arange(n)
-    return {"time": T.max(axis=0), "memory": M.max(axis=0), "stage_time": T.T, "stage_memory": M.T,
-            "parts": np.stack(per_parts)[worst, cols], "buffers": np.full(n, tabs.buffers),
-            "comm": np.stack(per_comm).max(axis=0),
+        stages.append((res["time"] + (w.slots * k * tabs.p2p[b] if k else 0.0), res))
+    return {**combine_stages(stages, tabs.buffers, n),
             "pp_bytes": 2.0 * v * shape.micro_batches * tabs.p2p_bytes[b]}
+
+
+def price_stage(op_costs: dict[str, OpCosts], edge_costs: dict[tuple[str, str], EdgeCosts], buffers: float,
+                w: Weights, holds: Callable[[str], bool], assignment: Assignment, layer_of: dict[str, int]
+                ) -> dict[str, np.ndarray]:
+    """`evaluate` of one pipeline stage: the ops it holds (and the edges into them) under its
+    weights w."""
+    ops = {k: weigh_op(oc, w) for k, oc in op_costs.items() if holds(k)}
+    edges = {k: weigh_edge(ec, w) for k, ec in edge_costs.items() if holds(k[1])}
+    return evaluate(ops, edges, buffers, assignment, layer_of)
+
+
+def combine_stages(stages: list[tuple[np.ndarray, dict[str, np.ndarray]]], buffers: float, n: int
+                   ) -> dict[str, np.ndarray]:
+    """A pipeline's time, memory and parts from its stages' (time with the sends, `price_stage`'s
+    result): the slowest stage's time, the heaviest stage's memory and that stage's parts."""
+    T, M = np.stack([t for t, _ in stages]), np.stack([res["memory"] for _, res in stages])
+    worst = np.argmax(M, axis=0)
+    return {"time": T.max(axis=0), "memory": M.max(axis=0), "stage_time": T.T, "stage_memory": M.T,
+            "parts": np.stack([res["parts"] for _, res in stages])[worst, np.arange(n)],
+            "buffers": np.full(n, buffers), "comm": np.stack([res["comm"] for _, res in stages]).max(axis=0)}

@@ -19,10 +19,9 @@ from search.algorithm.chain import layer_index, recompute_var
 from search.algorithm.evaluate import (
     Assignment,
     PipeShape,
-    evaluate,
+    combine_stages,
+    price_stage,
     stage_weights,
-    weigh_edge,
-    weigh_op,
 )
 from search.algorithm.families import (
     Family,
@@ -144,27 +143,19 @@ def evaluate_stacks(tabs: StackTables, assignment: Assignment, split: Split) -> 
     stage_of = tabs.stage_of(split)
     layer_of = layer_index(tabs.graph)
     n = np.size(next(iter(assignment.values())))
-    per_t, per_m, per_parts, per_comm = [], [], [], []
+    stages = []
     pp_bytes = np.zeros(n)
     for s in range(p):
         w = weights[s]
-        ops = {k: weigh_op(oc, w) for k, oc in tabs.op_costs.items() if stage_of[k] == s}
-        edges = {k: weigh_edge(ec, w) for k, ec in tabs.edge_costs.items() if stage_of[k[1]] == s}
-        res = evaluate(ops, edges, tabs.buffers, assignment, layer_of)
+        held = {k for k, at in stage_of.items() if at == s}
+        res = price_stage(tabs.op_costs, tabs.edge_costs, tabs.buffers, w, held.__contains__, assignment, layer_of)
         t = res["time"]
         for src in tabs.received(stage_of, s):
             c = np.asarray(assignment[src]).reshape(-1)
             t = t + w.slots * tabs.p2p[src][c]
             pp_bytes += 2.0 * shape.micro_batches * tabs.p2p_bytes[src][c]
-        per_t.append(t)
-        per_m.append(res["memory"])
-        per_parts.append(res["parts"])
-        per_comm.append(res["comm"])
-    T, M = np.stack(per_t), np.stack(per_m)
-    worst = np.argmax(M, axis=0)
-    return {"time": T.max(axis=0), "memory": M.max(axis=0), "stage_time": T.T, "stage_memory": M.T,
-            "parts": np.stack(per_parts)[worst, np.arange(n)], "buffers": np.full(n, tabs.buffers),
-            "comm": np.stack(per_comm).max(axis=0), "pp_bytes": pp_bytes}
+        stages.append((t, res))
+    return {**combine_stages(stages, tabs.buffers, n), "pp_bytes": pp_bytes}
 
 
 def exhaustive_stacks(tabs: StackTables, recompute: bool = True, limit: int = 2_000_000,
