@@ -15,6 +15,7 @@ reference checks FT.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pydantic import BaseModel
 
 from search.algorithm.chain import Chain, after_stack, carry_chains, find_chain, layer_index, layer_outputs, recompute_var
 from search.algorithm.interleave import device_layers, sends
+from search.errors import InputError
 from search.models.graph import Op, OpGraph, TensorRef
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, recomputed_mem
 from search.prices.mesh import (
@@ -121,6 +123,25 @@ def evaluate(op_costs: dict[str, OpCosts], edge_costs: dict[tuple[str, str], Edg
     return {"time": t, "memory": parts.sum(axis=1) + buffers, "parts": parts, "buffers": np.full(n, buffers),
             "comm": comm}
 
+
+
+def every_assignment(graph: OpGraph, op_costs: dict[str, OpCosts], tied: Mapping[str, str], rc_vars: list[str],
+                     limit: int, what: str) -> tuple[dict[str, np.ndarray], int]:
+    """The exhaustive references' enumeration: every configuration of every op but the tied ones
+    (each output of `tied` takes its boundary's configuration, FT's tie) and every recomputation
+    choice in `rc_vars`, as one array per variable, and their count; InputError naming `what` past
+    `limit` assignments."""
+    free = [op.name for op in graph.ops if op.name not in tied]
+    dims = [len(op_costs[v].configs) for v in free] + [2] * len(rc_vars)
+    total = math.prod(dims)
+    if total > limit:
+        raise InputError(f"{what} would enumerate {total:.3g} assignments (limit {limit:.0e}); use it on small "
+                         f"graphs only")
+    flat = np.unravel_index(np.arange(total), dims) if dims else ()
+    assign = {v: flat[i] for i, v in enumerate(free + rc_vars)}
+    for out, boundary in tied.items():
+        assign[out] = assign[boundary]
+    return assign, total
 
 # ---- a pipeline's stages -------------------------------------------------------------------------
 @dataclass(frozen=True)

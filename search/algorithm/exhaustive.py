@@ -10,13 +10,20 @@ It imports the algorithm's pieces and none of them imports it: the tests compare
 
 from __future__ import annotations
 
-import math
 import time as _time
 
 import numpy as np
 
 from search.algorithm.chain import find_chain, layer_index, recompute_var
-from search.algorithm.evaluate import PipeShape, evaluate, evaluate_pipeline, micro_batch_graph, pipe_tables, tables
+from search.algorithm.evaluate import (
+    PipeShape,
+    evaluate,
+    evaluate_pipeline,
+    every_assignment,
+    micro_batch_graph,
+    pipe_tables,
+    tables,
+)
 from search.algorithm.families import find_families
 from search.algorithm.frontier import Factor, Stats, pareto_mask
 from search.algorithm.ft import ZERO_STAGES
@@ -52,16 +59,7 @@ def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes
     for mesh in meshes:
         for zero in zero_stages:
             ops, edges = tables(graph, cm, mesh, zero)
-            free = [op.name for op in graph.ops if op.name not in tied]
-            dims = [len(ops[v].configs) for v in free] + [2] * len(rc_vars)
-            total = math.prod(dims)
-            if total > limit:
-                raise InputError(f"--exhaustive would enumerate {total:.3g} assignments on mesh {mesh.describe()} "
-                                 f"(limit {limit:.0e}); use it on small graphs only")
-            flat = np.unravel_index(np.arange(total), dims) if dims else ()
-            assign = {v: flat[i] for i, v in enumerate(free + rc_vars)}
-            for out, boundary in tied.items():
-                assign[out] = assign[boundary]
+            assign, total = every_assignment(graph, ops, tied, rc_vars, limit, f"--exhaustive on mesh {mesh.describe()}")
             buffers = cm.buffers(mesh, zero=zero)
             res = evaluate(ops, edges, buffers, assign, layer_of)
             keep = pareto_mask(np.zeros(total, dtype=np.int64), res["time"], res["memory"])
@@ -106,15 +104,7 @@ def exhaustive_pipeline(graph: OpGraph, cluster: Cluster, job: TrainingJob, shap
     chain = tabs.chain
     tied = {layer[-1]: chain.boundary for layer in chain.layers[1:]}
     rc_vars = sorted({recompute_var(i) for i in layer_index(g).values()}) if recompute else []
-    free = [op.name for op in g.ops if op.name not in tied]
-    dims = [len(tabs.op_costs[v].configs) for v in free] + [2] * len(rc_vars)
-    total = math.prod(dims)
-    if total > limit:
-        raise InputError(f"exhaustive pipeline search would enumerate {total:.3g} assignments (limit {limit:.0e})")
-    flat = np.unravel_index(np.arange(total), dims)
-    assign = {v: flat[i] for i, v in enumerate(free + rc_vars)}
-    for out, boundary in tied.items():
-        assign[out] = assign[boundary]
+    assign, total = every_assignment(g, tabs.op_costs, tied, rc_vars, limit, "the exhaustive pipeline search")
     ts, ms = [], []
     for split in partitions(len(chain.layers), shape.stages, shape.virtual_stages, shape.spread):
         res = evaluate_pipeline(tabs, assign, split)

@@ -10,7 +10,6 @@ search uses these.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +19,7 @@ from search.algorithm.evaluate import (
     Assignment,
     PipeShape,
     combine_stages,
+    every_assignment,
     price_stage,
     stage_weights,
 )
@@ -167,15 +167,8 @@ def exhaustive_stacks(tabs: StackTables, recompute: bool = True, limit: int = 2_
     p = tabs.shape.stages
     # a tied output is not enumerated: it takes its boundary's configuration
     tied = {layer[-1]: fam.chain.boundary for fam in tie for layer in fam.chain.layers[1:]}
-    names = [op.name for op in tabs.graph.ops if op.name not in tied]
     rc = sorted({recompute_var(i) for i in layer_index(tabs.graph).values()}) if recompute else []
-    dims = [len(tabs.op_costs[v].configs) for v in names] + [2] * len(rc)
-    total = math.prod(dims)
-    if total > limit:
-        raise ValueError(f"{total} assignments: too many for the reference")
-    flat = np.unravel_index(np.arange(total), dims)
-    assign = {v: flat[i] for i, v in enumerate(names + rc)}
-    assign.update({out: assign[boundary] for out, boundary in tied.items()})
+    assign, _ = every_assignment(tabs.graph, tabs.op_costs, tied, rc, limit, "the encoder-decoder reference")
     ts, ms = [], []
     for split in partitions(tabs.n_units, p, 1, STACKS_BAND):
         res = evaluate_stacks(tabs, assign, split)
