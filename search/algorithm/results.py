@@ -192,12 +192,31 @@ class PipeSolution(PipeTables):
 
     def recost(self, graph: OpGraph, assignment: dict[str, np.ndarray], splits: list[Split | None]
                ) -> dict[str, np.ndarray]:
-        """Stage by stage, one assignment at a time (each may split the layers differently)."""
-        rows = []
-        for j, split in enumerate(splits):
-            assert split is not None, "a pipeline point always has its split"
-            rows.append(evaluate_pipeline(self, {k: v[j:j + 1] for k, v in assignment.items()}, split))
-        return {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+        """Stage by stage, the points of each split at once."""
+        return recost_by_split(assignment, splits, lambda a, split: evaluate_pipeline(self, a, split))
+
+
+def recost_by_split(assignment: dict[str, np.ndarray], splits: list[Split | None],
+                    evaluate_split: Callable[[dict[str, np.ndarray], Split], dict[str, np.ndarray]]
+                    ) -> dict[str, np.ndarray]:
+    """A pipeline solution's points re-costed with one evaluation per distinct split over all its
+    points (`evaluate_split(their assignments, split)`), each point's results in its row. The
+    evaluation is elementwise over points, so each row is what evaluating its point alone gives;
+    a shape's points mostly share a few splits (GPT-NeoX's accumulation shape: 187 points, one
+    split, 11 of a request's 21 CPU s when evaluated point by point)."""
+    by_split: dict[Split, list[int]] = {}
+    for j, split in enumerate(splits):
+        assert split is not None, "a pipeline point always has its split"
+        by_split.setdefault(tuple(split), []).append(j)
+    out: dict[str, np.ndarray] = {}
+    for split, js in by_split.items():
+        idx = np.array(js)
+        res = evaluate_split({k: np.asarray(v).reshape(-1)[idx] for k, v in assignment.items()}, split)
+        for k, v in res.items():
+            if k not in out:
+                out[k] = np.zeros((len(splits),) + v.shape[1:], dtype=v.dtype)
+            out[k][idx] = v
+    return out
 
 
 @dataclass

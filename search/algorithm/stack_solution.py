@@ -16,7 +16,7 @@ from search.algorithm.frontier import (
     Factor,
     Stats,
 )
-from search.algorithm.results import Split
+from search.algorithm.results import Split, recost_by_split
 from search.algorithm.stack_tables import StackTables, evaluate_stacks
 from search.models.graph import OpGraph
 from search.prices.costmodel import EdgeCosts, OpCosts
@@ -77,16 +77,4 @@ class StacksSolution:
     def recost(self, graph: OpGraph, assignment: dict[str, np.ndarray], splits: list[Split | None]
                ) -> dict[str, np.ndarray]:
         # one evaluation per distinct cut over all its points: per point, T5's plans took ~90 s
-        by_split: dict[Split, list[int]] = {}
-        for j, split in enumerate(splits):
-            assert split is not None, "a pipeline point always has its split"
-            by_split.setdefault(tuple(split), []).append(j)
-        out: dict[str, np.ndarray] = {}
-        for split, js in by_split.items():
-            idx = np.array(js)
-            res = evaluate_stacks(self.tables, {k: np.asarray(v)[idx] for k, v in assignment.items()}, split)
-            for k, v in res.items():
-                if k not in out:
-                    out[k] = np.zeros((len(splits),) + v.shape[1:], dtype=v.dtype)
-                out[k][idx] = v
-        return out
+        return recost_by_split(assignment, splits, lambda a, split: evaluate_stacks(self.tables, a, split))

@@ -117,11 +117,15 @@ def test_every_pipeline_point_recosts_to_itself():
     sols = search_pipelines(g, cl, job, (0, 1), allow_async=True)
     assert {s.shape.stages for s in sols} == {2, 4, 8} - {8}  # 8 stages > 6 layers
     for sol in sols:
+        # plans re-cost every point of a solution at once, one evaluation per distinct split
+        together = sol.recost(g, sol.assigns, list(sol.partitions))
         for i, split in enumerate(sol.partitions):
             assert sum(split) == 6
             r = evaluate_pipeline(sol, {k: v[i:i + 1] for k, v in sol.assigns.items()}, split)
             assert r["time"][0] == pytest.approx(sol.root.t[i], rel=1e-9)
             assert r["memory"][0] == pytest.approx(sol.root.m[i], rel=1e-9)
+            for key, v in r.items():  # the same arithmetic per point: equal to the bit
+                assert np.array_equal(together[key][i], v[0]), key
 
 
 def test_gpipe_never_beats_1f1b():
