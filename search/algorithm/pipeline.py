@@ -741,7 +741,7 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     # Bound every shape from its op tables alone, then solve the shapes in order of their bound
     # on time (accumulation first); a shape whose bounds the plans already found beat cannot add a point (every plan
     # of the shape lies inside its bounds): exact.
-    lams = _slopes(envelope)
+    lams = envelope_slopes(envelope)
     bounded: list[tuple[ShapeBound, int, PipeShape]] = []
     for shape in shapes:
         g, cm, ch, base = priced(shape)
@@ -870,7 +870,7 @@ def _ends_beaten(tables: PipeTables, weights: list[Weights], least: Callable[[np
                  envelope: tuple[np.ndarray, np.ndarray]) -> bool:
     """Whether the plans known to exist beat every plan of this shape, judged from the first
     and last stage's parts alone (`ends_bounds`); `least` gives their minima at given slopes."""
-    lams = _slopes(envelope)
+    lams = envelope_slopes(envelope)
     return all(r.covered(envelope) for r in ends_bounds(tables, weights, least(lams), lams).values())
 
 
@@ -972,7 +972,7 @@ def ends_bounds(tables: PipeTables, weights: list[Weights], ends: EndLeast, lams
     return out
 
 
-def _slopes(envelope: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+def envelope_slopes(envelope: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
     """Trade-off slopes (seconds per byte) at which shapes are bounded: those of the known
     plans' own steps, where a bound has the most bite (as ft.py's stack bound picks them)."""
     if envelope is None or len(envelope[0]) < 2:
