@@ -49,17 +49,17 @@ from typing import Any
 
 import numpy as np
 
-from search.algorithm.chain import Chain, find_chain
+from search.algorithm.chain import Chain, find_chain, layer_index
 from search.algorithm.evaluate import mesh_costs
-from search.algorithm.factor_graph import JoinMemo, MeshProblem, eliminate_all, prepare_mesh
+from search.algorithm.factor_graph import JoinMemo, MeshFactors, MeshProblem, eliminate_all, least_of, prepare_mesh
 from search.algorithm.families import family_costs, find_families, prepare_families
 from search.algorithm.frontier import RTOL, Factor, Stats, join, least_memory, pareto_mask, select, staircase
 from search.algorithm.gc_pause import gc_paused
-from search.algorithm.pipeline import ShapeBound, envelope_slopes, search_pipelines
+from search.algorithm.pipeline import Regions, ShapeBound, envelope_slopes, search_pipelines
 from search.algorithm.results import FrontierPoint, MeshSolution, SearchResult, Solution
 from search.algorithm.stack_tables import is_multi_stack
 from search.algorithm.stacks import search_stacks
-from search.models.graph import OpGraph
+from search.models.graph import Op, OpGraph
 from search.prices.boundaries import INFEASIBLE
 from search.prices.cluster import Cluster
 from search.prices.costmodel import CostModel, OpCosts, TrainingJob
@@ -160,36 +160,52 @@ def _mesh_problems(graph: OpGraph, cm: CostModel, options: SearchOptions
         return list(problems), _prepass(problems, options)
     # the ZeRO stages of one mesh share the joins of the ops they price alike
     memos = {mesh: JoinMemo() for mesh, _, _ in tables}
+    layer_of = layer_index(graph) if options.recompute else {}
 
-    def prepare(mesh: Mesh, zero: int, costs: dict[str, OpCosts]) -> MeshProblem:
+    def factors(mesh: Mesh, costs: dict[str, OpCosts]) -> MeshFactors:
+        """The factors `prepare_mesh` makes of these tables, made first for a bound taken from them."""
+        return MeshFactors(graph, cm, mesh, costs, layer_of, chain, options.eps, None, memo=memos[mesh])
+
+    def prepare(mesh: Mesh, zero: int, costs: dict[str, OpCosts], fg: MeshFactors | None = None) -> MeshProblem:
         return prepare_mesh(graph, cm, mesh, options.reuse_blocks, options.eps, zero, options.recompute, costs,
-                            memo=memos[mesh])
+                            memo=memos[mesh], factors=fg)
 
     if chain is None or not _coarse_pass(options, len(tables)):
         problems = [prepare(mesh, zero, costs) for mesh, zero, costs in tables]
         return list(problems), _prepass(problems, options)
-    return _bounded_problems(graph, cm, chain, tables, prepare)
+    return _bounded_problems(graph, cm, chain, tables, factors, prepare)
 
 
 def _bounded_problems(graph: OpGraph, cm: CostModel, chain: Chain, tables: Tables,
-                      prepare: Callable[[Mesh, int, dict[str, OpCosts]], MeshProblem]
+                      factors: Callable[[Mesh, dict[str, OpCosts]], MeshFactors],
+                      prepare: Callable[[Mesh, int, dict[str, OpCosts], MeshFactors], MeshProblem]
                       ) -> tuple[list[MeshProblem | _Beaten], Envelope]:
     """Step 5's coarse pass, run while the problems are built: the most promising first (least
     time bound), each finished coarsely as soon as it is built, so that the plans it finds bound
-    the problems after it. A problem whose every plan lies where known plans beat it (each op at
-    its cheapest configuration, edges costing nothing: `_problem_bound`) adds no frontier point
-    and is not built - its eliminations and edge tables were most of a large MoE's search, where
-    few (mesh, ZeRO stage) pairs come near the frontier. Exact: the same test the pipeline shapes
-    pass (pipeline.ShapeBound), and the coarse plans only bound the exact pass, as `_prepass`'s do."""
+    the problems after it. A problem whose every plan lies where known plans beat it adds no
+    frontier point and is not built - its eliminations were most of a large MoE's search, where
+    few (mesh, ZeRO stage) pairs come near the frontier. Two bounds, the cheaper first: each op
+    at its cheapest configuration (`_ProblemBound.covered`), then the stack's layers at the least
+    of the template layer's own frontier (`layer_covered`: its edges, which the first leaves out,
+    make a tensor-parallel layer cost several times its ops' minima). Exact: the test the pipeline
+    shapes pass (pipeline.ShapeBound, Regions), and the coarse plans only bound the exact pass,
+    as `_prepass`'s do."""
     bounds = [_ProblemBound(graph, cm, chain, mesh, zero, costs) for mesh, zero, costs in tables]
+    block = [op for op in graph.ops if op.name in set(chain.template)]
     envelope: Envelope = (np.zeros(0), np.zeros(0))
     problems: list[MeshProblem | _Beaten | None] = [None] * len(tables)
     for i in sorted(range(len(tables)), key=lambda i: (bounds[i].least_time, i)):
         mesh, zero, costs = tables[i]
-        if len(envelope[0]) and bounds[i].covered(envelope):
-            problems[i] = _Beaten(mesh, zero, costs, bounds[i].buffers, chain)
-            continue
-        prob = problems[i] = prepare(mesh, zero, costs)
+        fg = None
+        if len(envelope[0]):
+            beaten = bounds[i].covered(envelope)
+            if not beaten:
+                fg = factors(mesh, costs)
+                beaten = bounds[i].layer_covered(fg, block, envelope)
+            if beaten:
+                problems[i] = _Beaten(mesh, zero, costs, bounds[i].buffers, chain)
+                continue
+        prob = problems[i] = prepare(mesh, zero, costs, fg if fg is not None else factors(mesh, costs))
         envelope = _grown(envelope, finish_mesh(prob, PREPASS_EPS, envelope).root)
     return [p for p in problems if p is not None], envelope
 
@@ -203,6 +219,7 @@ class _ProblemBound:
     def __init__(self, graph: OpGraph, cm: CostModel, chain: Chain, mesh: Mesh, zero: int,
                  costs: dict[str, OpCosts]) -> None:
         ocs = list(costs.values())
+        self.chain = chain
         self.buffers = cm.buffers(mesh, [graph.op(name) for name in costs], zero)
         # every op's configurations, plain and recomputed, end to end (one reduceat per objective)
         self.t = np.concatenate([x for oc in ocs for x in (oc.time, oc.time_rc)])
@@ -212,16 +229,36 @@ class _ProblemBound:
         self.layers = np.array([chain.reused if name in template else 1 for name in costs], dtype=np.float64)
         self.least_time = float(self.layers @ np.minimum.reduceat(self.t, self.starts))
 
+    def _least(self, lams: np.ndarray) -> np.ndarray:
+        """[ops, 2 + len(lams)]: each op's least time, memory and t + lam_j m."""
+        return np.minimum.reduceat(np.column_stack([self.t, self.m, self.t[:, None] + lams[None, :] * self.m[:, None]]),
+                                   self.starts, axis=0)
+
     def region(self, lams: np.ndarray) -> ShapeBound:
         """The region holding every plan of the problem: t >= T, m >= M and t + lam_j m >= b_j."""
-        least = np.minimum.reduceat(np.column_stack([self.t, self.m, self.t[:, None] + lams[None, :] * self.m[:, None]]),
-                                    self.starts, axis=0)
-        total = self.layers @ least
+        total = self.layers @ self._least(lams)
         return ShapeBound(float(total[0]), float(total[1]) + self.buffers, lams, total[2:] + lams * self.buffers)
 
     def covered(self, envelope: Envelope) -> bool:
         """Whether plans of the envelope beat every plan of the problem (slopes from its steps)."""
         return self.region(envelope_slopes(envelope)).covered(envelope)
+
+    def layer_regions(self, factors: MeshFactors, block: list[Op], lams: np.ndarray) -> Regions:
+        """Per boundary configuration, the region holding every plan through it: the ops outside
+        the template as in `region`, plus the stack's layers each at the least of the template
+        layer's frontier in that configuration (the factors `prepare_mesh` eliminates to it, both
+        recomputation choices, min-sum eliminated: factor_graph.least_of)."""
+        weights = np.concatenate([[[1.0, 0.0], [0.0, 1.0]], np.stack([np.ones(len(lams)), lams], 1)])
+        unit = least_of([factors], block, 1, (self.chain.boundary, self.chain.template[-1]), weights)[0]
+        diag = np.arange(unit.shape[0])  # the stack ties each layer's output to the boundary
+        rest = (self.layers == 1) @ self._least(lams)
+        total = rest[None, :] + self.chain.reused * unit[diag, diag]
+        fin = np.all(np.isfinite(total), axis=1)
+        return Regions(total[fin, 0], total[fin, 1] + self.buffers, lams, total[fin, 2:] + lams * self.buffers)
+
+    def layer_covered(self, factors: MeshFactors, block: list[Op], envelope: Envelope) -> bool:
+        """Whether plans of the envelope beat every region of `layer_regions`."""
+        return self.layer_regions(factors, block, envelope_slopes(envelope)).covered(envelope)
 
 
 @dataclass
