@@ -118,7 +118,7 @@ def _search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchO
             progress(len(solutions) / steps, f"{sol.describe()}: {_frontier_size(solutions)} frontier points so far")
     shape_counts: dict[str, int] = {}
     if staged:
-        solutions += _pipelines(graph, cluster, job, solutions, options, shape_counts)
+        solutions += _pipelines(graph, cm, solutions, options, shape_counts)
         if progress:
             progress(1.0, f"pipelines: {_frontier_size(solutions)} frontier points so far")
     points = _frontier(solutions, options.eps)
@@ -336,10 +336,12 @@ def _grown(envelope: Envelope, root: Factor) -> Envelope:
 
 
 # ---- 6. pipelines ------------------------------------------------------------------------------
-def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: list[Solution],
-               options: SearchOptions, counts: dict[str, int]) -> list[Solution]:
+def _pipelines(graph: OpGraph, cm: CostModel, solutions: list[Solution], options: SearchOptions,
+               counts: dict[str, int]) -> list[Solution]:
     """A frontier per pipeline shape; the plans without a pipeline bound what a pipeline stage
-    may cost and still matter."""
+    may cost and still matter. `cm`: the search's cost model, whose Boundaries (the graph's pair
+    constraints, a walk of every op's modules) the stage search shares."""
+    cluster, job = cm.cluster, cm.job
     known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
     if is_multi_stack(graph):  # encoder-decoder: pipelines and accumulation across both stacks
         return list(search_stacks(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
@@ -349,7 +351,7 @@ def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: li
     return list(search_pipelines(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
                                  options.eps, profile=options.profile, envelope=known if options.prune else None,
                                  pipelines=options.pipeline, accumulate=options.accumulate, counts=counts,
-                                 interleave=options.interleave))
+                                 interleave=options.interleave, bounds=cm.bounds))
 
 
 # ---- 7. the merged frontier --------------------------------------------------------------------

@@ -58,3 +58,40 @@ def test_unbuilt_problems_change_no_point(pipeline: bool, monkeypatch: pytest.Mo
     slow = search(g, CLUSTER, JOB, options)
     assert _plans(fast) == _plans(slow)
     assert fast.stats["meshes"] == slow.stats["meshes"]
+
+
+def test_layer_least_bounds_the_end_stages_least(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cheap end-stage minima (the layer's by min-sum, the other ops' at their cheapest) are
+    no higher than the full min-sum's, for every shape, boundary configuration and column."""
+    from search.algorithm import pipeline
+
+    seen: list[pipeline.EndLeast] = []
+
+    def spy(tables, weights, least, envelope) -> bool:
+        seen.append(least(pipeline.envelope_slopes(envelope)))
+        return False  # every shape asks both
+
+    monkeypatch.setattr(pipeline, "_ends_beaten", spy)
+    search(stack(12), CLUSTER, JOB, SearchOptions(pipeline=True, accumulate=True))
+    assert len(seen) >= 2 and len(seen) % 2 == 0
+    for cheap, full in zip(seen[::2], seen[1::2], strict=True):
+        for x, y in zip(cheap, full, strict=True):
+            assert x.shape == y.shape
+            assert np.all(x <= y + 1e-12 * np.abs(y))
+
+
+def test_pipelines_without_the_layer_test_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The frontier with pipelines, plan by plan, when the cheap end-stage test rules out nothing."""
+    from search.algorithm import pipeline
+
+    g = stack(12)
+    options = SearchOptions(pipeline=True, accumulate=True)
+    fast = search(g, CLUSTER, JOB, options)
+
+    def nothing(graph, tables, first_stage, last_stage, lams) -> pipeline.EndLeast:
+        zero = np.zeros((len(first_stage[0].op_costs[tables.chain.boundary].configs), 2 + 2 * len(lams)))
+        return pipeline.EndLeast(zero, zero, zero, zero)  # no plan is beaten at cost 0
+
+    monkeypatch.setattr(pipeline, "_layer_least", nothing)
+    slow = search(g, CLUSTER, JOB, options)
+    assert _plans(fast) == _plans(slow)
