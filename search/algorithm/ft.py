@@ -49,17 +49,17 @@ from typing import Any
 
 import numpy as np
 
-from search.algorithm.chain import find_chain
+from search.algorithm.chain import Chain, find_chain, layer_index
 from search.algorithm.evaluate import mesh_costs
-from search.algorithm.factor_graph import JoinMemo, MeshProblem, eliminate_all, prepare_mesh
+from search.algorithm.factor_graph import JoinMemo, MeshFactors, MeshProblem, eliminate_all, least_of, prepare_mesh
 from search.algorithm.families import family_costs, find_families, prepare_families
 from search.algorithm.frontier import RTOL, Factor, Stats, join, least_memory, pareto_mask, select, staircase
 from search.algorithm.gc_pause import gc_paused
-from search.algorithm.pipeline import search_pipelines
+from search.algorithm.pipeline import Regions, ShapeBound, envelope_slopes, search_pipelines
 from search.algorithm.results import FrontierPoint, MeshSolution, SearchResult, Solution
 from search.algorithm.stack_tables import is_multi_stack
 from search.algorithm.stacks import search_stacks
-from search.models.graph import OpGraph
+from search.models.graph import Op, OpGraph
 from search.prices.boundaries import INFEASIBLE
 from search.prices.cluster import Cluster
 from search.prices.costmodel import CostModel, OpCosts, TrainingJob
@@ -105,20 +105,20 @@ def _search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchO
             progress: Progress | None) -> SearchResult:
     start = _time.perf_counter()
     cm = CostModel(graph, cluster, job, profile=options.profile)
-    problems = _mesh_problems(graph, cm, options)
-    envelope = _prepass(problems, options)
+    problems, envelope = _mesh_problems(graph, cm, options)
     staged = options.pipeline or options.accumulate  # the stage search runs (pipeline.py)
     steps = len(problems) + (1 if staged else 0)
     solutions: list[Solution] = []
     for prob in problems:
-        sol = finish_mesh(prob, options.eps, envelope, options.prune)
+        sol = (finish_mesh(prob, options.eps, envelope, options.prune) if isinstance(prob, MeshProblem)
+               else prob.solution())
         solutions.append(sol)
         envelope = _grown(envelope, sol.root)  # what this mesh achieves bounds what later meshes need to keep
         if progress:
             progress(len(solutions) / steps, f"{sol.describe()}: {_frontier_size(solutions)} frontier points so far")
     shape_counts: dict[str, int] = {}
     if staged:
-        solutions += _pipelines(graph, cluster, job, solutions, options, shape_counts)
+        solutions += _pipelines(graph, cm, solutions, options, shape_counts)
         if progress:
             progress(1.0, f"pipelines: {_frontier_size(solutions)} frontier points so far")
     points = _frontier(solutions, options.eps)
@@ -132,9 +132,15 @@ def _search(graph: OpGraph, cluster: Cluster, job: TrainingJob, options: SearchO
 
 
 # ---- 1. meshes and ZeRO stages -----------------------------------------------------------------
-def _mesh_problems(graph: OpGraph, cm: CostModel, options: SearchOptions) -> list[MeshProblem]:
+Tables = list[tuple[Mesh, int, dict[str, OpCosts]]]  # (mesh, ZeRO stage, op tables) per problem
+
+
+def _mesh_problems(graph: OpGraph, cm: CostModel, options: SearchOptions
+                   ) -> tuple[list[MeshProblem | _Beaten], Envelope]:
     """One factor graph per (mesh, ZeRO stage) worth solving, its template layer and the rest of
-    the graph already eliminated (steps 2 to 4)."""
+    the graph already eliminated (steps 2 to 4), in the order of the tables; and the envelope of
+    the coarse pass (step 5). With a block stack, a problem whose op tables alone prove that
+    plans already found beat every plan it holds is not built (`_Beaten`)."""
     candidates = (list(options.meshes) if options.meshes is not None
                   else mesh_candidates(cm.cluster, tensor_2d=options.tensor_2d))
     # an encoder-decoder: each stack whose layers a template stands for, side inputs and all
@@ -149,13 +155,127 @@ def _mesh_problems(graph: OpGraph, cm: CostModel, options: SearchOptions) -> lis
     if options.prune:
         tables = _drop_dominated_stages(tables, cm)
     if families:
-        return [prepare_families(graph, cm, mesh, families, options.eps, zero, options.recompute, costs)
-                for mesh, zero, costs in tables]
+        problems = [prepare_families(graph, cm, mesh, families, options.eps, zero, options.recompute, costs)
+                    for mesh, zero, costs in tables]
+        return list(problems), _prepass(problems, options)
     # the ZeRO stages of one mesh share the joins of the ops they price alike
     memos = {mesh: JoinMemo() for mesh, _, _ in tables}
-    return [prepare_mesh(graph, cm, mesh, options.reuse_blocks, options.eps, zero, options.recompute, costs,
-                         memo=memos[mesh])
-            for mesh, zero, costs in tables]
+    layer_of = layer_index(graph) if options.recompute else {}
+
+    def factors(mesh: Mesh, costs: dict[str, OpCosts]) -> MeshFactors:
+        """The factors `prepare_mesh` makes of these tables, made first for a bound taken from them."""
+        return MeshFactors(graph, cm, mesh, costs, layer_of, chain, options.eps, None, memo=memos[mesh])
+
+    def prepare(mesh: Mesh, zero: int, costs: dict[str, OpCosts], fg: MeshFactors | None = None) -> MeshProblem:
+        return prepare_mesh(graph, cm, mesh, options.reuse_blocks, options.eps, zero, options.recompute, costs,
+                            memo=memos[mesh], factors=fg)
+
+    if chain is None or not _coarse_pass(options, len(tables)):
+        problems = [prepare(mesh, zero, costs) for mesh, zero, costs in tables]
+        return list(problems), _prepass(problems, options)
+    return _bounded_problems(graph, cm, chain, tables, factors, prepare)
+
+
+def _bounded_problems(graph: OpGraph, cm: CostModel, chain: Chain, tables: Tables,
+                      factors: Callable[[Mesh, dict[str, OpCosts]], MeshFactors],
+                      prepare: Callable[[Mesh, int, dict[str, OpCosts], MeshFactors], MeshProblem]
+                      ) -> tuple[list[MeshProblem | _Beaten], Envelope]:
+    """Step 5's coarse pass, run while the problems are built: the most promising first (least
+    time bound), each finished coarsely as soon as it is built, so that the plans it finds bound
+    the problems after it. A problem whose every plan lies where known plans beat it adds no
+    frontier point and is not built - its eliminations were most of a large MoE's search, where
+    few (mesh, ZeRO stage) pairs come near the frontier. Two bounds, the cheaper first: each op
+    at its cheapest configuration (`_ProblemBound.covered`), then the stack's layers at the least
+    of the template layer's own frontier (`layer_covered`: its edges, which the first leaves out,
+    make a tensor-parallel layer cost several times its ops' minima). Exact: the test the pipeline
+    shapes pass (pipeline.ShapeBound, Regions), and the coarse plans only bound the exact pass,
+    as `_prepass`'s do."""
+    bounds = [_ProblemBound(graph, cm, chain, mesh, zero, costs) for mesh, zero, costs in tables]
+    block = [op for op in graph.ops if op.name in set(chain.template)]
+    envelope: Envelope = (np.zeros(0), np.zeros(0))
+    problems: list[MeshProblem | _Beaten | None] = [None] * len(tables)
+    for i in sorted(range(len(tables)), key=lambda i: (bounds[i].least_time, i)):
+        mesh, zero, costs = tables[i]
+        fg = None
+        if len(envelope[0]):
+            beaten = bounds[i].covered(envelope)
+            if not beaten:
+                fg = factors(mesh, costs)
+                beaten = bounds[i].layer_covered(fg, block, envelope)
+            if beaten:
+                problems[i] = _Beaten(mesh, zero, costs, bounds[i].buffers, chain)
+                continue
+        prob = problems[i] = prepare(mesh, zero, costs, fg if fg is not None else factors(mesh, costs))
+        envelope = _grown(envelope, finish_mesh(prob, PREPASS_EPS, envelope).root)
+    return [p for p in problems if p is not None], envelope
+
+
+class _ProblemBound:
+    """Where every plan of one (mesh, ZeRO stage) lies, from its op tables alone: each op at its
+    cheapest configuration (with or without recomputation) for the time, the memory and each
+    weighted sum t + lam m separately, the template layer's ops once per layer the stack
+    repeats it, every edge at no cost (edges cost >= 0), plus the mesh's constant buffers."""
+
+    def __init__(self, graph: OpGraph, cm: CostModel, chain: Chain, mesh: Mesh, zero: int,
+                 costs: dict[str, OpCosts]) -> None:
+        ocs = list(costs.values())
+        self.chain = chain
+        self.buffers = cm.buffers(mesh, [graph.op(name) for name in costs], zero)
+        # every op's configurations, plain and recomputed, end to end (one reduceat per objective)
+        self.t = np.concatenate([x for oc in ocs for x in (oc.time, oc.time_rc)])
+        self.m = np.concatenate([x for oc in ocs for x in (oc.mem, oc.mem_rc)])
+        self.starts = np.cumsum([0] + [2 * len(oc.time) for oc in ocs[:-1]])
+        template = set(chain.template)
+        self.layers = np.array([chain.reused if name in template else 1 for name in costs], dtype=np.float64)
+        self.least_time = float(self.layers @ np.minimum.reduceat(self.t, self.starts))
+
+    def _least(self, lams: np.ndarray) -> np.ndarray:
+        """[ops, 2 + len(lams)]: each op's least time, memory and t + lam_j m."""
+        return np.minimum.reduceat(np.column_stack([self.t, self.m, self.t[:, None] + lams[None, :] * self.m[:, None]]),
+                                   self.starts, axis=0)
+
+    def region(self, lams: np.ndarray) -> ShapeBound:
+        """The region holding every plan of the problem: t >= T, m >= M and t + lam_j m >= b_j."""
+        total = self.layers @ self._least(lams)
+        return ShapeBound(float(total[0]), float(total[1]) + self.buffers, lams, total[2:] + lams * self.buffers)
+
+    def covered(self, envelope: Envelope) -> bool:
+        """Whether plans of the envelope beat every plan of the problem (slopes from its steps)."""
+        return self.region(envelope_slopes(envelope)).covered(envelope)
+
+    def layer_regions(self, factors: MeshFactors, block: list[Op], lams: np.ndarray) -> Regions:
+        """Per boundary configuration, the region holding every plan through it: the ops outside
+        the template as in `region`, plus the stack's layers each at the least of the template
+        layer's frontier in that configuration (the factors `prepare_mesh` eliminates to it, both
+        recomputation choices, min-sum eliminated: factor_graph.least_of)."""
+        weights = np.concatenate([[[1.0, 0.0], [0.0, 1.0]], np.stack([np.ones(len(lams)), lams], 1)])
+        unit = least_of([factors], block, 1, (self.chain.boundary, self.chain.template[-1]), weights)[0]
+        diag = np.arange(unit.shape[0])  # the stack ties each layer's output to the boundary
+        rest = (self.layers == 1) @ self._least(lams)
+        total = rest[None, :] + self.chain.reused * unit[diag, diag]
+        fin = np.all(np.isfinite(total), axis=1)
+        return Regions(total[fin, 0], total[fin, 1] + self.buffers, lams, total[fin, 2:] + lams * self.buffers)
+
+    def layer_covered(self, factors: MeshFactors, block: list[Op], envelope: Envelope) -> bool:
+        """Whether plans of the envelope beat every region of `layer_regions`."""
+        return self.layer_regions(factors, block, envelope_slopes(envelope)).covered(envelope)
+
+
+@dataclass
+class _Beaten:
+    """A (mesh, ZeRO stage) whose plans are all beaten by plans already found: no factor graph
+    is built for it, and its solution holds no point (`_bounded_problems`)."""
+
+    mesh: Mesh
+    zero: int
+    op_costs: dict[str, OpCosts]
+    buffers: float
+    chain: Chain
+
+    def solution(self) -> MeshSolution:
+        root = Factor(scope=(), keys=np.zeros((0, 0), dtype=np.int32), t=np.zeros(0), m=np.zeros(0))
+        return MeshSolution(mesh=self.mesh, root=root, chain=self.chain, op_costs=self.op_costs, edge_costs={},
+                            buffers=self.buffers, stats=Stats(), zero=self.zero)
 
 
 def _no_worse(a: dict[str, OpCosts], b: dict[str, OpCosts]) -> bool:
@@ -199,10 +319,16 @@ def _prepass(problems: list[MeshProblem], options: SearchOptions) -> Envelope:
     dropped point is beaten by a real plan, itself near a returned one). Empty when it would not
     pay (no block stack, one mesh) or pruning is off."""
     envelope: Envelope = (np.zeros(0), np.zeros(0))
-    if options.prune and options.eps < PREPASS_EPS and any(p.chain for p in problems) and len(problems) > 1:
+    if _coarse_pass(options, len(problems)) and any(p.chain for p in problems):
         for prob in problems:
             envelope = _grown(envelope, finish_mesh(prob, PREPASS_EPS, envelope).root)
     return envelope
+
+
+def _coarse_pass(options: SearchOptions, problems: int) -> bool:
+    """Whether the coarse pass runs (given a block stack): pruning on, an exact or finer search
+    than the pass, more than one problem."""
+    return options.prune and options.eps < PREPASS_EPS and problems > 1
 
 
 def _grown(envelope: Envelope, root: Factor) -> Envelope:
@@ -210,10 +336,12 @@ def _grown(envelope: Envelope, root: Factor) -> Envelope:
 
 
 # ---- 6. pipelines ------------------------------------------------------------------------------
-def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: list[Solution],
-               options: SearchOptions, counts: dict[str, int]) -> list[Solution]:
+def _pipelines(graph: OpGraph, cm: CostModel, solutions: list[Solution], options: SearchOptions,
+               counts: dict[str, int]) -> list[Solution]:
     """A frontier per pipeline shape; the plans without a pipeline bound what a pipeline stage
-    may cost and still matter."""
+    may cost and still matter. `cm`: the search's cost model, whose Boundaries (the graph's pair
+    constraints, a walk of every op's modules) the stage search shares."""
+    cluster, job = cm.cluster, cm.job
     known = (np.concatenate([s.root.t for s in solutions]), np.concatenate([s.root.m for s in solutions]))
     if is_multi_stack(graph):  # encoder-decoder: pipelines and accumulation across both stacks
         return list(search_stacks(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
@@ -223,7 +351,7 @@ def _pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, solutions: li
     return list(search_pipelines(graph, cluster, job, options.zero_stages, options.recompute, options.allow_async,
                                  options.eps, profile=options.profile, envelope=known if options.prune else None,
                                  pipelines=options.pipeline, accumulate=options.accumulate, counts=counts,
-                                 interleave=options.interleave))
+                                 interleave=options.interleave, bounds=cm.bounds))
 
 
 # ---- 7. the merged frontier --------------------------------------------------------------------

@@ -383,8 +383,14 @@ class _Stages:
             return Factor(scope=u.scope, keys=u.keys[keep], t=u.t[keep], m=m[keep], parents=(u,), parent_idx=(keep,),
                           layers=1)
 
-        if envelope is not None and len(envelope[0]) and _ends_beaten(
-                tables, weights, lambda lams: _end_least(graph, tables, factors(first), factors(last), lams), envelope):
+        # the layer's least alone first (the ends' other ops at their cheapest configurations):
+        # the stack's layers outweigh them, and the end stages' other edges are never priced
+        # for the many shapes this already rules out
+        if envelope is not None and len(envelope[0]) and (
+                _ends_beaten(tables, weights, lambda lams: _layer_least(graph, tables, (factors(first), first),
+                                                                        (factors(last), last), lams), envelope)
+                or _ends_beaten(tables, weights, lambda lams: _end_least(graph, tables, factors(first), factors(last),
+                                                                         lams), envelope)):
             return None
         lp = solve(last)
         if lp is None:
@@ -686,13 +692,14 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
                      shapes: list[PipeShape] | None = None, profile: DeviceProfile | ProfileLookup | None = None,
                      envelope: tuple[np.ndarray, np.ndarray] | None = None, pipelines: bool = True,
                      accumulate: bool = False, counts: dict[str, int] | None = None,
-                     interleave: bool = False) -> list[PipeSolution]:
+                     interleave: bool = False, bounds: Boundaries | None = None) -> list[PipeSolution]:
     """Every pipeline shape's frontier (empty when the graph has no stack to cut); the shapes as
     `pipeline_shapes` gives them (`pipelines`: p >= 2, `accumulate`: gradient accumulation on one
     stage) unless `shapes` names them. With an `envelope` of plans known to exist (e.g. the
     frontier without pipelines), each shape keeps only the points no such plan - nor an earlier
     shape's - beats; without one, each shape's complete frontier. `counts` hears how many shapes
-    there were and how many their bound ruled out."""
+    there were and how many their bound ruled out. `bounds`: `graph`'s Boundaries, where the
+    caller has them (FT's cost model), not found again."""
     chain = find_chain(graph)
     # several block stacks (an encoder-decoder) pipeline through stacks.py: a chain here is the
     # first stack alone, and a cut of it alone would leave the other stack's inputs unpriced
@@ -709,7 +716,7 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     bases: dict[tuple[int, tuple[MeshAxis, ...], int], dict[str, OpCosts] | None] = {}
     # the micro-batch graphs differ from `graph` in shapes and FLOPs only: one Boundaries (its
     # pair constraints walk every op's modules) serves every micro-batch count's cost model
-    bounds = Boundaries(graph)
+    bounds = bounds if bounds is not None else Boundaries(graph)
 
     def priced(shape: PipeShape) -> tuple[OpGraph, CostModel, Chain | None, dict[str, OpCosts] | None]:
         """The micro-batch graph, its cost model and stack, and the shape's op tables (None where
@@ -741,7 +748,7 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     # Bound every shape from its op tables alone, then solve the shapes in order of their bound
     # on time (accumulation first); a shape whose bounds the plans already found beat cannot add a point (every plan
     # of the shape lies inside its bounds): exact.
-    lams = _slopes(envelope)
+    lams = envelope_slopes(envelope)
     bounded: list[tuple[ShapeBound, int, PipeShape]] = []
     for shape in shapes:
         g, cm, ch, base = priced(shape)
@@ -853,6 +860,29 @@ def _end_least(graph: OpGraph, tables: PipeTables, first: MeshFactors, last: Mes
                     least_of([last], tail_ops, None, (chain.boundary,), w)[0])
 
 
+def _layer_least(graph: OpGraph, tables: PipeTables, first_stage: tuple[MeshFactors, Weights],
+                 last_stage: tuple[MeshFactors, Weights], lams: np.ndarray) -> EndLeast:
+    """A lower EndLeast than `_end_least`'s, cheaper: the layer's minima by the same min-sum
+    elimination, the ops before and after the stack each at its cheapest configuration under its
+    stage's weights and their edges at no cost (`_Cheapest`, as `shape_bound` takes them), the
+    same for every boundary configuration. Each stage: its factors and its weights."""
+    (first, w_first), (last, w_last) = first_stage, last_stage
+    chain, tail, p = tables.chain, tables.tail, tables.shape.stages
+    nb = len(first.op_costs[chain.boundary].configs)
+    diag = np.arange(nb)
+    block, head_ops, _ = stage_parts(graph, chain, first.op_costs, tail)
+    _, _, tail_ops = stage_parts(graph, chain, last.op_costs, tail)
+    units = [u[diag, diag] for u in least_of([first] if last is first else [first, last], block, 1,
+                                             (chain.boundary, chain.template[-1]), _objectives(lams, p))]
+
+    def cheapest(ops: list[Op], w: Weights) -> np.ndarray:
+        least = _Cheapest(tables.op_costs, [op.name for op in ops])
+        row = np.concatenate([least.least(w, lams), least.least(w, lams, 1.0 / p)[2:]])
+        return np.broadcast_to(row, (nb, len(row)))
+
+    return EndLeast(cheapest(head_ops, w_first), units[0], units[-1], cheapest(tail_ops, w_last))
+
+
 def frontier_least(f: Factor, configs: int, lams: np.ndarray, p: int) -> np.ndarray:
     """An EndLeast row per boundary configuration from a factor over the boundary (its frontier
     at hand): what `_end_least` finds without one."""
@@ -870,7 +900,7 @@ def _ends_beaten(tables: PipeTables, weights: list[Weights], least: Callable[[np
                  envelope: tuple[np.ndarray, np.ndarray]) -> bool:
     """Whether the plans known to exist beat every plan of this shape, judged from the first
     and last stage's parts alone (`ends_bounds`); `least` gives their minima at given slopes."""
-    lams = _slopes(envelope)
+    lams = envelope_slopes(envelope)
     return all(r.covered(envelope) for r in ends_bounds(tables, weights, least(lams), lams).values())
 
 
@@ -972,7 +1002,7 @@ def ends_bounds(tables: PipeTables, weights: list[Weights], ends: EndLeast, lams
     return out
 
 
-def _slopes(envelope: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+def envelope_slopes(envelope: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
     """Trade-off slopes (seconds per byte) at which shapes are bounded: those of the known
     plans' own steps, where a bound has the most bite (as ft.py's stack bound picks them)."""
     if envelope is None or len(envelope[0]) < 2:

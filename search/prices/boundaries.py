@@ -36,7 +36,7 @@ the tables stay plain sums over ops and edges, which keeps FT exact.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 from search.models.graph import Op, OpGraph
 
@@ -106,7 +106,18 @@ class Boundaries:
         return memo[prod]
 
     def _innermost_entry(self, prod: Op, reader: Op) -> str:
-        entered = [m for m in _ancestors(reader.module) if m not in set(_ancestors(prod.module))]
+        # a function of the two modules (`own_module` reads the reader's module alone): found
+        # once per pair of them, every edge and pair constraint asks
+        memo: dict[tuple[str, str], str] = self.__dict__.setdefault("_entry_memo", {})
+        key = (prod.module, reader.module)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = self._entered(prod, reader)
+        return hit
+
+    def _entered(self, prod: Op, reader: Op) -> str:
+        around = set(_ancestors(prod.module))
+        entered = [m for m in _ancestors(reader.module) if m not in around]
         if entered and self.own_module(reader) and entered[-1] == reader.module:
             entered = entered[:-1] or entered
         return entered[-1] if entered else f"<inside {reader.module}>"
@@ -171,6 +182,16 @@ class Boundaries:
         prod is not in: any change), 'exit' (only prod's own module is left: a partial sum may
         be reduced to whole or shards, nothing else), 'none' (inside one module's forward). Without
         module names every edge is an 'entry'."""
+        # a function of the two modules (`own_module` reads prod's module alone), asked per edge
+        # priced: found once per pair of modules
+        memo: dict[tuple[str, str], str] = self.__dict__.setdefault("_crossing_memo", {})
+        key = (prod.module, reader.module)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = self._crossing(prod, reader)
+        return hit
+
+    def _crossing(self, prod: Op, reader: Op) -> str:
         if not self.has_modules or set(_ancestors(reader.module)) - set(_ancestors(prod.module)):
             return "entry"
         return "exit" if self.own_module(prod) else "none"
@@ -252,6 +273,9 @@ def exit_allowed(src: str, dst: str, same_shape: bool) -> bool:
     return same_shape and src in ("P", "R") and dst.startswith("S:")
 
 
-def _ancestors(fqn: str) -> list[str]:
+@cache
+def _ancestors(fqn: str) -> tuple[str, ...]:
+    """A module's enclosing modules, outermost first, itself last. Cached: an edge's pricing asks
+    for both ends' (hundreds of thousands of times in a large MoE's search, a few hundred names)."""
     parts = fqn.split(".") if fqn else []
-    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    return tuple(".".join(parts[:i]) for i in range(1, len(parts) + 1))

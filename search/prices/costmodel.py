@@ -292,7 +292,7 @@ class CostModel:
         self._dtypes = autocast_dtypes(graph) if self.bytes.cast else {}
         # weights autocast casts (each once, cached): those an op of a CAST_KINDS kind reads
         self._cast_params = {p.name for op in graph.ops if op.kind in CAST_KINDS for p in op.params}
-        self._shared_memos = {"param_terms": {}, "edge_layout": {}}
+        self._shared_memos = {"param_terms": {}, "edge_layout": {}, "edge_logic": {}}
 
     # ---- element sizes ----------------------------------------------------------------------
     def esize(self, t: TensorRef) -> int:
@@ -779,9 +779,28 @@ class CostModel:
         memo: dict[tuple, EdgeLayout] = self._shared_memos["edge_layout"]
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = self._priced_edge_layout(prod, cons, mesh, prod_cfgs, cons_cfgs, reads, crossing,
-                                                       [(same, amb) for _, same, amb in shapes])
+            hit = memo[key] = self._named_layout(prod, cons, mesh, prod_cfgs, cons_cfgs, reads, crossing, shapes)
         return hit
+
+    def _named_layout(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config],
+                      reads: list[TensorRef], crossing: str,
+                      shapes: tuple[tuple[tuple[str, ...], bool, bool], ...]) -> EdgeLayout:
+        """An edge's own EdgeLayout (its `free` table names its ops) over placement logic found
+        once for every edge that reads alike: `_priced_edge_layout` reads the ops' names only
+        through whether the edge pays the conversion and whether a reader keeps it, and their
+        tensors only through their dimensions and the shape tests - a deep model's layers repeat
+        the same edges, each priced as the first (DeepSeek-V3: its dense layers and the MoE
+        template's attention)."""
+        pays = self.bounds.pays(prod.name, cons.name)
+        keeps = pays and self.bounds.any_reader_keeps(prod.name)
+        key = (crossing, pays, keeps, prod.output.dims, self.graph.batch_label, mesh, tuple(prod_cfgs), tuple(cons_cfgs),
+               shapes)
+        memo: dict[tuple, EdgeLayout] = self._shared_memos["edge_logic"]
+        logic = memo.get(key)
+        if logic is None:
+            logic = memo[key] = self._priced_edge_layout(prod, cons, mesh, prod_cfgs, cons_cfgs, reads, crossing,
+                                                         [(same, amb) for _, same, amb in shapes])
+        return EdgeLayout(reads=logic.reads, blocked=logic.blocked, keeps=logic.keeps)
 
     def _priced_edge_layout(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config],
                             reads: list[TensorRef], crossing: str, tests: list[tuple[bool, bool]]) -> EdgeLayout:
