@@ -15,7 +15,7 @@ weighting, the ops' tables weighed by the caller and the edges here (`edge_weigh
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import cache
 
@@ -23,9 +23,19 @@ import numpy as np
 
 from search.algorithm.chain import Chain, after_stack, find_chain, layer_index, recompute_var
 from search.algorithm.evaluate import Weights, mesh_costs, weigh_edge
-from search.algorithm.frontier import Factor, Stats, eliminate_var, join, leaf, renamed, restrict_equal, union
+from search.algorithm.frontier import (
+    Factor,
+    Stats,
+    add_stats,
+    eliminate_var,
+    join,
+    leaf,
+    renamed,
+    restrict_equal,
+    union,
+)
 from search.algorithm.minsum import least_sums
-from search.algorithm.segments import find_segments, solve_segments
+from search.algorithm.segments import Solved, find_segments, solve_segments
 from search.models.graph import Op, OpGraph, block_layout, module_layer
 from search.prices.boundaries import Pair
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, add_edges, recomputed_mem
@@ -86,6 +96,8 @@ class JoinMemo:
     def __init__(self) -> None:
         self.leaves: dict[tuple[object, ...], Factor] = {}
         self.done: dict[tuple[object, ...], tuple[Factor, Stats, tuple[Factor, ...]]] = {}
+        # segments eliminated, by kind (segments.py): shared by name, not identity
+        self.kinds: dict[Hashable, Solved] = {}
 
     def leaf(self, f: Factor) -> Factor:
         """The first leaf seen with f's contents (f itself if none)."""
@@ -105,9 +117,7 @@ class JoinMemo:
             self.done[full] = hit
         f, own, _ = hit
         if stats is not None:
-            stats.joins += own.joins
-            stats.pairs += own.pairs
-            stats.max_factor_points = max(stats.max_factor_points, own.max_factor_points)
+            add_stats(stats, own)
         return f
 
 
@@ -203,16 +213,18 @@ def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str
 
 def eliminate_segmented(factors: list[Factor], owners: list[str], segment_of: Callable[[str], int | None],
                         domain: dict[str, int], keep: tuple[str, ...] = (), eps: float = 0.0,
-                        stats: Stats | None = None, memo: JoinMemo | None = None) -> Factor:
-    """`eliminate_all`, each repeated segment (segments.py: a periodic stack's module layer, by
+                        stats: Stats | None = None, memo: JoinMemo | None = None,
+                        kinds: dict[Hashable, Solved] | None = None) -> Factor:
+    """`eliminate_all`, each segment (segments.py: a periodic stack's module layer, by
     `segment_of` of the op that made each factor, `owners`) eliminated once per kind and shared
-    with the others of its kind under their names; with none, `eliminate_all` itself."""
-    kinds, rest = find_segments(factors, owners, segment_of, keep, domain)
-    if not kinds:
+    with the others of its kind under their names; with none, `eliminate_all` itself. `kinds`:
+    the kinds other eliminations with this domain and eps solved (`memo.kinds` if not given)."""
+    segments, rest = find_segments(factors, owners, segment_of, keep)
+    if not segments:
         return eliminate_all(factors, domain, keep, eps, stats, memo)
 
-    def eliminate(part: list[Factor], interface: tuple[str, ...]) -> Factor:
-        return eliminate_all(part, domain, interface, eps, stats, memo)
+    def eliminate(part: list[Factor], interface: tuple[str, ...], own: Stats) -> Factor:
+        return eliminate_all(part, domain, interface, eps, own, memo)
 
     def share(f: Factor, names: dict[str, str]) -> Factor:
         # one view per factor and names: the problems of a mesh that share f share its views
@@ -221,7 +233,10 @@ def eliminate_segmented(factors: list[Factor], owners: list[str], segment_of: Ca
             return renamed(f, names)
         return memo.run(("rename", tuple(names.items())), (f,), lambda own: renamed(f, names), None)
 
-    return eliminate_all(rest + solve_segments(kinds, eliminate, share), domain, keep, eps, stats, memo)
+    if kinds is None and memo is not None:
+        kinds = memo.kinds
+    solved = solve_segments(segments, domain, eliminate, share, kinds, stats)
+    return eliminate_all(rest + solved, domain, keep, eps, stats, memo)
 
 
 def segment_index(graph: OpGraph) -> dict[str, int]:
@@ -320,6 +335,9 @@ class MeshFactors:
         self.leaves: dict[PartKey, list[Factor]] = {}
         self.owners: dict[PartKey, list[str]] = {}  # per leaf, the op that made it (segment reuse)
         self.segment_of = segment_index(graph).get
+        # segment kinds solved on this mesh (the memo's: shared with its other problems), so the
+        # template, the rest of the graph and each recomputation case share them
+        self.kinds: dict[Hashable, Solved] = memo.kinds if memo is not None else {}
         for pair in cm.bounds.pairs:
             self.pairs.setdefault(pair.b, []).append(pair)
 
@@ -401,7 +419,8 @@ class MeshFactors:
         (if any) chosen: once per choice, the frontiers united."""
         def run(fixed: dict[int, int]) -> Factor:
             f = eliminate_segmented(self.factors(ops, fixed), self.owners[_part_key(ops, fixed)], self.segment_of,
-                                    self.domain, keep=keep, eps=self.eps, stats=self.stats, memo=self.memo)
+                                    self.domain, keep=keep, eps=self.eps, stats=self.stats, memo=self.memo,
+                                    kinds=self.kinds)
             return finish(f) if finish is not None else f
 
         if layer is None or not any(self.layer_of.get(op.name) == layer for op in ops):

@@ -70,6 +70,13 @@ class Stats:
     max_factor_points: int = 0
 
 
+def add_stats(stats: Stats, more: Stats) -> None:
+    """Count `more` into `stats` (work counted once, credited again where it is shared)."""
+    stats.joins += more.joins
+    stats.pairs += more.pairs
+    stats.max_factor_points = max(stats.max_factor_points, more.max_factor_points)
+
+
 def leaf(scope: tuple[str, ...], keys: np.ndarray, t: np.ndarray, m: np.ndarray, note: str = "",
          m2: np.ndarray | None = None) -> Factor:
     return Factor(scope=scope, keys=np.asarray(keys, dtype=np.int32).reshape(len(t), len(scope)),

@@ -98,7 +98,7 @@ def test_the_period_repeats_a_module_layer() -> None:
 
 def test_the_template_finds_one_kind_of_two() -> None:
     """In the template (module layers 3, 4, 5), layers 3 and 4 are one kind, read over (their
-    input, their output); layer 5 is alone of its kind and stays with the rest."""
+    input, their output); layer 5 is another."""
     g = _graph("AAB" * 3)
     chain = find_chain(g, solo=True)
     assert chain is not None
@@ -107,20 +107,20 @@ def test_the_template_finds_one_kind_of_two() -> None:
     fg = MeshFactors(g, cm, mesh, mesh_costs(g, cm, mesh, 0, chain), {}, chain, 0.0, None)
     ops = [g.op(name) for name in chain.template]
     factors = fg.factors(ops, {})
+    owners = fg.owners[(tuple(chain.template), ())]
     keep = (chain.boundary, chain.template[-1])
-    kinds, rest = find_segments(factors, fg.owners[(tuple(chain.template), ())], fg.segment_of, keep, fg.domain)
-    assert [len(k) for k in kinds] == [2]
-    first, second = kinds[0]
-    assert first.interface == (chain.boundary, second.interface[0])
-    assert len(rest) + sum(len(s.factors) for s in kinds[0]) == len(factors)
+    segments, rest = find_segments(factors, owners, fg.segment_of, keep)
+    assert len(segments) == 3 and not rest
+    first, second, third = (seg.spelling(fg.domain) for seg in segments)
+    assert first == second != third
+    assert segments[0].interface == (chain.boundary, segments[1].interface[0])
     # the same frontier as eliminating everything at once
     whole = eliminate_all(factors, fg.domain, keep)
-    seg = eliminate_segmented(factors, fg.owners[(tuple(chain.template), ())], fg.segment_of, fg.domain, keep,
-                              memo=JoinMemo())
+    seg = eliminate_segmented(factors, owners, fg.segment_of, fg.domain, keep, memo=JoinMemo())
     _assert_same_points(whole, seg, keep)
     # and every point reads back to an assignment of every op that re-prices to it
     cols = assignments(seg, np.arange(len(seg)))
-    assert set(cols) == set(fg.domain) & {v for f in factors for v in f.scope}
+    assert set(cols) == {v for f in factors for v in f.scope}
     t = sum(f.t[_rows(f, cols)] for f in factors)
     m = sum(f.m[_rows(f, cols)] for f in factors)
     np.testing.assert_allclose(t, seg.t, rtol=1e-9)
@@ -155,15 +155,15 @@ def test_a_renamed_view_reads_back_under_its_names() -> None:
 
 
 def _count_reuse(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many segments were read through another's elimination, counted as the search goes."""
+    """How many views of a segment's elimination under another's names were made, counted as
+    the search goes."""
     reused = [0]
 
-    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        kinds, rest = find_segments(*args, **kwargs)
-        reused[0] += sum(len(k) - 1 for k in kinds)
-        return kinds, rest
+    def counted(f, names):  # type: ignore[no-untyped-def]
+        reused[0] += 1
+        return renamed(f, names)
 
-    monkeypatch.setattr(factor_graph, "find_segments", counted)
+    monkeypatch.setattr(factor_graph, "renamed", counted)
     return reused
 
 
