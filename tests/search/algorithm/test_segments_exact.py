@@ -14,7 +14,7 @@ from search.algorithm import factor_graph
 from search.algorithm.chain import find_chain
 from search.algorithm.evaluate import mesh_costs
 from search.algorithm.factor_graph import JoinMemo, MeshFactors, eliminate_all, eliminate_segmented, segment_index
-from search.algorithm.frontier import assignments, leaf, renamed
+from search.algorithm.frontier import Factor, assignments, leaf, renamed
 from search.algorithm.ft import SearchOptions, search
 from search.algorithm.segments import find_segments
 from search.models.capture import capture_with_blocks
@@ -127,7 +127,7 @@ def test_the_template_finds_one_kind_of_two() -> None:
     np.testing.assert_allclose(m, seg.m, rtol=1e-9)
 
 
-def _rows(f, cols: dict[str, np.ndarray]) -> np.ndarray:  # type: ignore[no-untyped-def]
+def _rows(f: Factor, cols: dict[str, np.ndarray]) -> np.ndarray:
     """Per point read back, the row of leaf f its assignment picks (every row of a leaf is one
     assignment of its scope)."""
     want = np.stack([cols[v] for v in f.scope], axis=1)
@@ -135,9 +135,9 @@ def _rows(f, cols: dict[str, np.ndarray]) -> np.ndarray:  # type: ignore[no-unty
     return np.array([index[tuple(k)] for k in want.tolist()])
 
 
-def _assert_same_points(a, b, keep: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+def _assert_same_points(a: Factor, b: Factor, keep: tuple[str, ...]) -> None:
     """Per assignment of `keep`, the same frontier points (to RTOL)."""
-    def points(f):  # type: ignore[no-untyped-def]
+    def points(f: Factor) -> list[tuple[tuple[int, ...], float, float]]:
         cols = [f.scope.index(v) for v in keep]
         return sorted(zip(map(tuple, f.keys[:, cols].tolist()), f.t.tolist(), f.m.tolist(), strict=True))
 
@@ -159,7 +159,7 @@ def _count_reuse(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     the search goes."""
     reused = [0]
 
-    def counted(f, names):  # type: ignore[no-untyped-def]
+    def counted(f: Factor, names: dict[str, str]) -> Factor:
         reused[0] += 1
         return renamed(f, names)
 
