@@ -15,7 +15,7 @@ weighting, the ops' tables weighed by the caller and the edges here (`edge_weigh
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import cache
 
@@ -23,9 +23,20 @@ import numpy as np
 
 from search.algorithm.chain import Chain, after_stack, find_chain, layer_index, recompute_var
 from search.algorithm.evaluate import Weights, mesh_costs, weigh_edge
-from search.algorithm.frontier import Factor, Stats, eliminate_var, join, leaf, restrict_equal, union
+from search.algorithm.frontier import (
+    Factor,
+    Stats,
+    add_stats,
+    eliminate_var,
+    join,
+    leaf,
+    renamed,
+    restrict_equal,
+    union,
+)
 from search.algorithm.minsum import least_sums
-from search.models.graph import Op, OpGraph
+from search.algorithm.segments import Solved, find_segments, solve_segments
+from search.models.graph import Op, OpGraph, block_layout, module_layer
 from search.prices.boundaries import Pair
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, add_edges, recomputed_mem
 from search.prices.mesh import Mesh, op_configs
@@ -85,6 +96,8 @@ class JoinMemo:
     def __init__(self) -> None:
         self.leaves: dict[tuple[object, ...], Factor] = {}
         self.done: dict[tuple[object, ...], tuple[Factor, Stats, tuple[Factor, ...]]] = {}
+        # segments eliminated, by kind (segments.py): shared by name, not identity
+        self.kinds: dict[Hashable, Solved] = {}
 
     def leaf(self, f: Factor) -> Factor:
         """The first leaf seen with f's contents (f itself if none)."""
@@ -104,9 +117,7 @@ class JoinMemo:
             self.done[full] = hit
         f, own, _ = hit
         if stats is not None:
-            stats.joins += own.joins
-            stats.pairs += own.pairs
-            stats.max_factor_points = max(stats.max_factor_points, own.max_factor_points)
+            add_stats(stats, own)
         return f
 
 
@@ -200,6 +211,52 @@ def eliminate_all(factors: list[Factor], domain: dict[str, int], keep: tuple[str
     return acc
 
 
+def eliminate_segmented(factors: list[Factor], owners: list[str], segment_of: Callable[[str], int | None],
+                        domain: dict[str, int], keep: tuple[str, ...] = (), eps: float = 0.0,
+                        stats: Stats | None = None, memo: JoinMemo | None = None,
+                        kinds: dict[Hashable, Solved] | None = None) -> Factor:
+    """`eliminate_all`, each segment (segments.py: a periodic stack's module layer, by
+    `segment_of` of the op that made each factor, `owners`) eliminated once per kind and shared
+    with the others of its kind under their names; with none, `eliminate_all` itself. `kinds`:
+    the kinds other eliminations with this domain and eps solved (`memo.kinds` if not given)."""
+    segments, rest = find_segments(factors, owners, segment_of, keep)
+    if not segments:
+        return eliminate_all(factors, domain, keep, eps, stats, memo)
+
+    def eliminate(part: list[Factor], interface: tuple[str, ...], own: Stats) -> Factor:
+        return eliminate_all(part, domain, interface, eps, own, memo)
+
+    def share(f: Factor, names: dict[str, str]) -> Factor:
+        # one view per factor and names: the problems of a mesh that share f share its views
+        # too, and with them the joins among them (JoinMemo)
+        if memo is None:
+            return renamed(f, names)
+        return memo.run(("rename", tuple(names.items())), (f,), lambda own: renamed(f, names), None)
+
+    if kinds is None and memo is not None:
+        kinds = memo.kinds
+    solved = solve_segments(segments, domain, eliminate, share, kinds, stats)
+    return eliminate_all(rest + solved, domain, keep, eps, stats, memo)
+
+
+def segment_index(graph: OpGraph) -> dict[str, int]:
+    """op name -> its module layer, for the ops of a periodic block stack (period > 1: a stack
+    layer of several module layers, some alike); empty otherwise, so other graphs are
+    eliminated as before. Kept on the graph (keyed by its ops, as `find_chain`): every mesh
+    problem asks."""
+    cache: tuple[object, dict[str, int]] | None = graph.__dict__.get("_segments")
+    if cache is None or cache[0] is not graph.ops:
+        found: dict[str, int] = {}
+        if graph.blocks and block_layout(graph, graph.blocks[0])[1] > 1:
+            block = graph.blocks[0]
+            for op in graph.ops:
+                if (i := module_layer(graph, block, op.name)) is not None:
+                    found[op.name] = i
+        cache = (graph.ops, found)
+        object.__setattr__(graph, "_segments", cache)
+    return cache[1]
+
+
 @dataclass
 class MeshProblem:
     """One mesh's factor graph, with everything that does not depend on pruning solved: the
@@ -229,6 +286,14 @@ def _with_recompute(oc: OpCosts, r: int) -> OpCosts:
     return OpCosts(configs=oc.configs, time=oc.time_rc, mem=oc.mem_rc, parts=oc.parts_rc, comm=oc.comm,
                    time_rc=oc.time_rc, mem_rc=oc.mem_rc, parts_rc=oc.parts_rc, estimated=oc.estimated,
                    step=oc.step)
+
+
+PartKey = tuple[tuple[str, ...], tuple[tuple[int, int], ...]]
+
+
+def _part_key(ops: list[Op], fixed: dict[int, int]) -> PartKey:
+    """The ops and fixed recomputation choices whose factors `MeshFactors.factors` makes once."""
+    return tuple(op.name for op in ops), tuple(sorted(fixed.items()))
 
 
 class MeshFactors:
@@ -267,7 +332,12 @@ class MeshFactors:
         self.pairs: dict[str, list[Pair]] = {}
         # the leaves of each (ops, fixed recomputation) asked for: a bound (`least`) and the
         # elimination (`solved`) of the same part share them
-        self.leaves: dict[tuple[tuple[str, ...], tuple[tuple[int, int], ...]], list[Factor]] = {}
+        self.leaves: dict[PartKey, list[Factor]] = {}
+        self.owners: dict[PartKey, list[str]] = {}  # per leaf, the op that made it (segment reuse)
+        self.segment_of = segment_index(graph).get
+        # segment kinds solved on this mesh (the memo's: shared with its other problems), so the
+        # template, the rest of the graph and each recomputation case share them
+        self.kinds: dict[Hashable, Solved] = memo.kinds if memo is not None else {}
         for pair in cm.bounds.pairs:
             self.pairs.setdefault(pair.b, []).append(pair)
 
@@ -297,18 +367,21 @@ class MeshFactors:
         """Factors of `ops`; a layer in `fixed` takes that recomputation choice, any other
         layer keeps its choice as a variable. Built once per (ops, fixed); factors are never
         modified, so every caller may share them."""
-        key = (tuple(op.name for op in ops), tuple(sorted(fixed.items())))
+        key = _part_key(ops, fixed)
         if key not in self.leaves:
             if self.weighed_from is not None:
                 bare, inflight = self.weighed_from
                 made = [_weighed_leaf(f, inflight) for f in bare.factors(ops, fixed)]
+                self.owners[key] = bare.owners[key]
             else:
-                made = self._factors(ops, fixed)
+                made, self.owners[key] = self._factors(ops, fixed)
             self.leaves[key] = [self.memo.leaf(f) for f in made] if self.memo is not None else made
         return self.leaves[key]
 
-    def _factors(self, ops: list[Op], fixed: dict[int, int]) -> list[Factor]:
+    def _factors(self, ops: list[Op], fixed: dict[int, int]) -> tuple[list[Factor], list[str]]:
+        """The factors and, for each, the op that made it (its own, its tie, the edges it reads)."""
         out: list[Factor] = []
+        owners: list[str] = []
         names = {op.name for op in ops}
         for op in ops:
             layer = self.layer_of.get(op.name)
@@ -337,15 +410,17 @@ class MeshFactors:
                 # solved on its own, its output is the renamed op, but not to itself
                 src_var = src if op.name in self.template else self.rename.get(src, src)
                 out.append(_edge_factor(ec, src_var, op.name, rc, raw))
-        return out
+            owners.extend([op.name] * (len(out) - len(owners)))
+        return out, owners
 
     def solved(self, ops: list[Op], layer: int | None, keep: tuple[str, ...],
                finish: Callable[[Factor], Factor] | None = None) -> Factor:
         """`ops` eliminated down to `keep` (then `finish`ed), with the recomputation of `layer`
         (if any) chosen: once per choice, the frontiers united."""
         def run(fixed: dict[int, int]) -> Factor:
-            f = eliminate_all(self.factors(ops, fixed), self.domain, keep=keep, eps=self.eps, stats=self.stats,
-                              memo=self.memo)
+            f = eliminate_segmented(self.factors(ops, fixed), self.owners[_part_key(ops, fixed)], self.segment_of,
+                                    self.domain, keep=keep, eps=self.eps, stats=self.stats, memo=self.memo,
+                                    kinds=self.kinds)
             return finish(f) if finish is not None else f
 
         if layer is None or not any(self.layer_of.get(op.name) == layer for op in ops):

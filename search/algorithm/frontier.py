@@ -55,6 +55,9 @@ class Factor:
     # a stack of one block family among several (families.py): the layer maps its layers read
     # back through, from its first layer on (overrides those `assignments` was given)
     maps: list[dict[str, str]] | None = field(default=None, repr=False)
+    # a renamed view (segments.py): its one parent's points under other names, read back through
+    # this map (the parent's variable names -> this factor's), composed with any map in force
+    rename: dict[str, str] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.t)
@@ -65,6 +68,13 @@ class Stats:
     joins: int = 0
     pairs: int = 0
     max_factor_points: int = 0
+
+
+def add_stats(stats: Stats, more: Stats) -> None:
+    """Count `more` into `stats` (work counted once, credited again where it is shared)."""
+    stats.joins += more.joins
+    stats.pairs += more.pairs
+    stats.max_factor_points = max(stats.max_factor_points, more.max_factor_points)
 
 
 def leaf(scope: tuple[str, ...], keys: np.ndarray, t: np.ndarray, m: np.ndarray, note: str = "",
@@ -527,6 +537,9 @@ def assignments(root: Factor, idx: np.ndarray, layer_maps: list[dict[str, str]] 
         for j, v in enumerate(f.scope):
             name = mapping.get(v, v) if mapping else v
             out.setdefault(name, np.zeros(n, dtype=np.int64))[pos] = f.keys[ix, j]
+        if f.rename is not None:
+            stack.append((f.parents[0], f.parent_idx[0][ix], pos, offset, _compose(mapping, f.rename), maps))
+            continue
         if f.is_union:
             which, inner = f.parent_idx
             for k, p in enumerate(f.parents):
@@ -542,3 +555,19 @@ def assignments(root: Factor, idx: np.ndarray, layer_maps: list[dict[str, str]] 
         for p, pix in zip(f.parents, f.parent_idx, strict=True):
             stack.append((p, pix[ix], pos, offset, mapping, maps))
     return out
+
+
+def renamed(f: Factor, names: dict[str, str]) -> Factor:
+    """f's points over its variables renamed by `names` (every variable of f's scope named):
+    one solution of a part of the graph standing for another part whose factors are f's under
+    those names (segments.py). Read back through `names`, so the parent's provenance is walked
+    under this factor's names."""
+    return Factor(scope=tuple(names[v] for v in f.scope), keys=f.keys, t=f.t, m=f.m, parents=(f,),
+                  parent_idx=(np.arange(len(f)),), note=f"renamed {f.note}", m2=f.m2, rename=names)
+
+
+def _compose(outer: dict[str, str] | None, inner: dict[str, str]) -> dict[str, str]:
+    """The names `inner` gives, then `outer` (the map in force above a renamed view)."""
+    if not outer:
+        return inner
+    return {**outer, **{k: outer.get(v, v) for k, v in inner.items()}}
