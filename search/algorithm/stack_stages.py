@@ -126,6 +126,20 @@ class StageFactors:
             self.memo[key] = self._solve(s, a, a + k)
         return self.memo[key]
 
+    def rc(self, name: str) -> str | None:
+        """The recomputation variable of the layer holding `name` (None outside the layers)."""
+        return recompute_var(self.layer_of[name]) if name in self.layer_of else None
+
+    def unit_factors(self, u: int, w: Weights) -> list[Factor]:
+        """Unit u's share of a stage's factors under weights w: its ops outside any family copy
+        and the edges into them (what `_solve` gathers per unit; stack_bounds.loose_least). The
+        same scopes and keys under every weighting."""
+        tabs, var = self.tabs, self.var
+        factors = [_op_factor(name, self._weigh(name, w), self.rc(name)) for _, name in sorted(self.loose[u])]
+        factors += [_edge_factor(weigh_edge(tabs.edge_costs[(src, dst)], w), var(src), dst, self.rc(dst))
+                    for _, src, dst in sorted(self.into[u])]
+        return factors
+
     def _solve(self, s: int, a: int, e: int) -> Factor:
         """Stage s (units [a, e)): its ops, the edges into them and the tensors it receives,
         eliminated down to its interface: the received producers and its own ops read on other
@@ -213,10 +227,10 @@ class StageFactors:
         edges = {k: weigh_edge(ec, w) for k, ec in self.tabs.edge_costs.items() if k[1] in inside}
         return ops, edges
 
-    def least(self, fam: Family, w: Weights) -> tuple[float, float]:
-        """The least time and memory of one of the family's copies under weights w."""
-        ops, edges = self._template(fam, w)
-        return unit_least(fam, ops, edges, self.var, self.domain, self.recompute and fam.block == 0)
+    def least(self, fam: Family, ws: list[Weights]) -> tuple[np.ndarray, np.ndarray]:
+        """The least time and memory of one of the family's copies under each of the weights."""
+        return unit_least(fam, [self._template(fam, w) for w in ws], self.var, self.domain,
+                          self.recompute and fam.block == 0)
 
     def _powers(self, fam: Family, w: Weights) -> Powers:
         """k copies of the family's template under one stage's weights, memoised per weights."""

@@ -105,12 +105,23 @@ def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
     p, n = tabs.shape.stages, tabs.n_units
     S = StageFactors(tabs, eps, recompute, reuse)
     band = list(stage_band(n, p, 1, STACKS_BAND))
-    t_stage, m_stage = stage_bounds(S)
-    rest = rest_bounds(t_stage, m_stage, p, n, band)
     stair = Staircase(envelope, tabs.buffers)
-    if rest.cuts[0, 0] <= MAX_CUTS:
-        return by_cuts(S, band_cuts(n, p), stair, t_stage, m_stage)
-    return by_stages(S, band, stair, t_stage, m_stage, rest)
+    if cut_count(n, p, band) <= MAX_CUTS:
+        # the ops at their cheapest alone: the bounds order the cuts and their configurations,
+        # and so decide which equal-cost plans are combined at all, and pareto_mask's pick among
+        # exact ties follows the whole array - the tight bounds, exact too, changed T5's picks
+        return by_cuts(S, band_cuts(n, p), stair, *stage_bounds(S, tight=False))
+    t_stage, m_stage = stage_bounds(S)
+    return by_stages(S, band, stair, t_stage, m_stage, rest_bounds(t_stage, m_stage, p, n, band))
+
+
+def cut_count(n: int, p: int, band: list[int]) -> int:
+    """How many cuts of n units into p stages the band allows (`band_cuts`, without listing
+    the 477k of 16 stages over 24 units)."""
+    ways = [1] + [0] * n  # ways[e]: the cuts of the first e units into the stages so far
+    for _ in range(p):
+        ways = [sum(ways[e - k] for k in band if k <= e) for e in range(n + 1)]
+    return ways[n]
 
 
 def stack_shapes(cluster: Cluster, job: TrainingJob, graph: OpGraph, zero_stages: tuple[int, ...],
