@@ -85,7 +85,14 @@ from search.algorithm.stack_cuts import band_cuts, by_cuts
 from search.algorithm.stack_dp import by_stages
 from search.algorithm.stack_solution import StacksSolution
 from search.algorithm.stack_stages import StageFactors
-from search.algorithm.stack_tables import STACKS_BAND, StackTables, is_multi_stack, stack_tables, units
+from search.algorithm.stack_tables import (
+    STACKS_BAND,
+    SharedTables,
+    StackTables,
+    is_multi_stack,
+    stack_tables,
+    units,
+)
 from search.models.graph import OpGraph
 from search.prices.cluster import Cluster
 from search.prices.costmodel import CostModel, TrainingJob
@@ -146,7 +153,7 @@ def search_stacks(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stage
         return []
     shapes = shapes if shapes is not None else stack_shapes(cluster, job, graph, zero_stages, allow_async,
                                                             pipelines, accumulate)
-    models: dict[int, tuple[OpGraph, CostModel]] = {}
+    models: dict[int, tuple[OpGraph, CostModel, SharedTables]] = {}
     bounded: list[tuple[tuple[float, float], int, StackTables]] = []
     for k, shape in enumerate(shapes):
         m = shape.micro_batches
@@ -155,10 +162,11 @@ def search_stacks(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stage
             # the shape-free pricing (collective coefficients, boundaries) shared with the first
             # count's model: the same tables as a fresh one (tests/search/algorithm/test_fast_paths.py)
             like = next(iter(models.values()))[1] if models else None
-            models[m] = (g, CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}),
-                                      profile=profile, like=like))
-        g, cm = models[m]
-        tabs = stack_tables(g, cm, shape)
+            cm = CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}), profile=profile,
+                           like=like)
+            models[m] = (g, cm, SharedTables(g, cm))
+        g, cm, shared = models[m]
+        tabs = stack_tables(g, cm, shape, shared)
         if tabs is not None:
             bounded.append((shape_bound(tabs), k, tabs))
     # accumulation first, then each kind by its time bound: the plans found bound the rest
