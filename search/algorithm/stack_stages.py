@@ -58,6 +58,7 @@ class StageFactors:
         self.domain = {name: len(oc.configs) for name, oc in tabs.op_costs.items()}
         self.domain.update({recompute_var(i): 2 for i in set(self.layer_of.values())})
         self.powers: dict[tuple[int, Weights], Powers] = {}
+        self.template_edges: dict[int, list[tuple[tuple[str, str], EdgeCosts]]] = {}
         # keyed by id, the factor held alongside so the id stays its own
         self.group_memo: dict[int, tuple[Factor, GroupTable]] = {}
         # the stages' joins, shared where their factors agree (the ops around a run, solved for
@@ -222,10 +223,17 @@ class StageFactors:
 
     def _template(self, fam: Family, w: Weights) -> tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts]]:
         """The family's template ops and the edges into them, weighed by w."""
-        inside = set(fam.chain.template)
         ops = {name: self._weigh(name, w) for name in fam.chain.template}
-        edges = {k: weigh_edge(ec, w) for k, ec in self.tabs.edge_costs.items() if k[1] in inside}
+        edges = {k: weigh_edge(ec, w) for k, ec in self._template_edges(fam)}
         return ops, edges
+
+    def _template_edges(self, fam: Family) -> list[tuple[tuple[str, str], EdgeCosts]]:
+        """The edges into the family's template, in the edge table's order: found once, not by
+        a scan of every edge per stage weighting (bounds and powers ask for each)."""
+        if fam.block not in self.template_edges:
+            inside = set(fam.chain.template)
+            self.template_edges[fam.block] = [(k, ec) for k, ec in self.tabs.edge_costs.items() if k[1] in inside]
+        return self.template_edges[fam.block]
 
     def least(self, fam: Family, ws: list[Weights]) -> tuple[np.ndarray, np.ndarray]:
         """The least time and memory of one of the family's copies under each of the weights."""
