@@ -50,13 +50,17 @@ factor over (boundary, side inputs), and a stage's run of k copies is k copies b
 tie is part of the space, as on flat meshes (the reference ties too: `exhaustive_stacks(tie=)`);
 `reuse=False` solves every stage op by op, untied.
 
-Pruning, exact. A stage over units [a, e) is bounded before it is solved (stack_bounds.py): its
-loose ops at their cheapest, each family copy at its template's least time and least memory (a
-min-sum elimination, `families.unit_least`). A cut's bound is its slowest and heaviest stage's;
-in the DP a partial plan ends in plans at least as slow and as heavy as it and as the stages
-still to come (the best cut of the rest): where a known plan (the envelope:
-plans of other shapes) beats that in both, it is dropped, and a stage none of whose partial
-plans survive is never solved.
+Pruning, exact. A stage over units [a, e) is bounded before it is solved (stack_bounds.py): each
+family copy at its template's least time and least memory (a min-sum elimination,
+`families.unit_least`), and in the DP each unit's loose ops with the edges into them (min-sum
+again: the LM head and the loss priced apart left BART's last stages at a third of their memory)
+and the transfers the stage receives at their cheapest (the stream at the cut, the encoder's
+output); each cut on its own keeps the loose ops at their cheapest alone (its bounds order the
+cuts and so pick among equal-cost plans: tighter ones changed T5's picks). A cut's bound is its
+slowest and heaviest stage's; in the DP a partial plan ends in plans at least as slow and as
+heavy as it and as the stages still to come (the best cut of the rest): where a known plan (the
+envelope: plans of other shapes) beats that in both, it is dropped, and a stage none of whose
+partial plans survive is never solved.
 
 Left out on purpose: a cut whose interface, or a DP step whose variables (carried in, the
 stage's interface, carried on), have more than MAX_INTERFACE joint configurations (counted out of the space, so the search stays
