@@ -185,16 +185,20 @@ def solve_unit(family: Family, op_costs: dict[str, OpCosts], edges: dict[tuple[s
     return unit
 
 
-def unit_least(family: Family, op_costs: dict[str, OpCosts], edges: dict[tuple[str, str], EdgeCosts],
-               var: FamilyVars, domain: dict[str, int], recompute: bool) -> tuple[float, float]:
+def unit_least(family: Family, tables: list[tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts]]],
+               var: FamilyVars, domain: dict[str, int], recompute: bool) -> tuple[np.ndarray, np.ndarray]:
     """The least time and the least memory of one copy of the template (each on its own) under
-    the given (weighed) tables: `solve_unit`'s least point in each objective, by min-sum
-    elimination (minsum.py) instead of a frontier - a bound needs no more (stacks.py)."""
+    each of the given (weighed) tables - (ops, edges into the template) per stage weighting, as
+    many values - : `solve_unit`'s least point in each objective, by min-sum elimination
+    (minsum.py) instead of a frontier - a bound needs no more (stacks.py). Every weighting's
+    factors have the same scopes and keys, so one elimination serves them all."""
     boundary, out = family.chain.boundary, family.chain.template[-1]
-    variants = [_template_factors(family, op_costs, edges, var, r) for r in ((0, 1) if recompute else (0,))]
+    rs = (0, 1) if recompute else (0,)
+    variants = [_template_factors(family, ops, edges, var, r) for ops, edges in tables for r in rs]
     least = least_sums(variants, domain, (boundary, out), np.eye(2))
     tied = least[np.arange(domain[boundary]), np.arange(domain[boundary])]  # output in the boundary's layout
-    return float(tied[..., 0].min()), float(tied[..., 1].min())
+    per = tied.reshape(domain[boundary], len(tables), len(rs), 2).min(axis=(0, 2))  # [tables, objective]
+    return per[:, 0], per[:, 1]
 
 
 class Powers:

@@ -15,38 +15,104 @@ from search.algorithm.evaluate import (
     stage_weights,
     weigh_op,
 )
+from search.algorithm.minsum import least_sums
 from search.algorithm.stack_stages import StageFactors
 from search.algorithm.stack_tables import StackTables
 
 
-def stage_bounds(S: StageFactors) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def stage_bounds(S: StageFactors, tight: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per stage s, a time and a memory no plan of stage s holding units [a, e) beats
     ([a, e] tables): each family copy it holds at its template's cheapest (solved under the
     stage's weights with the edges inside it, which on a tensor-parallel mesh are most of a
-    layer's cost), every other op at its cheapest (edges and transfers cost >= 0). Per-unit
-    sums, so each is a prefix-sum difference."""
+    layer's cost); the other ops of each unit with the edges into them at their cheapest
+    (`loose_least`) and the transfers it receives at theirs (`received_least`) - or, not
+    `tight`, each other op at its cheapest alone (edges and transfers cost >= 0). Per-unit
+    sums, so each is a prefix-sum difference. Every distinct stage weighting at once: one
+    elimination per unit and per family."""
+    tabs = S.tabs
+    ws = list(dict.fromkeys(S.weights))
+    ut, um = loose_least(S, ws) if tight else ops_least(S, ws)  # [weighting, unit]
+    for fam in S.var.families:
+        t1, m1 = S.least(fam, ws)
+        at = np.array([tabs.anchor[fam.chain.layers[i][-1]] for i in fam.copies])
+        for j in range(len(ws)):
+            np.add.at(ut[j], at, t1[j])
+            np.add.at(um[j], at, m1[j])
+    recv = received_least(S) if tight else None
+    per_w: dict[Weights, tuple[np.ndarray, np.ndarray]] = {}
+    for j, w in enumerate(ws):
+        ct, cm = np.concatenate([[0.0], np.cumsum(ut[j])]), np.concatenate([[0.0], np.cumsum(um[j])])
+        t_span = ct[None, :] - ct[:, None]
+        per_w[w] = (t_span if recv is None else t_span + w.slots * recv, cm[None, :] - cm[:, None])
+    return [per_w[w][0] for w in S.weights], [per_w[w][1] for w in S.weights]
+
+
+def ops_least(S: StageFactors, ws: list[Weights]) -> tuple[np.ndarray, np.ndarray]:
+    """Per weighting and unit ([weighting, unit]), the sums of the unit's ops outside any family
+    copy each at its least time and at its least memory, alone."""
     tabs = S.tabs
     covered = {name for fam in S.var.families for name in fam.covered}
     loose = [name for name in tabs.op_costs if name not in covered]
     unit = np.array([tabs.anchor[name] for name in loose], dtype=np.int64)
-    per_w: dict[Weights, tuple[np.ndarray, np.ndarray]] = {}
-    ts, ms = [], []
-    for w in S.weights:
-        if w not in per_w:
-            weighed = [S._weigh(name, w) for name in loose]
-            ut, um = np.zeros(tabs.n_units), np.zeros(tabs.n_units)
-            np.add.at(ut, unit, [float(min(o.time.min(), o.time_rc.min())) for o in weighed])
-            np.add.at(um, unit, [float(min(o.mem.min(), o.mem_rc.min())) for o in weighed])
-            for fam in S.var.families:
-                t1, m1 = S.least(fam, w)
-                at = [tabs.anchor[fam.chain.layers[i][-1]] for i in fam.copies]
-                np.add.at(ut, at, t1)
-                np.add.at(um, at, m1)
-            ct, cm = np.concatenate([[0.0], np.cumsum(ut)]), np.concatenate([[0.0], np.cumsum(um)])
-            per_w[w] = (ct[None, :] - ct[:, None], cm[None, :] - cm[:, None])
-        ts.append(per_w[w][0])
-        ms.append(per_w[w][1])
-    return ts, ms
+    ut, um = np.zeros((len(ws), tabs.n_units)), np.zeros((len(ws), tabs.n_units))
+    for j, w in enumerate(ws):
+        weighed = [S._weigh(name, w) for name in loose]
+        np.add.at(ut[j], unit, [float(min(o.time.min(), o.time_rc.min())) for o in weighed])
+        np.add.at(um[j], unit, [float(min(o.mem.min(), o.mem_rc.min())) for o in weighed])
+    return ut, um
+
+
+def loose_least(S: StageFactors, ws: list[Weights]) -> tuple[np.ndarray, np.ndarray]:
+    """Per weighting and unit ([weighting, unit]), the least time and the least memory (each on
+    its own) of the unit's ops outside any family copy with the edges into them: the stage's
+    factors of that unit (`StageFactors.unit_factors`), min-sum eliminated with every variable
+    free. A variable they share with another unit's factors may take another value there, so
+    the sum over a stage's units is at most its least cost (a minimum of a sum is at least the
+    sum of the minima). The edges make it tight where each op at its cheapest is not: the LM
+    head's logits in one layout and the loss reading them in another pay the relayout and the
+    copy kept for backward (BART's last stages were bounded at a third of their memory)."""
+    n = S.tabs.n_units
+    ut, um = np.zeros((len(ws), n)), np.zeros((len(ws), n))
+    for u in range(n):
+        if not S.loose[u]:
+            continue  # every edge into a unit without loose ops is its family copy's (unit_least)
+        least = least_sums([S.unit_factors(u, w) for w in ws], S.domain, (), np.eye(2))  # [weighting, objective]
+        ut[:, u], um[:, u] = least[:, 0], least[:, 1]
+    return ut, um
+
+
+def received_least(S: StageFactors) -> np.ndarray:
+    """[a, e]: the least time per slot of the transfers a stage over units [a, e) receives (each
+    tensor its ops read from an earlier unit, once per variable, at its cheapest layout; as
+    `StageFactors._solve` prices them): the residual stream at the cut and, on a decoder stage,
+    the encoder's output - what kept a middle stage's bound below its need without it. Zero
+    without pipeline stages (no transfers)."""
+    tabs = S.tabs
+    n = tabs.n_units
+    out = np.zeros((n + 1, n + 1))
+    if not tabs.p2p:
+        return out
+    anchor, var = tabs.anchor, S.var
+    # per unit, each variable it reads from another unit, with the earliest unit producing it
+    reads: list[dict[str, int]] = []
+    for u in range(n):
+        got: dict[str, int] = {}
+        for _, _, src in sorted(S.reads[u]):
+            if anchor[src] != u:
+                v = var(src)
+                got[v] = min(got.get(v, n), anchor[src])
+        reads.append(got)
+    least = {v: float(tabs.p2p[v].min()) for got in reads for v in got}
+    for a in range(n):
+        seen: set[str] = set()
+        total = 0.0
+        for e in range(a + 1, n + 1):
+            for v, lo in reads[e - 1].items():
+                if lo < a and v not in seen:  # produced before the stage: received, once
+                    seen.add(v)
+                    total += least[v]
+            out[a, e] = total
+    return out
 
 
 @dataclass

@@ -58,6 +58,7 @@ class StageFactors:
         self.domain = {name: len(oc.configs) for name, oc in tabs.op_costs.items()}
         self.domain.update({recompute_var(i): 2 for i in set(self.layer_of.values())})
         self.powers: dict[tuple[int, Weights], Powers] = {}
+        self.template_edges: dict[int, list[tuple[tuple[str, str], EdgeCosts]]] = {}
         # keyed by id, the factor held alongside so the id stays its own
         self.group_memo: dict[int, tuple[Factor, GroupTable]] = {}
         # the stages' joins, shared where their factors agree (the ops around a run, solved for
@@ -125,6 +126,20 @@ class StageFactors:
         if key not in self.memo:
             self.memo[key] = self._solve(s, a, a + k)
         return self.memo[key]
+
+    def rc(self, name: str) -> str | None:
+        """The recomputation variable of the layer holding `name` (None outside the layers)."""
+        return recompute_var(self.layer_of[name]) if name in self.layer_of else None
+
+    def unit_factors(self, u: int, w: Weights) -> list[Factor]:
+        """Unit u's share of a stage's factors under weights w: its ops outside any family copy
+        and the edges into them (what `_solve` gathers per unit; stack_bounds.loose_least). The
+        same scopes and keys under every weighting."""
+        tabs, var = self.tabs, self.var
+        factors = [_op_factor(name, self._weigh(name, w), self.rc(name)) for _, name in sorted(self.loose[u])]
+        factors += [_edge_factor(weigh_edge(tabs.edge_costs[(src, dst)], w), var(src), dst, self.rc(dst))
+                    for _, src, dst in sorted(self.into[u])]
+        return factors
 
     def _solve(self, s: int, a: int, e: int) -> Factor:
         """Stage s (units [a, e)): its ops, the edges into them and the tensors it receives,
@@ -208,15 +223,22 @@ class StageFactors:
 
     def _template(self, fam: Family, w: Weights) -> tuple[dict[str, OpCosts], dict[tuple[str, str], EdgeCosts]]:
         """The family's template ops and the edges into them, weighed by w."""
-        inside = set(fam.chain.template)
         ops = {name: self._weigh(name, w) for name in fam.chain.template}
-        edges = {k: weigh_edge(ec, w) for k, ec in self.tabs.edge_costs.items() if k[1] in inside}
+        edges = {k: weigh_edge(ec, w) for k, ec in self._template_edges(fam)}
         return ops, edges
 
-    def least(self, fam: Family, w: Weights) -> tuple[float, float]:
-        """The least time and memory of one of the family's copies under weights w."""
-        ops, edges = self._template(fam, w)
-        return unit_least(fam, ops, edges, self.var, self.domain, self.recompute and fam.block == 0)
+    def _template_edges(self, fam: Family) -> list[tuple[tuple[str, str], EdgeCosts]]:
+        """The edges into the family's template, in the edge table's order: found once, not by
+        a scan of every edge per stage weighting (bounds and powers ask for each)."""
+        if fam.block not in self.template_edges:
+            inside = set(fam.chain.template)
+            self.template_edges[fam.block] = [(k, ec) for k, ec in self.tabs.edge_costs.items() if k[1] in inside]
+        return self.template_edges[fam.block]
+
+    def least(self, fam: Family, ws: list[Weights]) -> tuple[np.ndarray, np.ndarray]:
+        """The least time and memory of one of the family's copies under each of the weights."""
+        return unit_least(fam, [self._template(fam, w) for w in ws], self.var, self.domain,
+                          self.recompute and fam.block == 0)
 
     def _powers(self, fam: Family, w: Weights) -> Powers:
         """k copies of the family's template under one stage's weights, memoised per weights."""

@@ -110,28 +110,68 @@ class StackTables:
         return list(out)
 
 
-def stack_tables(graph: OpGraph, cm: CostModel, shape: PipeShape) -> StackTables | None:
+class SharedTables:
+    """What the shapes of one micro-batch graph share per stage sub-mesh, whatever their ZeRO
+    stage and stage count: whether every op can run there, the edges (pair constraints
+    included; neither configurations nor edge prices depend on the ZeRO stage) and the bytes
+    each op's output sends per configuration; and the graph's anchors. Made once per sub-mesh
+    (BART's 96 shapes have 42 pairs of micro-batch count and sub-mesh) and read, never written,
+    by the tables that hold them."""
+
+    def __init__(self, graph: OpGraph, cm: CostModel) -> None:
+        self.graph, self.cm = graph, cm
+        self.anchor = anchors(graph)
+        self.n_units = len(units(graph))
+        self.placeable: dict[Mesh, bool] = {}
+        self.edges: dict[Mesh, dict[tuple[str, str], EdgeCosts]] = {}
+        self.p2p_bytes: dict[Mesh, dict[str, np.ndarray]] = {}
+
+    def can_place(self, sub: Mesh) -> bool:
+        if sub not in self.placeable:
+            self.placeable[sub] = unplaceable_op(list(self.graph.ops), sub, self.graph.batch_label) is None
+        return self.placeable[sub]
+
+    def edge_costs(self, sub: Mesh, ops: dict[str, OpCosts]) -> dict[tuple[str, str], EdgeCosts]:
+        """Every edge of the graph on the sub-mesh, between the configurations of `ops`."""
+        if sub not in self.edges:
+            graph, cm = self.graph, self.cm
+            edges: dict[tuple[str, str], EdgeCosts] = {}
+            for op in graph.ops:
+                for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
+                    edges[(src, op.name)] = cm.edge_costs(graph.op(src), op, sub, ops[src].configs,
+                                                          ops[op.name].configs)
+            cm.add_pair_edges(edges, sub, lambda name: ops[name].configs, cm.bounds.pairs)
+            self.edges[sub] = edges
+        return self.edges[sub]
+
+    def sent_bytes(self, sub: Mesh) -> dict[str, np.ndarray]:
+        """Per op, the bytes of its output per configuration on the sub-mesh (one way)."""
+        if sub not in self.p2p_bytes:
+            graph, cm = self.graph, self.cm
+            self.p2p_bytes[sub] = {
+                op.name: np.array([op.output.numel * cm.esize(op.output) / shard_factor(output_placement(c, op), sub)
+                                   for c in op_configs(op, sub, graph.batch_label)])
+                for op in graph.ops}
+        return self.p2p_bytes[sub]
+
+
+def stack_tables(graph: OpGraph, cm: CostModel, shape: PipeShape, shared: SharedTables | None = None
+                 ) -> StackTables | None:
     """The tables of one shape on its micro-batch graph `graph` (None where an op cannot run on
-    the stage's sub-mesh)."""
+    the stage's sub-mesh). `shared`: what other shapes of this graph and cost model made."""
+    shared = shared if shared is not None else SharedTables(graph, cm)
     sub = Mesh(pp=1, axes=shape.mesh.axes)
-    if unplaceable_op(list(graph.ops), sub, graph.batch_label) is not None:
+    if not shared.can_place(sub):
         return None
     outputs = {layer[-1] for layer in units(graph)}
     ops = {op.name: cm.op_costs(op, sub, shape.zero, checkpoint=op.name in outputs) for op in graph.ops}
-    edges: dict[tuple[str, str], EdgeCosts] = {}
-    for op in graph.ops:
-        for src in dict.fromkeys(t.source for t in op.inputs if t.source is not None):
-            edges[(src, op.name)] = cm.edge_costs(graph.op(src), op, sub, ops[src].configs, ops[op.name].configs)
-    cm.add_pair_edges(edges, sub, lambda name: ops[name].configs, cm.bounds.pairs)
-    tabs = StackTables(shape=shape, graph=graph, cm=cm, op_costs=ops, edge_costs=edges,
-                       buffers=cm.buffers(sub, list(graph.ops), shape.zero), anchor=anchors(graph),
-                       n_units=len(units(graph)))
+    tabs = StackTables(shape=shape, graph=graph, cm=cm, op_costs=ops, edge_costs=shared.edge_costs(sub, ops),
+                       buffers=cm.buffers(sub, list(graph.ops), shape.zero), anchor=shared.anchor,
+                       n_units=shared.n_units)
     if shape.stages > 1:
         alpha, beta = cm.p2p_coefficients(shape.stages, shape.mesh.num_devices // shape.stages)
-        for op in graph.ops:
-            nbytes = np.array([op.output.numel * cm.esize(op.output) / shard_factor(output_placement(c, op), sub)
-                               for c in op_configs(op, sub, graph.batch_label)])
-            tabs.p2p[op.name], tabs.p2p_bytes[op.name] = 2.0 * (alpha + beta * nbytes), nbytes
+        for name, nbytes in shared.sent_bytes(sub).items():
+            tabs.p2p[name], tabs.p2p_bytes[name] = 2.0 * (alpha + beta * nbytes), nbytes
     return tabs
 
 

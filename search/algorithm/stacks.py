@@ -50,13 +50,17 @@ factor over (boundary, side inputs), and a stage's run of k copies is k copies b
 tie is part of the space, as on flat meshes (the reference ties too: `exhaustive_stacks(tie=)`);
 `reuse=False` solves every stage op by op, untied.
 
-Pruning, exact. A stage over units [a, e) is bounded before it is solved (stack_bounds.py): its
-loose ops at their cheapest, each family copy at its template's least time and least memory (a
-min-sum elimination, `families.unit_least`). A cut's bound is its slowest and heaviest stage's;
-in the DP a partial plan ends in plans at least as slow and as heavy as it and as the stages
-still to come (the best cut of the rest): where a known plan (the envelope:
-plans of other shapes) beats that in both, it is dropped, and a stage none of whose partial
-plans survive is never solved.
+Pruning, exact. A stage over units [a, e) is bounded before it is solved (stack_bounds.py): each
+family copy at its template's least time and least memory (a min-sum elimination,
+`families.unit_least`), and in the DP each unit's loose ops with the edges into them (min-sum
+again: the LM head and the loss priced apart left BART's last stages at a third of their memory)
+and the transfers the stage receives at their cheapest (the stream at the cut, the encoder's
+output); each cut on its own keeps the loose ops at their cheapest alone (its bounds order the
+cuts and so pick among equal-cost plans: tighter ones changed T5's picks). A cut's bound is its
+slowest and heaviest stage's; in the DP a partial plan ends in plans at least as slow and as
+heavy as it and as the stages still to come (the best cut of the rest): where a known plan (the
+envelope: plans of other shapes) beats that in both, it is dropped, and a stage none of whose
+partial plans survive is never solved.
 
 Left out on purpose: a cut whose interface, or a DP step whose variables (carried in, the
 stage's interface, carried on), have more than MAX_INTERFACE joint configurations (counted out of the space, so the search stays
@@ -85,7 +89,14 @@ from search.algorithm.stack_cuts import band_cuts, by_cuts
 from search.algorithm.stack_dp import by_stages
 from search.algorithm.stack_solution import StacksSolution
 from search.algorithm.stack_stages import StageFactors
-from search.algorithm.stack_tables import STACKS_BAND, StackTables, is_multi_stack, stack_tables, units
+from search.algorithm.stack_tables import (
+    STACKS_BAND,
+    SharedTables,
+    StackTables,
+    is_multi_stack,
+    stack_tables,
+    units,
+)
 from search.models.graph import OpGraph
 from search.prices.cluster import Cluster
 from search.prices.costmodel import CostModel, TrainingJob
@@ -105,12 +116,23 @@ def solve_stacks(tabs: StackTables, eps: float = 0.0, recompute: bool = True,
     p, n = tabs.shape.stages, tabs.n_units
     S = StageFactors(tabs, eps, recompute, reuse)
     band = list(stage_band(n, p, 1, STACKS_BAND))
-    t_stage, m_stage = stage_bounds(S)
-    rest = rest_bounds(t_stage, m_stage, p, n, band)
     stair = Staircase(envelope, tabs.buffers)
-    if rest.cuts[0, 0] <= MAX_CUTS:
-        return by_cuts(S, band_cuts(n, p), stair, t_stage, m_stage)
-    return by_stages(S, band, stair, t_stage, m_stage, rest)
+    if cut_count(n, p, band) <= MAX_CUTS:
+        # the ops at their cheapest alone: the bounds order the cuts and their configurations,
+        # and so decide which equal-cost plans are combined at all, and pareto_mask's pick among
+        # exact ties follows the whole array - the tight bounds, exact too, changed T5's picks
+        return by_cuts(S, band_cuts(n, p), stair, *stage_bounds(S, tight=False))
+    t_stage, m_stage = stage_bounds(S)
+    return by_stages(S, band, stair, t_stage, m_stage, rest_bounds(t_stage, m_stage, p, n, band))
+
+
+def cut_count(n: int, p: int, band: list[int]) -> int:
+    """How many cuts of n units into p stages the band allows (`band_cuts`, without listing
+    the 477k of 16 stages over 24 units)."""
+    ways = [1] + [0] * n  # ways[e]: the cuts of the first e units into the stages so far
+    for _ in range(p):
+        ways = [sum(ways[e - k] for k in band if k <= e) for e in range(n + 1)]
+    return ways[n]
 
 
 def stack_shapes(cluster: Cluster, job: TrainingJob, graph: OpGraph, zero_stages: tuple[int, ...],
@@ -135,7 +157,7 @@ def search_stacks(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stage
         return []
     shapes = shapes if shapes is not None else stack_shapes(cluster, job, graph, zero_stages, allow_async,
                                                             pipelines, accumulate)
-    models: dict[int, tuple[OpGraph, CostModel]] = {}
+    models: dict[int, tuple[OpGraph, CostModel, SharedTables]] = {}
     bounded: list[tuple[tuple[float, float], int, StackTables]] = []
     for k, shape in enumerate(shapes):
         m = shape.micro_batches
@@ -144,10 +166,11 @@ def search_stacks(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_stage
             # the shape-free pricing (collective coefficients, boundaries) shared with the first
             # count's model: the same tables as a fresh one (tests/search/algorithm/test_fast_paths.py)
             like = next(iter(models.values()))[1] if models else None
-            models[m] = (g, CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}),
-                                      profile=profile, like=like))
-        g, cm = models[m]
-        tabs = stack_tables(g, cm, shape)
+            cm = CostModel(g, cluster, job.model_copy(update={"global_batch": job.global_batch // m}), profile=profile,
+                           like=like)
+            models[m] = (g, cm, SharedTables(g, cm))
+        g, cm, shared = models[m]
+        tabs = stack_tables(g, cm, shape, shared)
         if tabs is not None:
             bounded.append((shape_bound(tabs), k, tabs))
     # accumulation first, then each kind by its time bound: the plans found bound the rest
