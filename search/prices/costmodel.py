@@ -26,6 +26,7 @@ back to the catalog's figures, and the op or edge is flagged `estimated`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -405,16 +406,7 @@ class CostModel:
         The `_rc` arrays are the same op inside a recomputed block: its forward runs twice and
         it keeps no activations - except the op whose output is the block's output
         (`checkpoint`): that output is the next block's input, kept to recompute from."""
-        if zero == 1 and any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes):
-            # ZeroRedundancyOptimizer needs plain tensors and tensor parallelism makes parameters
-            # DTensors: the executor runs ZeRO-1 there as ZeRO-2 (worker/analyze.py); price that
-            zero = 2
-        if not op.params and zero != 1:
-            # an op without parameters sees the ZeRO stage only through the mixed precision that
-            # runs it (FSDP2's policy unless ZeRO-1: `fsdp_cast` in `_op_costs`); stages 0, 2 and
-            # 3 price it alike, so its table is made once for them (the accumulation shapes ask
-            # for all four stages of every sub-mesh)
-            zero = 0
+        zero = effective_zero(op, mesh, zero)
         # priced once per (op, mesh, effective ZeRO stage, checkpoint): the searches ask for every
         # ZeRO stage of a mesh (1 and 2 are one table on a tensor-parallel mesh) and the pipeline
         # search for each stage sub-mesh per shape. Keyed by the op's identity, the op kept alive in
@@ -424,9 +416,78 @@ class CostModel:
         hit = memo.get(key)
         if hit is not None and hit[0] is op:
             return hit[1]
-        oc = self._op_costs(op, mesh, zero, checkpoint)
+        oc = self._alike_op_costs(op, mesh, zero, checkpoint)
         memo[key] = (op, oc)
         return oc
+
+    def _alike_op_costs(self, op: Op, mesh: Mesh, zero: int, checkpoint: bool) -> OpCosts:
+        """`_op_costs`, priced once per (pricing signature, mesh, ZeRO stage, checkpoint,
+        configurations): many ops price alike (the layers of a stack mirror their template, an
+        encoder-decoder's layers one another), and two ops whose signatures are equal read the
+        same values everywhere `_op_costs` looks. They share the arrays (read, never written);
+        each op's table names its own configurations, which may spell its labels otherwise."""
+        memo: dict[tuple, OpCosts] = self.__dict__.setdefault("_alike_memo", {})
+        sig, rename = self._pricing_signature(op)
+        cfgs = op_configs(op, mesh, self.graph.batch_label)
+        renamed = tuple(tuple(lab if lab is None else rename.get(lab, lab) for lab in cfg) for cfg in cfgs)
+        key = (sig, mesh, zero, checkpoint, renamed)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = self._op_costs(op, mesh, zero, checkpoint)
+        if hit.configs == cfgs:
+            return hit
+        return dataclasses.replace(hit, configs=cfgs)
+
+    def _pricing_signature(self, op: Op) -> tuple[tuple, dict[str, int]]:
+        """Everything `_op_costs` (and what it calls: `_param_terms`, `_saved_bytes`,
+        `_ring_attention`, `_expert_counts`, `op_configs`, the profile's lookups) reads of `op`,
+        with the values the graph-wide analyses hold under its name (and its parameters') in
+        place of the names, and its dimension labels renamed (see `_label_renaming`): equal
+        signatures price alike on every mesh. With the renaming; found once per op, keyed by its
+        identity, the op kept alive in the entry."""
+        memo: dict[int, tuple[Op, tuple, dict[str, int]]] = self.__dict__.setdefault("_signature_memo", {})
+        hit = memo.get(id(op))
+        if hit is not None and hit[0] is op:
+            return hit[1], hit[2]
+        rename = self._label_renaming(op)
+        sig = self._make_pricing_signature(op, rename)
+        memo[id(op)] = (op, sig, rename)
+        return sig, rename
+
+    def _label_renaming(self, op: Op) -> dict[str, int]:
+        """The op's dimension labels numbered in order of first appearance (splittable, output,
+        inputs, parameters), but for the labels the cost model names (the batch, the sequence, the
+        experts): every other label is only compared with the op's own (a configuration's label
+        in a tensor's dims, one placement with another), so two ops alike but for a bijection of
+        such labels (capture names them per op: 'rsqrt_26/d2') price alike."""
+        named = (self.graph.batch_label, SEQ_LABEL, EXPERT_LABEL)
+        rename: dict[str, int] = {}
+        every = (op.splittable, op.output.dims, *(t.dims for t in op.inputs), *(p.dims for p in op.params))
+        for dims in every:
+            for lab in dims:
+                if lab not in named and lab not in rename:
+                    rename[lab] = len(rename)
+        return rename
+
+    def _make_pricing_signature(self, op: Op, rename: dict[str, int]) -> tuple:
+        """`_pricing_signature` found, labels renamed by `rename`."""
+        def dims(ds: tuple[str, ...]) -> tuple[str | int, ...]:
+            return tuple(rename.get(d, d) for d in ds)
+
+        out = op.output
+        # `_saved_bytes` reads whether an input is a graph input, and for attention how large its
+        # producer made it (grouped-query K/V repeated over the query heads)
+        inputs = tuple((t.shape, dims(t.dims), t.dtype, t.source is None,
+                        self.graph.op(t.source).output.numel if op.saves == "attention" and t.source is not None
+                        else None)
+                       for t in op.inputs)
+        # `_priced_param_terms` reads a parameter's name only through these three lookups
+        params = tuple((p.shape, dims(p.dims), p.dtype, p.owner, p.name in self._cast_params,
+                        self._unit_share.get(p.name), self._unit_share_ep.get(p.name))
+                       for p in op.params)
+        graph_wide = (self._dtypes.get(op.name), self._held.get(op.name), self._output_saved[op.name])
+        return (op.kind, op.target, op.flops, op.saves, op.workspace, dims(op.splittable),
+                (out.shape, dims(out.dims), out.dtype), inputs, params, graph_wide)
 
     def _op_costs(self, op: Op, mesh: Mesh, zero: int, checkpoint: bool) -> OpCosts:
         """`op_costs` priced, ZeRO-1 on a tensor-parallel mesh already read as ZeRO-2."""
@@ -987,6 +1048,21 @@ class CostModel:
                 logits += LOSS_COPIES * LOSS_BYTES * min(op.inputs[0].numel / shard_factor(input_placement(c, op.inputs[0]), mesh)
                                                          for c in cfgs)
         return max(0.0, twice - logits)
+
+
+def effective_zero(op: Op, mesh: Mesh, zero: int) -> int:
+    """The ZeRO stage `op_costs` prices `op` under on `mesh` when asked for `zero`."""
+    if zero == 1 and any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes):
+        # ZeroRedundancyOptimizer needs plain tensors and tensor parallelism makes parameters
+        # DTensors: the executor runs ZeRO-1 there as ZeRO-2 (worker/analyze.py); price that
+        return 2
+    if not op.params and zero != 1:
+        # an op without parameters sees the ZeRO stage only through the mixed precision that
+        # runs it (FSDP2's policy unless ZeRO-1: `fsdp_cast` in `_op_costs`); stages 0, 2 and
+        # 3 price it alike, so its table is made once for them (the accumulation shapes ask
+        # for all four stages of every sub-mesh)
+        return 0
+    return zero
 
 
 def _is_cast(op: Op) -> bool:
