@@ -26,7 +26,7 @@ back to the catalog's figures, and the op or edge is flagged `estimated`.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import functools
 import math
 from collections.abc import Callable
@@ -436,21 +436,25 @@ class CostModel:
             hit = memo[key] = self._op_costs(op, mesh, zero, checkpoint)
         if hit.configs == cfgs:
             return hit
-        return dataclasses.replace(hit, configs=cfgs)
+        own = copy.copy(hit)  # the same arrays under this op's own labels
+        own.configs = cfgs
+        return own
 
-    def _pricing_signature(self, op: Op) -> tuple[tuple, dict[str, int]]:
+    def _pricing_signature(self, op: Op) -> tuple[int, dict[str, int]]:
         """Everything `_op_costs` (and what it calls: `_param_terms`, `_saved_bytes`,
         `_ring_attention`, `_expert_counts`, `op_configs`, the profile's lookups) reads of `op`,
         with the values the graph-wide analyses hold under its name (and its parameters') in
         place of the names, and its dimension labels renamed (see `_label_renaming`): equal
-        signatures price alike on every mesh. With the renaming; found once per op, keyed by its
-        identity, the op kept alive in the entry."""
-        memo: dict[int, tuple[Op, tuple, dict[str, int]]] = self.__dict__.setdefault("_signature_memo", {})
+        signatures price alike on every mesh. As a number (each distinct signature's, so the
+        table memo hashes an int, not the nested tuple), with the renaming; found once per op,
+        keyed by its identity, the op kept alive in the entry."""
+        memo: dict[int, tuple[Op, int, dict[str, int]]] = self.__dict__.setdefault("_signature_memo", {})
         hit = memo.get(id(op))
         if hit is not None and hit[0] is op:
             return hit[1], hit[2]
+        numbers: dict[tuple, int] = self.__dict__.setdefault("_signature_numbers", {})
         rename = self._label_renaming(op)
-        sig = self._make_pricing_signature(op, rename)
+        sig = numbers.setdefault(self._make_pricing_signature(op, rename), len(numbers))
         memo[id(op)] = (op, sig, rename)
         return sig, rename
 
