@@ -383,11 +383,13 @@ class _Stages:
             return Factor(scope=u.scope, keys=u.keys[keep], t=u.t[keep], m=m[keep], parents=(u,), parent_idx=(keep,),
                           layers=1)
 
-        # the layer's least alone first (the ends' other ops at their cheapest configurations):
-        # the stack's layers outweigh them, and the end stages' other edges are never priced
-        # for the many shapes this already rules out
+        # from the cheapest test to the dearest: every op at its cheapest with no edge (no factor
+        # built: most shapes that get here lose on it already), then the layer's least alone
+        # (the ends' other ops at their cheapest configurations: the stack's layers outweigh
+        # them), then the end stages' full minima; each later test is no weaker
         if envelope is not None and len(envelope[0]) and (
-                _ends_beaten(tables, weights, lambda lams: _layer_least(graph, tables, (factors(first), first),
+                _ends_beaten(tables, weights, lambda lams: _op_least(graph, tables, first, last, lams), envelope)
+                or _ends_beaten(tables, weights, lambda lams: _layer_least(graph, tables, (factors(first), first),
                                                                         (factors(last), last), lams), envelope)
                 or _ends_beaten(tables, weights, lambda lams: _end_least(graph, tables, factors(first), factors(last),
                                                                          lams), envelope)):
@@ -858,6 +860,26 @@ def _end_least(graph: OpGraph, tables: PipeTables, first: MeshFactors, last: Mes
     units = [u[diag, diag] for u in least_of([first] if last is first else [first, last], block, 1, unit_keep, w)]
     return EndLeast(least_of([first], head_ops, 0, (chain.boundary,), w)[0], units[0], units[-1],
                     least_of([last], tail_ops, None, (chain.boundary,), w)[0])
+
+
+def _op_least(graph: OpGraph, tables: PipeTables, first: Weights, last: Weights, lams: np.ndarray) -> EndLeast:
+    """A lower EndLeast than `_layer_least`'s, from the op tables alone (no factor is built):
+    every op of the end stages' parts - the layer's too - at its cheapest configuration under
+    its stage's weights and every edge at no cost (`_Cheapest`, as `shape_bound` takes them),
+    the same for every boundary configuration. Cheap enough to try first: most shapes that reach
+    the end stages' test lose on it already."""
+    chain, tail, p = tables.chain, tables.tail, tables.shape.stages
+    nb = len(tables.op_costs[chain.boundary].configs)
+    # the stage problems' ops: layers 2.. are priced through the template (as `build` weighs them)
+    own = {name: oc for name, oc in tables.op_costs.items() if name not in chain.copies}
+    block, head_ops, tail_ops = stage_parts(graph, chain, own, tail)
+
+    def cheapest(ops: list[Op], w: Weights) -> np.ndarray:
+        least = _Cheapest(tables.op_costs, [op.name for op in ops])
+        row = np.concatenate([least.least(w, lams), least.least(w, lams, 1.0 / p)[2:]])
+        return np.broadcast_to(row, (nb, len(row)))
+
+    return EndLeast(cheapest(head_ops, first), cheapest(block, first), cheapest(block, last), cheapest(tail_ops, last))
 
 
 def _layer_least(graph: OpGraph, tables: PipeTables, first_stage: tuple[MeshFactors, Weights],
