@@ -387,12 +387,13 @@ class _Stages:
         # built: most shapes that get here lose on it already), then the layer's least alone
         # (the ends' other ops at their cheapest configurations: the stack's layers outweigh
         # them), then the end stages' full minima; each later test is no weaker
-        if envelope is not None and len(envelope[0]) and (
-                _ends_beaten(tables, weights, lambda lams: _op_least(graph, tables, first, last, lams), envelope)
+        plans = _known(envelope) if envelope is not None and len(envelope[0]) else None
+        if envelope is not None and plans is not None and (
+                _ends_beaten(tables, weights, lambda lams: _op_least(graph, tables, first, last, lams), envelope, plans)
                 or _ends_beaten(tables, weights, lambda lams: _layer_least(graph, tables, (factors(first), first),
-                                                                        (factors(last), last), lams), envelope)
+                                                                        (factors(last), last), lams), envelope, plans)
                 or _ends_beaten(tables, weights, lambda lams: _end_least(graph, tables, factors(first), factors(last),
-                                                                         lams), envelope)):
+                                                                         lams), envelope, plans)):
             return None
         lp = solve(last)
         if lp is None:
@@ -766,8 +767,9 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     skipped = solved = twins = 0
     # the shapes taken so far per everything but the ZeRO stage, with their tables once made
     taken: dict[tuple, list[tuple[PipeShape, list[PipeTables | None]]]] = {}
+    stair = _stair(envelope) if envelope is not None else None  # made again when the envelope grows
     for bound, _, shape in bounded:
-        if envelope is not None and len(envelope[0]) and bound.covered(envelope):
+        if envelope is not None and len(envelope[0]) and bound.covered(envelope, stair):
             skipped += 1
             continue
         g, cm, ch, base = priced(shape)
@@ -780,6 +782,7 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
             out.append(sol)
             if envelope is not None:
                 envelope = (np.concatenate([envelope[0], sol.root.t]), np.concatenate([envelope[1], sol.root.m]))
+                stair = _stair(envelope)
     if counts is not None:
         counts.update(shapes=len(bounded), bounded_out=skipped, solved=solved, twins=twins)
     return out
@@ -918,12 +921,31 @@ def frontier_least(f: Factor, configs: int, lams: np.ndarray, p: int) -> np.ndar
     return out
 
 
+class _Known(NamedTuple):
+    """What the bounds read of the plans known to exist (an envelope), found once for the
+    several tests of a shape: the slopes it is bounded at and the plans' staircase."""
+
+    lams: np.ndarray
+    stair: tuple[np.ndarray, np.ndarray]
+
+
+def _known(envelope: tuple[np.ndarray, np.ndarray]) -> _Known:
+    return _Known(envelope_slopes(envelope), _stair(envelope))
+
+
+def _stair(envelope: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The known plans' staircase, as every `covered` test reads it."""
+    return staircase(np.asarray(envelope[0], dtype=float), np.asarray(envelope[1], dtype=float))
+
+
 def _ends_beaten(tables: PipeTables, weights: list[Weights], least: Callable[[np.ndarray], EndLeast],
-                 envelope: tuple[np.ndarray, np.ndarray]) -> bool:
+                 envelope: tuple[np.ndarray, np.ndarray], known: _Known | None = None) -> bool:
     """Whether the plans known to exist beat every plan of this shape, judged from the first
-    and last stage's parts alone (`ends_bounds`); `least` gives their minima at given slopes."""
-    lams = envelope_slopes(envelope)
-    return all(r.covered(envelope) for r in ends_bounds(tables, weights, least(lams), lams).values())
+    and last stage's parts alone (`ends_bounds`); `least` gives their minima at given slopes.
+    `known`: `_known(envelope)`, where the caller has it."""
+    known = known if known is not None else _known(envelope)
+    return all(r.covered(envelope, known.stair)
+               for r in ends_bounds(tables, weights, least(known.lams), known.lams).values())
 
 
 class Regions:
@@ -939,12 +961,14 @@ class Regions:
         inside = (t >= self.t * lo) & (m >= self.m * lo) & np.all(t + self.lams * m >= self.b * lo, axis=1)
         return bool(inside.any())
 
-    def covered(self, envelope: tuple[np.ndarray, np.ndarray]) -> bool:
+    def covered(self, envelope: tuple[np.ndarray, np.ndarray],
+                stair: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
         """Whether known plans beat every point of every region: ShapeBound.covered's test (see
-        there), one numpy sweep over the regions x the known plans' steps."""
+        there), one numpy sweep over the regions x the known plans' steps. `stair`: the
+        envelope's staircase (`_stair`), where the caller has it."""
         if not len(self.t):
             return True
-        st, sm = staircase(np.asarray(envelope[0], dtype=float), np.asarray(envelope[1], dtype=float))
+        st, sm = stair if stair is not None else _stair(envelope)
         if not len(st):
             return False
         margin = 1.0 - 2 * RTOL  # pull each region toward the origin: equal prices are no proof
@@ -1043,12 +1067,14 @@ class ShapeBound:
     def __init__(self, t: float, m: float, lams: np.ndarray, b: np.ndarray) -> None:
         self.t, self.m, self.lams, self.b = t, m, lams, b
 
-    def covered(self, envelope: tuple[np.ndarray, np.ndarray]) -> bool:
+    def covered(self, envelope: tuple[np.ndarray, np.ndarray],
+                stair: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
         """Whether known plans beat every point of the region: below the region's lower edge
         g(t) = max(m, max_j (b_j - t) / lam_j), the staircase of known plans' least memory L(t)
         is constant between two known times, and g is non-increasing, so g >= L everywhere
-        from t on iff it holds at the right end of every step and after the last one."""
-        st, sm = staircase(np.asarray(envelope[0], dtype=float), np.asarray(envelope[1], dtype=float))
+        from t on iff it holds at the right end of every step and after the last one. `stair`:
+        the envelope's staircase (`_stair`), where the caller has it."""
+        st, sm = stair if stair is not None else _stair(envelope)
         margin = 1.0 - 2 * RTOL  # pull the region toward the origin: equal prices are no proof
         t0, m0 = self.t * margin, self.m * margin
         if not len(st) or st[0] > t0:

@@ -69,7 +69,7 @@ def test_layer_least_bounds_the_end_stages_least(monkeypatch: pytest.MonkeyPatch
 
     seen: list[pipeline.EndLeast] = []
 
-    def spy(tables, weights, least, envelope) -> bool:
+    def spy(tables, weights, least, envelope, known=None) -> bool:
         seen.append(least(pipeline.envelope_slopes(envelope)))
         return False  # every shape asks all three
 
