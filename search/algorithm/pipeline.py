@@ -637,12 +637,14 @@ def _read_back(S: _Stages, maps: list[dict[str, str]], backs: list[list[tuple[in
 
 def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.0,
                 recompute: bool = True, envelope: tuple[np.ndarray, np.ndarray] | None = None,
-                chain: Chain | None = None, base: dict[str, OpCosts] | None = None) -> PipeSolution | None:
+                chain: Chain | None = None, base: dict[str, OpCosts] | None = None,
+                tables: PipeTables | None = None) -> PipeSolution | None:
     """The frontier of one pipeline shape over stage boundaries and every op's configuration.
     `graph` and `cm` are the micro-batch graph and its cost model; `envelope` holds (time,
     memory) of plans known to exist, which prune partial stages that cannot win (exact);
-    `chain` and `base` as for pipe_tables."""
-    tables = pipe_tables(graph, cm, shape, chain=chain, base=base, edges=False)
+    `chain` and `base` as for pipe_tables; `tables`: the shape's pipe_tables (edges=False),
+    where the caller made them already."""
+    tables = tables if tables is not None else pipe_tables(graph, cm, shape, chain=chain, base=base, edges=False)
     if tables is None:
         return None
     known_t, known_m = envelope if envelope is not None else (np.zeros(0), np.zeros(0))
@@ -744,9 +746,14 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
             bases[key] = mesh_costs(g, cm, sub, shape.zero, ch) if ok else None
         return g, cm, ch, bases[key]
 
+    made: dict[int, PipeTables | None] = {}  # by the shape's identity: `bounded` keeps them alive
+
     def tables_of(shape: PipeShape) -> PipeTables | None:
-        g, cm, ch, base = priced(shape)
-        return pipe_tables(g, cm, shape, chain=ch, base=base, edges=False)
+        """The shape's tables, made once for the twin test and its solve."""
+        if id(shape) not in made:
+            g, cm, ch, base = priced(shape)
+            made[id(shape)] = pipe_tables(g, cm, shape, chain=ch, base=base, edges=False)
+        return made[id(shape)]
 
     # Bound every shape from its op tables alone, then solve the shapes in order of their bound
     # on time (accumulation first); a shape whose bounds the plans already found beat cannot add a point (every plan
@@ -777,7 +784,9 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
             twins += 1
             continue
         solved += 1
-        sol = solve_shape(g, cm, shape, eps, recompute, envelope, chain=ch, base=base)
+        if id(shape) in made and made[id(shape)] is None:
+            continue  # no tables: nothing to solve (as solve_shape would find)
+        sol = solve_shape(g, cm, shape, eps, recompute, envelope, chain=ch, base=base, tables=made.get(id(shape)))
         if sol is not None and len(sol.root):
             out.append(sol)
             if envelope is not None:
