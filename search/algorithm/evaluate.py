@@ -186,11 +186,17 @@ def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
     if m == 1:
         return graph
     lab = graph.batch_label
+    # a deep stack repeats a few hundred (shape, dims) over thousands of tensors: each divided once
+    shapes: dict[tuple[tuple[int, ...], tuple[str, ...]], tuple[int, ...]] = {}
 
     def scaled(t: TensorRef) -> TensorRef:
         if lab not in t.dims:
             return t
-        return _updated(t, shape=tuple(s // m if d == lab else s for s, d in zip(t.shape, t.dims, strict=True)))
+        key = (t.shape, t.dims)
+        shape = shapes.get(key)
+        if shape is None:
+            shape = shapes[key] = tuple(s // m if d == lab else s for s, d in zip(t.shape, t.dims, strict=True))
+        return _updated(t, shape=shape)
 
     ops = []
     for op in graph.ops:

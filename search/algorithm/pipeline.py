@@ -383,14 +383,17 @@ class _Stages:
             return Factor(scope=u.scope, keys=u.keys[keep], t=u.t[keep], m=m[keep], parents=(u,), parent_idx=(keep,),
                           layers=1)
 
-        # the layer's least alone first (the ends' other ops at their cheapest configurations):
-        # the stack's layers outweigh them, and the end stages' other edges are never priced
-        # for the many shapes this already rules out
-        if envelope is not None and len(envelope[0]) and (
-                _ends_beaten(tables, weights, lambda lams: _layer_least(graph, tables, (factors(first), first),
-                                                                        (factors(last), last), lams), envelope)
+        # from the cheapest test to the dearest: every op at its cheapest with no edge (no factor
+        # built: most shapes that get here lose on it already), then the layer's least alone
+        # (the ends' other ops at their cheapest configurations: the stack's layers outweigh
+        # them), then the end stages' full minima; each later test is no weaker
+        plans = _known(envelope) if envelope is not None and len(envelope[0]) else None
+        if envelope is not None and plans is not None and (
+                _ends_beaten(tables, weights, lambda lams: _op_least(graph, tables, first, last, lams), envelope, plans)
+                or _ends_beaten(tables, weights, lambda lams: _layer_least(graph, tables, (factors(first), first),
+                                                                        (factors(last), last), lams), envelope, plans)
                 or _ends_beaten(tables, weights, lambda lams: _end_least(graph, tables, factors(first), factors(last),
-                                                                         lams), envelope)):
+                                                                         lams), envelope, plans)):
             return None
         lp = solve(last)
         if lp is None:
@@ -634,12 +637,14 @@ def _read_back(S: _Stages, maps: list[dict[str, str]], backs: list[list[tuple[in
 
 def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.0,
                 recompute: bool = True, envelope: tuple[np.ndarray, np.ndarray] | None = None,
-                chain: Chain | None = None, base: dict[str, OpCosts] | None = None) -> PipeSolution | None:
+                chain: Chain | None = None, base: dict[str, OpCosts] | None = None,
+                tables: PipeTables | None = None) -> PipeSolution | None:
     """The frontier of one pipeline shape over stage boundaries and every op's configuration.
     `graph` and `cm` are the micro-batch graph and its cost model; `envelope` holds (time,
     memory) of plans known to exist, which prune partial stages that cannot win (exact);
-    `chain` and `base` as for pipe_tables."""
-    tables = pipe_tables(graph, cm, shape, chain=chain, base=base, edges=False)
+    `chain` and `base` as for pipe_tables; `tables`: the shape's pipe_tables (edges=False),
+    where the caller made them already."""
+    tables = tables if tables is not None else pipe_tables(graph, cm, shape, chain=chain, base=base, edges=False)
     if tables is None:
         return None
     known_t, known_m = envelope if envelope is not None else (np.zeros(0), np.zeros(0))
@@ -741,9 +746,14 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
             bases[key] = mesh_costs(g, cm, sub, shape.zero, ch) if ok else None
         return g, cm, ch, bases[key]
 
+    made: dict[int, PipeTables | None] = {}  # by the shape's identity: `bounded` keeps them alive
+
     def tables_of(shape: PipeShape) -> PipeTables | None:
-        g, cm, ch, base = priced(shape)
-        return pipe_tables(g, cm, shape, chain=ch, base=base, edges=False)
+        """The shape's tables, made once for the twin test and its solve."""
+        if id(shape) not in made:
+            g, cm, ch, base = priced(shape)
+            made[id(shape)] = pipe_tables(g, cm, shape, chain=ch, base=base, edges=False)
+        return made[id(shape)]
 
     # Bound every shape from its op tables alone, then solve the shapes in order of their bound
     # on time (accumulation first); a shape whose bounds the plans already found beat cannot add a point (every plan
@@ -764,8 +774,9 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     skipped = solved = twins = 0
     # the shapes taken so far per everything but the ZeRO stage, with their tables once made
     taken: dict[tuple, list[tuple[PipeShape, list[PipeTables | None]]]] = {}
+    stair = _stair(envelope) if envelope is not None else None  # made again when the envelope grows
     for bound, _, shape in bounded:
-        if envelope is not None and len(envelope[0]) and bound.covered(envelope):
+        if envelope is not None and len(envelope[0]) and bound.covered(envelope, stair):
             skipped += 1
             continue
         g, cm, ch, base = priced(shape)
@@ -773,11 +784,14 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
             twins += 1
             continue
         solved += 1
-        sol = solve_shape(g, cm, shape, eps, recompute, envelope, chain=ch, base=base)
+        if id(shape) in made and made[id(shape)] is None:
+            continue  # no tables: nothing to solve (as solve_shape would find)
+        sol = solve_shape(g, cm, shape, eps, recompute, envelope, chain=ch, base=base, tables=made.get(id(shape)))
         if sol is not None and len(sol.root):
             out.append(sol)
             if envelope is not None:
                 envelope = (np.concatenate([envelope[0], sol.root.t]), np.concatenate([envelope[1], sol.root.m]))
+                stair = _stair(envelope)
     if counts is not None:
         counts.update(shapes=len(bounded), bounded_out=skipped, solved=solved, twins=twins)
     return out
@@ -860,6 +874,26 @@ def _end_least(graph: OpGraph, tables: PipeTables, first: MeshFactors, last: Mes
                     least_of([last], tail_ops, None, (chain.boundary,), w)[0])
 
 
+def _op_least(graph: OpGraph, tables: PipeTables, first: Weights, last: Weights, lams: np.ndarray) -> EndLeast:
+    """A lower EndLeast than `_layer_least`'s, from the op tables alone (no factor is built):
+    every op of the end stages' parts - the layer's too - at its cheapest configuration under
+    its stage's weights and every edge at no cost (`_Cheapest`, as `shape_bound` takes them),
+    the same for every boundary configuration. Cheap enough to try first: most shapes that reach
+    the end stages' test lose on it already."""
+    chain, tail, p = tables.chain, tables.tail, tables.shape.stages
+    nb = len(tables.op_costs[chain.boundary].configs)
+    # the stage problems' ops: layers 2.. are priced through the template (as `build` weighs them)
+    own = {name: oc for name, oc in tables.op_costs.items() if name not in chain.copies}
+    block, head_ops, tail_ops = stage_parts(graph, chain, own, tail)
+
+    def cheapest(ops: list[Op], w: Weights) -> np.ndarray:
+        least = _Cheapest(tables.op_costs, [op.name for op in ops])
+        row = np.concatenate([least.least(w, lams), least.least(w, lams, 1.0 / p)[2:]])
+        return np.broadcast_to(row, (nb, len(row)))
+
+    return EndLeast(cheapest(head_ops, first), cheapest(block, first), cheapest(block, last), cheapest(tail_ops, last))
+
+
 def _layer_least(graph: OpGraph, tables: PipeTables, first_stage: tuple[MeshFactors, Weights],
                  last_stage: tuple[MeshFactors, Weights], lams: np.ndarray) -> EndLeast:
     """A lower EndLeast than `_end_least`'s, cheaper: the layer's minima by the same min-sum
@@ -896,12 +930,31 @@ def frontier_least(f: Factor, configs: int, lams: np.ndarray, p: int) -> np.ndar
     return out
 
 
+class _Known(NamedTuple):
+    """What the bounds read of the plans known to exist (an envelope), found once for the
+    several tests of a shape: the slopes it is bounded at and the plans' staircase."""
+
+    lams: np.ndarray
+    stair: tuple[np.ndarray, np.ndarray]
+
+
+def _known(envelope: tuple[np.ndarray, np.ndarray]) -> _Known:
+    return _Known(envelope_slopes(envelope), _stair(envelope))
+
+
+def _stair(envelope: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The known plans' staircase, as every `covered` test reads it."""
+    return staircase(np.asarray(envelope[0], dtype=float), np.asarray(envelope[1], dtype=float))
+
+
 def _ends_beaten(tables: PipeTables, weights: list[Weights], least: Callable[[np.ndarray], EndLeast],
-                 envelope: tuple[np.ndarray, np.ndarray]) -> bool:
+                 envelope: tuple[np.ndarray, np.ndarray], known: _Known | None = None) -> bool:
     """Whether the plans known to exist beat every plan of this shape, judged from the first
-    and last stage's parts alone (`ends_bounds`); `least` gives their minima at given slopes."""
-    lams = envelope_slopes(envelope)
-    return all(r.covered(envelope) for r in ends_bounds(tables, weights, least(lams), lams).values())
+    and last stage's parts alone (`ends_bounds`); `least` gives their minima at given slopes.
+    `known`: `_known(envelope)`, where the caller has it."""
+    known = known if known is not None else _known(envelope)
+    return all(r.covered(envelope, known.stair)
+               for r in ends_bounds(tables, weights, least(known.lams), known.lams).values())
 
 
 class Regions:
@@ -917,12 +970,14 @@ class Regions:
         inside = (t >= self.t * lo) & (m >= self.m * lo) & np.all(t + self.lams * m >= self.b * lo, axis=1)
         return bool(inside.any())
 
-    def covered(self, envelope: tuple[np.ndarray, np.ndarray]) -> bool:
+    def covered(self, envelope: tuple[np.ndarray, np.ndarray],
+                stair: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
         """Whether known plans beat every point of every region: ShapeBound.covered's test (see
-        there), one numpy sweep over the regions x the known plans' steps."""
+        there), one numpy sweep over the regions x the known plans' steps. `stair`: the
+        envelope's staircase (`_stair`), where the caller has it."""
         if not len(self.t):
             return True
-        st, sm = staircase(np.asarray(envelope[0], dtype=float), np.asarray(envelope[1], dtype=float))
+        st, sm = stair if stair is not None else _stair(envelope)
         if not len(st):
             return False
         margin = 1.0 - 2 * RTOL  # pull each region toward the origin: equal prices are no proof
@@ -1021,12 +1076,14 @@ class ShapeBound:
     def __init__(self, t: float, m: float, lams: np.ndarray, b: np.ndarray) -> None:
         self.t, self.m, self.lams, self.b = t, m, lams, b
 
-    def covered(self, envelope: tuple[np.ndarray, np.ndarray]) -> bool:
+    def covered(self, envelope: tuple[np.ndarray, np.ndarray],
+                stair: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
         """Whether known plans beat every point of the region: below the region's lower edge
         g(t) = max(m, max_j (b_j - t) / lam_j), the staircase of known plans' least memory L(t)
         is constant between two known times, and g is non-increasing, so g >= L everywhere
-        from t on iff it holds at the right end of every step and after the last one."""
-        st, sm = staircase(np.asarray(envelope[0], dtype=float), np.asarray(envelope[1], dtype=float))
+        from t on iff it holds at the right end of every step and after the last one. `stair`:
+        the envelope's staircase (`_stair`), where the caller has it."""
+        st, sm = stair if stair is not None else _stair(envelope)
         margin = 1.0 - 2 * RTOL  # pull the region toward the origin: equal prices are no proof
         t0, m0 = self.t * margin, self.m * margin
         if not len(st) or st[0] > t0:

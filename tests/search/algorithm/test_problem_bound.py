@@ -61,37 +61,41 @@ def test_unbuilt_problems_change_no_point(pipeline: bool, monkeypatch: pytest.Mo
 
 
 def test_layer_least_bounds_the_end_stages_least(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cheap end-stage minima (the layer's by min-sum, the other ops' at their cheapest) are
-    no higher than the full min-sum's, for every shape, boundary configuration and column."""
+    """The cheap end-stage minima are no higher than the full min-sum's, for every shape,
+    boundary configuration and column: the op tables' alone (`_op_least`) no higher than the
+    layer's by min-sum with the other ops at their cheapest (`_layer_least`), and that no higher
+    than the full min-sum's (`_end_least`)."""
     from search.algorithm import pipeline
 
     seen: list[pipeline.EndLeast] = []
 
-    def spy(tables, weights, least, envelope) -> bool:
+    def spy(tables, weights, least, envelope, known=None) -> bool:
         seen.append(least(pipeline.envelope_slopes(envelope)))
-        return False  # every shape asks both
+        return False  # every shape asks all three
 
     monkeypatch.setattr(pipeline, "_ends_beaten", spy)
     search(stack(12), CLUSTER, JOB, SearchOptions(pipeline=True, accumulate=True))
-    assert len(seen) >= 2 and len(seen) % 2 == 0
-    for cheap, full in zip(seen[::2], seen[1::2], strict=True):
-        for x, y in zip(cheap, full, strict=True):
-            assert x.shape == y.shape
-            assert np.all(x <= y + 1e-12 * np.abs(y))
+    assert len(seen) >= 3 and len(seen) % 3 == 0
+    for ops, layer, full in zip(seen[::3], seen[1::3], seen[2::3], strict=True):
+        for lower, higher in ((ops, layer), (layer, full)):
+            for x, y in zip(lower, higher, strict=True):
+                assert x.shape == y.shape
+                assert np.all(x <= y + 1e-12 * np.abs(y))
 
 
 def test_pipelines_without_the_layer_test_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The frontier with pipelines, plan by plan, when the cheap end-stage test rules out nothing."""
+    """The frontier with pipelines, plan by plan, when the cheap end-stage tests rule out nothing."""
     from search.algorithm import pipeline
 
     g = stack(12)
     options = SearchOptions(pipeline=True, accumulate=True)
     fast = search(g, CLUSTER, JOB, options)
 
-    def nothing(graph, tables, first_stage, last_stage, lams) -> pipeline.EndLeast:
-        zero = np.zeros((len(first_stage[0].op_costs[tables.chain.boundary].configs), 2 + 2 * len(lams)))
+    def zeros(tables, lams) -> pipeline.EndLeast:
+        zero = np.zeros((len(tables.op_costs[tables.chain.boundary].configs), 2 + 2 * len(lams)))
         return pipeline.EndLeast(zero, zero, zero, zero)  # no plan is beaten at cost 0
 
-    monkeypatch.setattr(pipeline, "_layer_least", nothing)
+    monkeypatch.setattr(pipeline, "_op_least", lambda graph, tables, first, last, lams: zeros(tables, lams))
+    monkeypatch.setattr(pipeline, "_layer_least", lambda graph, tables, first, last, lams: zeros(tables, lams))
     slow = search(g, CLUSTER, JOB, options)
     assert _plans(fast) == _plans(slow)
