@@ -35,6 +35,7 @@ the tables stay plain sums over ops and edges, which keeps FT exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, cached_property
 
@@ -106,13 +107,18 @@ class Boundaries:
         return memo[prod]
 
     def _innermost_entry(self, prod: Op, reader: Op) -> str:
-        # a function of the two modules (`own_module` reads the reader's module alone): found
-        # once per pair of them, every edge and pair constraint asks
-        memo: dict[tuple[str, str], str] = self.__dict__.setdefault("_entry_memo", {})
+        # a function of the two modules (`own_module` reads the reader's module alone), every
+        # edge and pair constraint asks
+        return self._per_module_pair("_entry_memo", prod, reader, self._entered)
+
+    def _per_module_pair(self, memo_name: str, prod: Op, reader: Op, find: Callable[[Op, Op], str]) -> str:
+        """`find(prod, reader)` where it reads the two ops' modules alone: found once per pair of
+        modules (in the memo `memo_name`), not per pair of ops."""
+        memo: dict[tuple[str, str], str] = self.__dict__.setdefault(memo_name, {})
         key = (prod.module, reader.module)
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = self._entered(prod, reader)
+            hit = memo[key] = find(prod, reader)
         return hit
 
     def _entered(self, prod: Op, reader: Op) -> str:
@@ -182,14 +188,8 @@ class Boundaries:
         prod is not in: any change), 'exit' (only prod's own module is left: a partial sum may
         be reduced to whole or shards, nothing else), 'none' (inside one module's forward). Without
         module names every edge is an 'entry'."""
-        # a function of the two modules (`own_module` reads prod's module alone), asked per edge
-        # priced: found once per pair of modules
-        memo: dict[tuple[str, str], str] = self.__dict__.setdefault("_crossing_memo", {})
-        key = (prod.module, reader.module)
-        hit = memo.get(key)
-        if hit is None:
-            hit = memo[key] = self._crossing(prod, reader)
-        return hit
+        # a function of the two modules (`own_module` reads prod's module alone), asked per edge priced
+        return self._per_module_pair("_crossing_memo", prod, reader, self._crossing)
 
     def _crossing(self, prod: Op, reader: Op) -> str:
         if not self.has_modules or set(_ancestors(reader.module)) - set(_ancestors(prod.module)):
