@@ -12,14 +12,12 @@ from torch import nn
 
 from search.algorithm.chain import find_chain, layer_outputs
 from search.algorithm.evaluate import tables
-from search.models.capture import capture_with_blocks
 from search.models.graph import OpGraph, block_layout
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import CostModel, TrainingJob
 from search.prices.mesh import Mesh, MeshAxis
+from tests.search.algorithm.module_stacks import BATCH, DIM, stack_graph
 from tests.search.algorithm.tied_exact import assert_ft_equals_exhaustive
-
-DIM, BATCH = 16, 8
 
 
 class _A(nn.Module):
@@ -41,24 +39,8 @@ class _B(nn.Module):
         return self.down(torch.relu(self.up(x)))
 
 
-class _Stack(nn.Module):
-    def __init__(self, kinds: str) -> None:
-        super().__init__()
-        self.inp = nn.Linear(DIM, DIM, bias=False)
-        self.layers = nn.ModuleList([_A() if k == "A" else _B() for k in kinds])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x)
-        for layer in self.layers:
-            h = layer(h)
-        return (h * h).mean()
-
-
 def _graph(kinds: str) -> OpGraph:
-    with torch.device("meta"):
-        m = _Stack(kinds)
-        x = torch.empty(BATCH, DIM)
-    return capture_with_blocks(m, (x,), "layers", name=kinds, input_labels=[["batch", "h"]])
+    return stack_graph(kinds, {"A": _A, "B": _B})
 
 
 def test_a_periodic_stack_is_one_block_layer_per_period() -> None:

@@ -17,14 +17,12 @@ from search.algorithm.factor_graph import JoinMemo, MeshFactors, eliminate_all, 
 from search.algorithm.frontier import Factor, assignments, leaf, renamed
 from search.algorithm.ft import SearchOptions, search
 from search.algorithm.segments import find_segments
-from search.models.capture import capture_with_blocks
 from search.models.graph import OpGraph, block_layout
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import CostModel, TrainingJob
 from search.prices.mesh import Mesh, MeshAxis
+from tests.search.algorithm.module_stacks import BATCH, DIM, stack_graph
 from tests.search.algorithm.tied_exact import assert_ft_equals_exhaustive
-
-DIM, BATCH = 16, 8
 
 
 class _A(nn.Module):
@@ -60,24 +58,8 @@ class _B(nn.Module):
         return torch.tanh(self.fc(x))
 
 
-class _Stack(nn.Module):
-    def __init__(self, kinds: str) -> None:
-        super().__init__()
-        self.inp = nn.Linear(DIM, DIM, bias=False)
-        self.layers = nn.ModuleList([{"A": _A, "G": _Gate, "T": _Tanh, "B": _B}[k]() for k in kinds])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x)
-        for layer in self.layers:
-            h = layer(h)
-        return (h * h).mean()
-
-
 def _graph(kinds: str) -> OpGraph:
-    with torch.device("meta"):
-        m = _Stack(kinds)
-        x = torch.empty(BATCH, DIM)
-    return capture_with_blocks(m, (x,), "layers", name=kinds, input_labels=[["batch", "h"]])
+    return stack_graph(kinds, {"A": _A, "G": _Gate, "T": _Tanh, "B": _B})
 
 
 def _meshes(devices: int, tps: tuple[int, ...] = (1, 2)) -> tuple[Mesh, ...]:
