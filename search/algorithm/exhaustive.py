@@ -34,7 +34,7 @@ from search.errors import InputError
 from search.models.graph import OpGraph
 from search.prices.cluster import Cluster
 from search.prices.costmodel import CostModel, TrainingJob
-from search.prices.mesh import Mesh, mesh_candidates, placeable_meshes
+from search.prices.mesh import Mesh, mesh_candidates, placeable_meshes, runs_with_zero
 from search.prices.profile import DeviceProfile, ProfileLookup
 
 MAX_ASSIGNMENTS = 5_000_000
@@ -58,6 +58,8 @@ def exhaustive_search(graph: OpGraph, cluster: Cluster, job: TrainingJob, meshes
     solutions: list[Solution] = []
     for mesh in meshes:
         for zero in zero_stages:
+            if not runs_with_zero(mesh, zero):
+                continue
             ops, edges = tables(graph, cm, mesh, zero)
             assign, total = every_assignment(graph, ops, tied, rc_vars, limit, f"--exhaustive on mesh {mesh.describe()}")
             buffers = cm.buffers(mesh, zero=zero)

@@ -63,7 +63,7 @@ from search.models.graph import Op, OpGraph
 from search.prices.boundaries import INFEASIBLE
 from search.prices.cluster import Cluster
 from search.prices.costmodel import CostModel, OpCosts, TrainingJob
-from search.prices.mesh import Mesh, mesh_candidates, placeable_meshes
+from search.prices.mesh import Mesh, mesh_candidates, placeable_meshes, runs_with_zero
 from search.prices.profile import DeviceProfile, ProfileLookup
 
 PREPASS_EPS = 0.02
@@ -151,7 +151,8 @@ def _mesh_problems(graph: OpGraph, cm: CostModel, options: SearchOptions
     copies = chain.copies if chain is not None else frozenset()
     meshes = placeable_meshes(graph, candidates, [op for op in graph.ops if op.name not in copies])
     tables = [(mesh, zero, family_costs(graph, cm, mesh, zero, families) if families
-               else mesh_costs(graph, cm, mesh, zero, chain)) for mesh in meshes for zero in options.zero_stages]
+               else mesh_costs(graph, cm, mesh, zero, chain)) for mesh in meshes for zero in options.zero_stages
+              if runs_with_zero(mesh, zero)]
     if options.prune:
         tables = _drop_dominated_stages(tables, cm)
     if families:

@@ -28,7 +28,7 @@ import torch.nn as nn
 from pydantic import ValidationError
 
 from search.errors import InputError, invalid
-from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, SaveKind, TensorRef, label_size
+from search.models.graph import BlockInfo, Op, OpGraph, ParamRef, SaveKind, TensorRef, label_size, own_modules
 from search.models.moe import EXPERT_LABEL, LOAD_ASSUMPTION, balanced_experts, unflattened_dense_experts
 from search.models.scan import (
     captured_kind,
@@ -55,6 +55,8 @@ class _Labels:
     def __init__(self) -> None:
         self.parent: list[int] = []
         self.names: list[str] = []
+        # (root of a reshape's merged label, its size) -> the (size, label) of the dims it merged
+        self.merged: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
 
     def new(self, name: str) -> int:
         self.parent.append(len(self.parent))
@@ -199,6 +201,11 @@ _LOSS_OPS = {aten.cross_entropy_loss.default, aten.nll_loss.default, aten.nll_lo
              aten.mse_loss.default}
 _ATTENTION_OPS = {aten.scaled_dot_product_attention.default}
 _COMPUTE_KINDS = {"linear", "matmul", "attention", "embedding", "conv", "pool"}
+# The modules torch's parallel styles shard, by the op kind they run (ColwiseParallel and
+# RowwiseParallel for Linear and Embedding, SequenceParallel for norms): the executor
+# (worker/analyze.py) splits an op's parameters on a tensor axis only through one of these.
+STYLE_MODULES: dict[str, tuple[type[nn.Module], ...]] = {
+    "linear": (nn.Linear,), "embedding": (nn.Embedding,), "norm": (nn.LayerNorm, nn.RMSNorm)}
 _SAVES_OUTPUT = {"exp", "rsqrt", "sigmoid", "tanh", "sqrt", "reciprocal"}
 _SAVES_NOTHING = {"add", "sub", "neg", "_to_copy", "to", "where", "masked_fill", "clamp", "fill"}
 _DROPOUT = {"dropout", "native_dropout", "feature_dropout"}
@@ -240,6 +247,27 @@ def _int_arg(node: torch.fx.Node, i: int, default: int | None = None) -> int:
     a = node.args[i]
     assert isinstance(a, int), f"{node.name}: argument {i} is {type(a).__name__}, not int"
     return a
+
+
+# ops whose output at a position along one dimension reads other positions along it (a running
+# sum, a lookup at indices, an order): that dimension cannot split, each shard would compute on
+# its own positions alone (RoBERTa's position ids are a cumsum over the sequence), by the
+# position of the dim argument (an int, or int[] for flip), and the default where it has one
+_ALONG_DIM = {aten.cumsum.default: (1, None), aten.cumprod.default: (1, None), aten.logcumsumexp.default: (1, None),
+              aten.cummax.default: (1, None), aten.cummin.default: (1, None), aten.gather.default: (1, None),
+              aten.index_select.default: (1, None), aten.sort.default: (1, -1), aten.argsort.default: (1, -1),
+              aten.topk.default: (2, -1), aten.flip.default: (1, None)}
+
+
+def _along_dims(node: torch.fx.Node, rank: int) -> set[int]:
+    """The dimensions an op reads along (_ALONG_DIM), counted from 0."""
+    if node.target not in _ALONG_DIM or not rank:
+        return set()
+    i, default = _ALONG_DIM[node.target]
+    a = node.args[i] if len(node.args) > i else node.kwargs.get("dims" if node.target is aten.flip.default else "dim",
+                                                                  default)
+    dims = a if isinstance(a, (list, tuple)) else [a]
+    return {d % rank for d in dims if isinstance(d, int)}
 
 
 def _ints_arg(node: torch.fx.Node, i: int) -> list[int]:
@@ -304,6 +332,20 @@ def _view_labels(L: _Labels, in_shape: Sequence[int], in_labels: list[int], out_
                 break
         # absorb trailing unit dims into this group
         outer_in = next((d for d in gi if in_shape[d] != 1), None)
+        parts_in = [(in_shape[d], in_labels[d]) for d in gi if in_shape[d] != 1]
+        parts_out = [d for d in gj if out_shape[d] != 1]
+        if len(parts_in) == 1 and len(parts_out) > 1:
+            # unflattening dims an earlier reshape flattened ([b*s, n] back to [b, s, n], as OPT's
+            # MLP and GPT-2's Conv1D do): they get their labels back, so every layer of a stack
+            # is labelled as the first (whose `seq` would otherwise be a fresh label in the next)
+            size, lab = parts_in[0]
+            was = L.merged.get((L.find(lab), size))
+            if was is not None and [sz for sz, _ in was] == [out_shape[d] for d in parts_out]:
+                for d in gj:
+                    out[d] = L.new(f"{tag}/v{d}")
+                for d, (_, old) in zip(parts_out, was, strict=True):
+                    out[d] = old
+                continue
         first = True
         for d in gj:
             if out_shape[d] != 1 and first and outer_in is not None:
@@ -311,6 +353,8 @@ def _view_labels(L: _Labels, in_shape: Sequence[int], in_labels: list[int], out_
                 first = False
             else:
                 out[d] = L.new(f"{tag}/v{d}")
+        if len(parts_in) > 1 and len(parts_out) == 1:
+            L.merged[(L.find(out[parts_out[0]]), out_shape[parts_out[0]])] = tuple(parts_in)
     return out
 
 
@@ -968,12 +1012,14 @@ class _Capture:
                         cur = labels[pad + k]
                         labels[pad + k] = a.labels[k] if cur is None else L.union(cur, a.labels[k])
         final = [lab if lab is not None else L.new(f"{node.name}/d{k}") for k, lab in enumerate(labels)]
+        along = _along_dims(node, nd)
         if broadcast_ok and acts:
             kind = "elementwise"
-            split = [lab for k, lab in enumerate(final) if out_shape[k] > 1]
+            split = [lab for k, lab in enumerate(final) if out_shape[k] > 1 and k not in along]
         else:
             kind = "opaque"
-            split = [acts[0].labels[0]] if acts and acts[0].shape and final and acts[0].shape[0] == out_shape[0] else []
+            split = ([acts[0].labels[0]] if acts and acts[0].shape and final and acts[0].shape[0] == out_shape[0]
+                     and 0 not in along else [])
             if split:
                 L.union(split[0], final[0])
             elif not acts and broadcast_ok and nd >= 3 and out_shape[0] > 1 and labels[0] is None:
@@ -989,7 +1035,7 @@ class _Capture:
         return res
 
     # -- finishing ------------------------------------------------------------------------
-    def graph(self, name: str, meta: dict[str, str | int | float]) -> OpGraph:
+    def graph(self, name: str, meta: dict[str, str | int | float], model: nn.Module) -> OpGraph:
         self.name_hidden()
         if EXPERT_LABEL in self.global_labels:  # the experts' weights, older, would name it otherwise
             L = self.b.labels
@@ -1007,7 +1053,7 @@ class _Capture:
         ops = [op if op.kind in _COMPUTE_KINDS
                else op.model_copy(update={"splittable": tuple(s for s in op.splittable if s in meaningful)})
                for op in ops]
-        return OpGraph(name=name, ops=tuple(ops), meta=meta)
+        return OpGraph(name=name, ops=_mark_styles(ops, model), meta=meta)
 
     def name_hidden(self) -> None:
         """Readability: the model width (the last dim of the first embedding lookup) is "hidden"."""
@@ -1038,9 +1084,13 @@ class _Capture:
             if nm not in split:
                 split.append(nm)
         refs: list[TensorRef | ParamRef] = [*inputs, output, *params]
+        # a label on two dims of one tensor (attention scores [.., seq, seq]; a square weight whose
+        # two sides a tie made one label, BERT's head transform) names no single shard: splitting
+        # it would price a block-diagonal product that is not the op, and no placement runs it
+        twice = {d for r in refs for d in r.dims if r.dims.count(d) > 1}
         return Op(name=raw.name, kind=raw.kind, target=raw.target, module=raw.module, inputs=inputs, output=output,
                   params=tuple(params), flops=raw.flops, saves=raw.saves, workspace=raw.workspace,
-                  splittable=tuple(s for s in split if label_size(refs, s) > 1))
+                  splittable=tuple(s for s in split if s not in twice and label_size(refs, s) > 1))
 
     def global_labels_named(self) -> list[str]:
         return [self.b.labels.name(x) for x in self.global_labels.values()]
@@ -1098,9 +1148,29 @@ def capture_module(module: nn.Module, example_args: tuple[torch.Tensor, ...], na
     cap.run()
     _refuse_unrolled_loops(cap.b.ops, name)
     try:
-        return moe_meta(cap.graph(name, meta or {}))
+        return moe_meta(cap.graph(name, meta or {}, module))
     except ValidationError as e:  # the model computes what the search cannot price (complex numbers)
         raise invalid(e, f"cannot capture {name}: invalid graph") from None
+
+
+def _mark_styles(ops: list[Op], model: nn.Module) -> tuple[Op, ...]:
+    """Mark the ops with parameters that no parallel style can split (Op.styled): a style shards
+    a module of its own class (STYLE_MODULES) without submodules whose boundary is the op's own,
+    and an Embedding only through the indices its forward is called with: GPT-2's Conv1D (an
+    addmm), Gemma's embedding scaled inside its forward, OPT's and BART's learned positions
+    (indices made inside the forward) all run whole on every rank of a tensor axis."""
+    modules = dict(model.named_modules())
+    own = own_modules(ops)
+
+    def styled(op: Op) -> bool:
+        mod = modules.get(op.module)
+        if op.kind not in STYLE_MODULES or mod is None or op.module not in own:
+            return False
+        if not isinstance(mod, STYLE_MODULES[op.kind]) or any(True for _ in mod.children()):
+            return False
+        return not (op.kind == "embedding" and not op.inputs and type(mod).forward is not nn.Embedding.forward)
+
+    return tuple(op if not op.params or styled(op) else op.model_copy(update={"styled": False}) for op in ops)
 
 
 # More ops than this in one module is a Python loop that torch.export unrolled (a recurrence over

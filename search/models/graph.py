@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -115,6 +115,11 @@ class Op(BaseModel):
     workspace: float = Field(default=0.0, ge=0.0, allow_inf_nan=False,
                              description="fp32 elements autograd keeps for backward beyond the op's inputs and "
                                          "output, per element of its output (a scan's per-step states)")
+    styled: bool = Field(default=True,
+                         description="whether a parallel style of torch's parallelize_module can split this op's "
+                                     "parameters: capture sets False where the module running it is not an "
+                                     "nn.Linear, nn.Embedding or norm of its own (GPT-2's Conv1D, a scaled "
+                                     "embedding); such an op only replicates on a tensor axis")
 
     def labels(self) -> set[str]:
         out = set(self.output.dims)
@@ -127,6 +132,31 @@ class Op(BaseModel):
     def label_size(self, label: str) -> int:
         """Size of a label in this op (the smallest over the operands that carry it)."""
         return label_size((*self.inputs, self.output, *self.params), label)
+
+
+def calls_of_one_op(ops: Iterable[Op]) -> dict[str, bool]:
+    """module -> whether all its ops are calls of one parameterised op (same kind, same params):
+    a module called more than once per forward (an RNN's recurrent GEMM, once per time step)."""
+    sig: dict[str, set[tuple[str, tuple[str, ...]]]] = {}
+    for op in ops:
+        if op.module:
+            sig.setdefault(op.module, set()).add((op.kind, tuple(p.name for p in op.params)))
+    return {m: len(s) == 1 and bool(next(iter(s))[1]) for m, s in sig.items()}
+
+
+def own_modules(ops: Sequence[Op]) -> frozenset[str]:
+    """Modules whose output is one op's: a module without submodules holding ops that holds one
+    op, or only calls of one parameterised op (`calls_of_one_op`). Only such a module's boundary
+    is its op's boundary."""
+    count: dict[str, int] = {}
+    parents: set[str] = set()
+    for op in ops:
+        if op.module:
+            count[op.module] = count.get(op.module, 0) + 1
+            parts = op.module.split(".")
+            parents.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    repeated = calls_of_one_op(ops)
+    return frozenset(m for m, n in count.items() if m not in parents and (n == 1 or repeated[m]))
 
 
 def label_size(refs: Iterable[TensorRef | ParamRef], label: str) -> int:

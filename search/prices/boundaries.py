@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, cached_property
 
-from search.models.graph import Op, OpGraph
+from search.models.graph import Op, OpGraph, calls_of_one_op, own_modules
 
 INFEASIBLE = 1e30  # seconds and bytes: beyond any real plan, still finite so sums stay ordered
 
@@ -126,7 +126,12 @@ class Boundaries:
         entered = [m for m in _ancestors(reader.module) if m not in around]
         if entered and self.own_module(reader) and entered[-1] == reader.module:
             entered = entered[:-1] or entered
-        return entered[-1] if entered else f"<inside {reader.module}>"
+        if entered:
+            return entered[-1]
+        # no module entered: where prod's own module ends, its style or output hook converts the
+        # tensor once, for every reader outside it (Mamba's logits, read by the loss's cast and by
+        # the cast the model returns): those readers share that one conversion
+        return f"<exit {prod.module}>" if self.own_module(prod) else f"<inside {reader.module}>"
 
     @cached_property
     def pairs(self) -> list[Pair]:
@@ -151,14 +156,8 @@ class Boundaries:
         return any(self.graph.op(c).saves in ("inputs", "attention") for c, _ in self.consumers[prod])
 
     @cached_property
-    def _modules(self) -> tuple[dict[str, int], set[str]]:
-        count: dict[str, int] = {}
-        parents: set[str] = set()
-        for op in self.graph.ops:
-            count[op.module] = count.get(op.module, 0) + 1
-            parts = op.module.split(".") if op.module else []
-            parents.update(".".join(parts[:i]) for i in range(1, len(parts)))
-        return count, parents
+    def _own_modules(self) -> frozenset[str]:
+        return own_modules(self.graph.ops)
 
     @cached_property
     def has_modules(self) -> bool:
@@ -169,19 +168,12 @@ class Boundaries:
         A module called more than once per forward (an RNN's recurrent GEMM, once per time step)
         records one op per call: it counts as the op's own when every op it holds is a call of
         the same kind on the same parameters."""
-        count, parents = self._modules
-        if not op.module or op.module in parents:
-            return False
-        return count[op.module] == 1 or self.calls_of_one_op.get(op.module, False)
+        return bool(op.module) and op.module in self._own_modules
 
     @cached_property
     def calls_of_one_op(self) -> dict[str, bool]:
-        """module -> whether all its ops are calls of one parameterised op (same kind, same params)."""
-        sig: dict[str, set[tuple[str, tuple[str, ...]]]] = {}
-        for op in self.graph.ops:
-            if op.module:
-                sig.setdefault(op.module, set()).add((op.kind, tuple(p.name for p in op.params)))
-        return {m: len(s) == 1 and bool(next(iter(s))[1]) for m, s in sig.items()}
+        """module -> whether all its ops are calls of one parameterised op (graph.calls_of_one_op)."""
+        return calls_of_one_op(self.graph.ops)
 
     def crossing(self, prod: Op, reader: Op) -> str:
         """How the edge prod -> reader may change placement: 'entry' (the reader enters a module

@@ -181,8 +181,12 @@ def axis_choices(op: Op, axis: MeshAxis, batch: str) -> list[str | None]:
             return [batch]
         carries = any(batch in t.dims for t in (*op.inputs, op.output))
         return [] if carries else [REPLICATE]
-    if op.params and op.kind not in TENSOR_STYLED_KINDS:
+    if op.params and (op.kind not in TENSOR_STYLED_KINDS or not op.styled):
         return [REPLICATE]  # a module with parameters splits only under a parallel style
+    if EXPERT_LABEL in op.labels() and op.kind != "dispatch":
+        # the routed experts' ops (worker/experts.py runs them on plain tensors, routing tokens
+        # by data-dependent indices that DTensor placements do not pass through)
+        return [REPLICATE]
     if op.kind == "scan":
         # a scan's heads (Mamba's channels) each carry their own state and could split, but the
         # executor runs transformers' layer code, which reshapes by its full head counts and
@@ -285,13 +289,15 @@ def expert_meshes(graph: OpGraph, meshes: list[Mesh]) -> list[Mesh]:
     """For a graph with routed experts, each mesh with a data axis also factored as data x expert
     for every expert-parallel size that divides both the data axis and the number of experts
     (the expert axis inside the data axis, next to tp: its all-to-alls are the most frequent
-    collectives after tensor parallelism's, so they take the faster links first)."""
+    collectives after tensor parallelism's, so they take the faster links first). Not beside a
+    tensor axis: the executor's experts module (worker/experts.py) exchanges plain tensors, and
+    tensor parallelism would hand it DTensors, so such a plan could not run as priced."""
     experts = num_experts(graph)
     if experts < 2:
         return meshes
     out = list(meshes)
     for mesh in meshes:
-        if any(a.role == EXPERT for a in mesh.axes):
+        if any(a.role == EXPERT or (a.role == TENSOR and a.size > 1) for a in mesh.axes):
             continue
         for i, a in enumerate(mesh.axes):
             if a.role != DATA:
@@ -302,6 +308,13 @@ def expert_meshes(graph: OpGraph, meshes: list[Mesh]) -> list[Mesh]:
                 split = (MeshAxis(a.name, a.size // ep, a.stride * ep, DATA), MeshAxis("ep", ep, a.stride, EXPERT))
                 out.append(Mesh(pp=mesh.pp, axes=mesh.axes[:i] + split + mesh.axes[i + 1:]))
     return out
+
+
+def runs_with_zero(mesh: Mesh, zero: int) -> bool:
+    """Whether ZeRO stage `zero` runs on `mesh` as priced: not ZeRO-1 beside an expert axis, where
+    torch's ZeroRedundancyOptimizer would shard each rank's own experts' states over ranks that
+    hold other experts (the executor refuses it; ZeRO-2 and -3 shard per expert group)."""
+    return not (zero == 1 and any(a.role == EXPERT and a.size > 1 for a in mesh.axes))
 
 
 def sequence_length(graph: OpGraph) -> int:

@@ -22,14 +22,16 @@ DP2_TP2 = Mesh(pp=1, axes=(MeshAxis("dp", 2, 2, "data"), MeshAxis("tp", 2, 1, "t
 
 @pytest.mark.parametrize("mesh", [DP4, DP2_TP2], ids=["dp4", "dp2xtp2"])
 def test_ft_equals_exhaustive_on_a_moe_layer(mesh):
-    """dp4 is searched with its expert variants dp2 x ep2 and ep4; dp2 x tp2 with ep2 x tp2, where
-    the tensor axis may also split the experts, or each expert's GEMMs (expert-tensor parallelism)."""
+    """dp4 is searched with its expert variants dp2 x ep2 and ep4 (no ZeRO-1 beside them); dp2 x tp2
+    alone, its experts whole on the tensor axis (what the executor runs: no expert axis beside a
+    tensor axis, no expert-tensor parallelism)."""
     g = moe_layer()
     ft = search(g, CLUSTER, JOB, SearchOptions(meshes=(mesh,)))
     ex = exhaustive_search(g, CLUSTER, JOB, meshes=[mesh])
     same_frontier(ft.points, ex.points)
     check_points(ft)
-    assert sum(any(a.role == EXPERT for a in s.mesh.axes) for s in ft.solutions) >= 1
+    expert = [s for s in ft.solutions if any(a.role == EXPERT and a.size > 1 for a in s.mesh.axes)]
+    assert bool(expert) == (mesh is DP4) and all(s.zero != 1 for s in expert)
 
 
 def test_block_reuse_is_exact_on_a_stack_of_moe_layers():

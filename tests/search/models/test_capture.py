@@ -460,3 +460,109 @@ def test_a_top_level_cast_before_the_loss_stays_an_op():
     loss = next(op for op in g.ops if op.kind == "loss")
     src = {op.name: op for op in g.ops}[loss.inputs[0].source]
     assert src.target == "aten.to.dtype", src
+
+
+class _FlatLinear(nn.Module):
+    """GPT-2's Conv1D: the weight stored [in, out], the input flattened inside the forward."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_in, n_out))
+        self.bias = nn.Parameter(torch.empty(n_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(*x.shape[:-1], -1)
+
+
+class _ScaledEmbedding(nn.Embedding):
+    """Gemma's embedding: the lookup scaled inside the module's own forward."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids) * 2.0
+
+
+class _TiedHeadLM(nn.Module):
+    """BERT's masked-LM head: a square transform, then a decoder tied to the embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = _ScaledEmbedding(32, 8)
+        self.mlp = _FlatLinear(8, 16)
+        self.proj = nn.Linear(16, 8)
+        self.transform = nn.Linear(8, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        x = x + self.proj(torch.relu(self.mlp(x)))
+        return F.linear(self.transform(x), self.embed.weight)
+
+
+@functools.cache
+def _tied_head_graph() -> OpGraph:
+    return capture_module(_TiedHeadLM().to("meta"), (torch.ones(2, 4, dtype=torch.long, device="meta"),),
+                          name="mine", input_labels=[["batch", "seq"]])
+
+
+def test_only_modules_a_parallel_style_shards_may_split_their_parameters():
+    """GPT-2's Conv1D (an addmm on a weight stored [in, out]) and an embedding scaled inside its own
+    forward have no parallel style, so the executor refused every plan splitting them on a tensor
+    axis: capture marks them, and the search keeps them whole there (but splits their batch)."""
+    from search.prices.mesh import DATA, TENSOR, MeshAxis, axis_choices
+
+    g = _tied_head_graph()
+    styled = {op.module: op.styled for op in g.ops if op.params}
+    assert styled["mlp"] is False and styled["embed"] is False, styled
+    assert styled["proj"] is True and styled["transform"] is True, styled
+    tensor, data = MeshAxis("tp", 2, 1, TENSOR), MeshAxis("dp", 2, 2, DATA)
+    for op in g.ops:
+        if op.params and not op.styled:
+            assert axis_choices(op, tensor, g.batch_label) == [None], op.name
+            assert axis_choices(op, data, g.batch_label) == [g.batch_label], op.name
+    proj = next(op for op in g.ops if op.module == "proj")
+    assert len(axis_choices(proj, tensor, g.batch_label)) > 1
+
+
+def test_a_label_on_two_dims_of_one_tensor_is_not_split():
+    """The decoder tied to the embedding makes the transform's input and output features one label
+    (`hidden` on both sides of its [8, 8] weight): splitting it would price a block-diagonal
+    product, which is not the op (BERT's plans splitting it were refused at launch)."""
+    g = _tied_head_graph()
+    transform = next(op for op in g.ops if op.module == "transform")
+    w = transform.params[0]
+    assert w.dims[0] == w.dims[1], w.dims  # the tie made them one
+    assert w.dims[0] not in transform.splittable and g.batch_label in transform.splittable, transform.splittable
+
+
+class _CumsumPositions(nn.Module):
+    """RoBERTa's position ids: a running count of the non-padding tokens along the sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = nn.Embedding(40, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = ids.ne(0).int()
+        positions = torch.cumsum(mask, dim=1) * mask
+        return self.pos(positions) + torch.gather(self.pos(ids), 1, ids.unsqueeze(-1).expand(-1, -1, 8) % 4)
+
+
+def test_an_op_reading_along_a_dimension_does_not_split_it():
+    """A cumsum over the sequence split over ranks would count each shard's tokens alone: the plan
+    ran and its losses differed (RoBERTa's position ids). The batch still splits."""
+    g = capture_module(_CumsumPositions().to("meta"), (torch.ones(2, 6, dtype=torch.long, device="meta"),),
+                       name="mine", input_labels=[["batch", "seq"]])
+    for target in ("aten.cumsum.default", "aten.gather.default"):  # both along dim 1, the sequence
+        op = next(op for op in g.ops if op.target == target)
+        assert op.output.dims[1] not in op.splittable and g.batch_label in op.splittable, (op.name, op.splittable)
+    gather = next(op for op in g.ops if op.target == "aten.gather.default")
+    assert gather.output.dims[2] in gather.splittable  # its other dimensions still may
+
+
+def test_dims_a_reshape_flattened_get_their_labels_back_when_unflattened():
+    """GPT-2's Conv1D and OPT's MLP flatten [b, s, n] to [b*s, n] and view the result back: the
+    sequence came back as a fresh label, so OPT's second layer was labelled unlike its first, and
+    its plans (which copy the first layer's configuration) were refused at launch."""
+    g = _tied_head_graph()
+    relu = next(op for op in g.ops if op.target == "aten.relu.default")
+    emb = next(op for op in g.ops if op.module == "embed" and op.kind == "embedding")
+    assert relu.output.dims[:2] == emb.output.dims[:2] == ("batch", "seq"), (relu.output.dims, emb.output.dims)

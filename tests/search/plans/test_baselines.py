@@ -242,12 +242,15 @@ def test_megatron_3d_on_a_cluster_whose_flat_data_parallel_size_does_not_split_t
 
 
 def test_a_baseline_whose_layout_breaks_a_placement_rule_is_named_infeasible_not_priced():
-    """HF GPT-2's Conv1D layers: Megatron's column/row split of them changes placements where the
-    executor cannot, so those baselines cost INFEASIBLE; the search reports them by name with the
-    reason, and every baseline in the report has a real price (the report refused 1e30 bytes)."""
+    """HF GPTBigCode's fused query-key-value projection (one key and value head): Megatron's column
+    split of it changes placements where the executor cannot, so those baselines cost INFEASIBLE;
+    the search reports them by name with the reason, and every baseline in the report has a real
+    price (the report refused 1e30 bytes). (GPT-2's Conv1D layers were the case once; the search
+    no longer splits them on a tensor axis at all, so its Megatron baselines replicate them.)"""
     from search import SearchRequest, run_search
 
-    hf = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 512, "n_positions": 128}
+    hf = {"model_type": "gpt_bigcode", "n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 512,
+          "n_positions": 128}
     out = run_search(SearchRequest(hf_config=hf, devices=8, seq_len=64))
     infeasible = out.result.stats["infeasible_baselines"]
     assert infeasible and all(b["name"].startswith("megatron") and b["reason"] for b in infeasible)

@@ -219,3 +219,18 @@ def test_a_reader_inside_another_readers_module_shares_its_conversion():
     assert cm.edge_costs(g.op("x"), g.op("to"), TP4, cx, cto).comm[seq, whole_to].sum() > 0
     assert not cm.edge_costs(g.op("x"), g.op("add"), TP4, cx, cadd).comm.any()
 
+
+
+def test_readers_outside_a_producers_own_module_share_its_exit_conversion():
+    """Mamba's lm head: its logits leave the head (a module of its own) to the loss's cast, at the
+    top level, and to the cast the model returns, inside `model`. Neither enters a module, so the
+    head's style converts the tensor once where it ends, for both: they must read it alike (the
+    search once priced one reading shards and the other whole, which the executor refused)."""
+    h = act(None, ("batch", "seq", "h"))
+    head = linear("head", h, "vocab").model_copy(update={"module": "model.head"})
+    out = pointwise("out", [act("head", head.output.dims)]).model_copy(update={"module": "model"})
+    loss = pointwise("loss", [act("head", head.output.dims)])
+    g = OpGraph(name="exit", ops=(head, out, loss))
+    b = Boundaries(g)
+    assert b.conversion_module(head, out) == b.conversion_module(head, loss)
+    assert [(p.a, p.b, p.tensor) for p in b.pairs if p.kind == "reader"] == [("out", "loss", "head")]

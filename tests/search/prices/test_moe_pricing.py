@@ -50,15 +50,16 @@ def test_expert_axes_are_offered_only_with_experts(graph):
     base = mesh_candidates(CLUSTER)
     assert expert_meshes(stack(2), base) == base
     shapes = {m.describe() for m in expert_meshes(graph, base)}
-    # dp4 x tp1 factors as dp2 x ep2 and dp1 x ep4; dp2 x tp2 as dp1 x ep2 x tp2; an ep of 3 never
-    assert {"pp1 x dp2 x ep2 x tp1", "pp1 x dp1 x ep4 x tp1", "pp1 x dp1 x ep2 x tp2"} <= shapes
-    assert len(shapes) == len(base) + 3
+    # dp4 x tp1 factors as dp2 x ep2 and dp1 x ep4; dp2 x tp2 not at all (the executor's experts
+    # exchange plain tensors, not tensor parallelism's DTensors); an ep of 3 never
+    assert {"pp1 x dp2 x ep2 x tp1", "pp1 x dp1 x ep4 x tp1"} <= shapes
+    assert len(shapes) == len(base) + 2
     for m in placeable_meshes(graph, base):  # the search's meshes: the expert variants included
         ep = [a for a in m.axes if a.role == EXPERT]
         assert not ep or 4 % ep[0].size == 0
         # the expert axis still splits the batch of every op that is not an expert's
         assert data_ways(m) == math.prod(a.size for a in m.axes if a.role != "tensor")
-    assert len(placeable_meshes(graph, base)) == len(base) + 3
+    assert len(placeable_meshes(graph, base)) == len(base) + 2
 
 
 def test_an_expert_axis_splits_experts_in_the_grouped_gemms_and_the_batch_elsewhere(graph):
@@ -139,3 +140,15 @@ def test_under_expert_parallelism_the_experts_are_an_fsdp_unit_of_their_own():
     assert sum(apart[p.name] for p in experts) == pytest.approx(2.0)  # one whole unit per layer
     assert sum(plain[p.name] for p in experts) < 2.0
     assert sum(apart[p.name] for p in others) == pytest.approx(1.0)  # the layer's unit without them
+
+
+def test_the_experts_stay_whole_on_a_tensor_axis(graph):
+    """The executor runs the routed experts on plain tensors (worker/experts.py): no op of theirs
+    splits on a tensor axis (no expert-tensor parallelism), the dispatch's batch aside."""
+    from search.models.moe import EXPERT_LABEL
+    from search.prices.mesh import TENSOR, MeshAxis, axis_choices
+
+    tp = MeshAxis("tp", 2, 1, TENSOR)
+    experts = [op for op in graph.ops if EXPERT_LABEL in op.labels() and op.kind != "dispatch"]
+    assert experts
+    assert all(axis_choices(op, tp, graph.batch_label) == [None] for op in experts)
