@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from search import InputError, Plan
+from search.models.capture import STYLE_MODULES
 from search.models.graph import Op, OpGraph, ParamRef, block_layout
 from search.models.seq2seq import SEQ2SEQ_KIND
 from search.models.source import NOT_REBUILDABLE, ModelSource, source_spec
@@ -60,7 +61,7 @@ class Unsupported(InputError):
     """The Plan (or this machine) cannot be executed as planned; the message says why."""
 
 
-STYLE_KINDS = {"linear": (nn.Linear,), "embedding": (nn.Embedding,), "norm": (nn.LayerNorm, nn.RMSNorm)}
+STYLE_KINDS = STYLE_MODULES  # the capture marks what these cannot split (Op.styled); the rule is checked again here
 ROLE_DIM = {"data": "dp", "tensor": "tp", "expert": "ep", "context": "cp", "replicate": "rep"}
 
 
@@ -153,11 +154,13 @@ def _layer_name(code: str, zeros: list[str], mine: list[str]) -> str:
 Codes = tuple[str, ...]  # one placement code per tensor axis
 
 
-def dtensor(code: str | Codes, dims: tuple[str, ...]) -> str:
+def dtensor(code: str | Codes, dims: tuple[str, ...], from_end: bool = False) -> str:
     """A placement code of search.prices.mesh ('R', 'P', 'S:label') in DTensor's vocabulary for a tensor
-    with these dimension labels; several codes (one per tensor axis) as a comma-separated list."""
+    with these dimension labels; several codes (one per tensor axis) as a comma-separated list.
+    `from_end`: the shard's dimension counted from the last (Shard(-1)), for a tensor that the
+    module flattens inside its forward (its leading dimensions, so the trailing ones stay put)."""
     if isinstance(code, tuple):
-        return ",".join(dtensor(c, dims) for c in code)
+        return ",".join(dtensor(c, dims, from_end) for c in code)
     if code == "R":
         return "Replicate()"
     if code == "P":
@@ -165,7 +168,7 @@ def dtensor(code: str | Codes, dims: tuple[str, ...]) -> str:
     label = code[2:]
     if label not in dims:
         raise Unsupported(f"label {label!r} is not a dimension of the tensor at a module boundary")
-    return f"Shard({dims.index(label)})"
+    return f"Shard({dims.index(label) - (len(dims) if from_end else 0)})"
 
 
 # ---- roles ------------------------------------------------------------------------------------
@@ -383,17 +386,22 @@ class _TensorAxis:
                 self.styles[op.name] = same
                 continue
             self.styles[op.name] = self._own_style(op, styles, nat_in, nat_out)
+        edges = []
         for v in self.g.ops:
             for i, t in enumerate(v.inputs):
                 # graph inputs: every rank loads them whole
                 src = self.out(self.ops[t.source]) if t.source else ("R",) * len(self.axes)
                 dst = self.inp(v, i)
-                if src != dst:
-                    self.redistribute(self.ops.get(t.source) if t.source else None, v, i, src, dst)
-                elif t.source and self._shared_gradient(t.source, v, i):
-                    # several readers return partial gradients (q, k, v reading ln1): convert where
-                    # they enter together, so autograd sums them and reduces once, as the plan prices
-                    self.redistribute(self.ops[t.source], v, i, src, dst)
+                # several readers returning partial gradients (q, k, v reading ln1) convert where
+                # they enter together, so autograd sums them and reduces once, as the plan prices
+                if src != dst or (t.source and self._shared_gradient(t.source, v, i)):
+                    edges.append((self.ops.get(t.source) if t.source else None, v, i, src, dst))
+        # a conversion where a tensor leaves its producer's module serves every reader: decided
+        # first, so a reader entering a module of its own (Phi-3's fused gate_up read by the MLP's
+        # product and by its activation module) takes the converted tensor rather than asking for
+        # a conversion of its own that the exit would contradict
+        for u, v, i, src, dst in sorted(edges, key=lambda e: not self._exits_only(e[0], e[1])):
+            self.redistribute(u, v, i, src, dst)
         self.nest_entries()
         self.schedule_calls()
         for op in self.g.ops:
@@ -454,6 +462,10 @@ class _TensorAxis:
         else:
             self.convert_on_exit(u, v, i, src, dst, key)
 
+    def _exits_only(self, u: Op | None, v: Op) -> bool:
+        """The edge u -> v enters no module of v's that u is outside of: only u's exit converts it."""
+        return u is not None and not [m for m in self.mods.ancestors(v.module) if m not in self.mods.ancestors(u.module)]
+
     def reduces_on_exit(self, u: Op, src: Codes, dst: Codes) -> bool:
         """A row-parallel op's partial sum that every reader wants reduced alike is reduced by the
         op's own style as it leaves its module, even where the readers enter modules of their own
@@ -513,8 +525,12 @@ class _TensorAxis:
             self.refuse_ambiguous_entry(m_in, pname, tuple(v.inputs[i].shape))
             # a DTensor may flow into the module only if every reader is a style that accepts one
             dt_ok = all(w.name in self.styles for w in inside)
-            self.extra.append(StyleSpec(module=m_in, style="prepare_input", input_layout=dtensor(src, dims),
-                                        desired_input_layout=dtensor(dst, dims), use_local_output=not dt_ok,
+            # v reads the tensor with fewer dimensions than u made it: the module received u's
+            # tensor and flattened its leading dimensions inside (GPT-2's Conv1D views [b, s, n]
+            # as [b*s, n]), so the shard is where v's trailing dimensions put it
+            flat = u is not None and len(u.output.dims) > len(dims)
+            self.extra.append(StyleSpec(module=m_in, style="prepare_input", input_layout=dtensor(src, dims, flat),
+                                        desired_input_layout=dtensor(dst, dims, flat), use_local_output=not dt_ok,
                                         ops=[f"{pname} -> {v.name}"]))
             self.entry_style[m_in] = (self.extra[-1], dims)
         self.entries[m_in] = (pname, dst)
@@ -903,9 +919,13 @@ def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph, 
     placed = [st for st in styles if st.style == "placed"]
     called = {op.module for op in graph.ops}
     for group in ties:
-        # a holder the forward never calls (T5's `shared`, whose weight its two stacks' embeddings and
-        # the lm head tie to) places nothing: it takes the weight of those that do (parallelize.py retie)
-        group = [g for g in group if g.rpartition(".")[0] in called] or group
+        # a holder whose own forward never reads the parameter (T5's `shared`, whose weight its two
+        # stacks' embeddings and the lm head tie to; RoBERTa's lm head, whose bias its decoder reads)
+        # places nothing: it takes the weight of those that do (parallelize.py retie)
+        names = set(group)
+        reading = {op.module for op in graph.ops if any(p.name in names for p in op.params)}
+        group = ([g for g in group if g.rpartition(".")[0] in reading]
+                 or [g for g in group if g.rpartition(".")[0] in called] or group)
         if placed:
             _check_placed_tie(group, placed, stages)
             continue

@@ -70,11 +70,12 @@ def test_hf_config_jobs_and_a_bad_config_is_refused_on_submit(live, http):
 
 def test_an_hf_config_job_with_infeasible_baselines_reaches_done_and_names_them(live, http):
     """Issue 23: jobs from HF configs were lost once their search was done, an infeasible baseline's
-    1e30 sentinel being out of range for the database's BigInteger. GPT-2's Conv1D layers make the
-    Megatron baselines infeasible on 8 devices: the job reaches done on this backend (SQLite, and
+    1e30 sentinel being out of range for the database's BigInteger. GPTBigCode's fused query-key-value
+    projection makes the Megatron baselines infeasible on 8 devices: the job reaches done on this backend (SQLite, and
     PostgreSQL where the suite has one), every stored baseline has a real price, and the infeasible
     ones are named with their reason in the frontier's stats."""
-    hf = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 512, "n_positions": 128}
+    hf = {"model_type": "gpt_bigcode", "n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 512,
+          "n_positions": 128}
     r = http.post("/api/jobs", json={"hf_config": hf, "name": "hf-infeasible-baselines", "devices": 8,
                                      "seq_len": 64})
     assert r.status_code == 201, r.text

@@ -46,6 +46,46 @@ def test_every_frontier_plan_is_executable(model, devices):
         analyze(plan)  # raises Unsupported naming the op if not
 
 
+_TINY = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=256,
+             max_position_embeddings=128, pad_token_id=0)
+# transformers' own modules the executor once refused where the search had split them: GPT-2's
+# Conv1D and its activation module between two of them, Gemma-3's embedding scaled in its forward,
+# OPT's learned positions and its layers' sequence (flattened and unflattened by its MLP), BERT's
+# head transform (a square weight a tie makes one label), Phi-3's fused gate_up read by the MLP's
+# product and by its activation module
+HF_CASES = {
+    "gpt2": ({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_inner": 128, "n_head": 4, "vocab_size": 256,
+              "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0}, 4),
+    "gemma3_text": ({"model_type": "gemma3_text", **_TINY, "num_key_value_heads": 2, "head_dim": 16}, 4),
+    "opt": ({"model_type": "opt", **_TINY, "ffn_dim": 128, "word_embed_proj_dim": 64}, 8),
+    "bert": ({"model_type": "bert", **_TINY}, 8),
+    "phi3": ({"model_type": "phi3", **_TINY, "num_key_value_heads": 2}, 8),
+    # its lm head's bias is its decoder's (tied): the head module itself never reads it
+    "roberta": ({"model_type": "roberta", **_TINY}, 8),
+    # its logits leave the lm head to two readers (the loss's cast, the cast the model returns):
+    # one conversion where the head ends serves both, so they must want one placement
+    "mamba": ({"model_type": "mamba", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+               "vocab_size": 256, "pad_token_id": 0}, 8),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(HF_CASES))
+def test_every_frontier_plan_of_an_hf_config_is_executable(family):
+    config, devices = HF_CASES[family]
+    o = run_search(SearchRequest(hf_config=config, name=family, device="cpu", devices=devices,
+                                 devices_per_node=devices, global_batch=8, seq_len=32, precision="fp32",
+                                 baselines=False))
+    assert any(a.role == "tensor" and a.size > 1 for p in o.plans for a in p.mesh.axes), "no tensor axis searched"
+    refused = []
+    for plan in o.plans:
+        try:
+            analyze(plan)
+        except Unsupported as e:
+            refused.append(f"{plan.summary}: {e}")
+    assert not refused, "\n".join(refused)
+
+
 def test_mixed_axis_is_refused_naming_the_op():
     """A hand-edited plan splitting the batch on dp for most ops but one embedding's hidden size on
     the same axis is not expressible as DDP/FSDP + parallelize_module."""

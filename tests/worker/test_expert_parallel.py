@@ -74,7 +74,8 @@ def test_all_to_alls_equal_the_plan(name, runs):
 
 
 def test_expert_parallelism_beside_tensor_parallelism_is_refused_saying_why():
-    """ep2 x tp2 is priced (the search offers it) but not executed: analyze says so before launch."""
+    """ep2 x tp2 is not executed (the search does not offer it): a plan written by hand is refused
+    before launch, saying why."""
     from worker.analyze import Unsupported, analyze
 
     plan = plan_on(Mesh(pp=1, axes=(MeshAxis("dp", 1, 4, "data"), MeshAxis("ep", 2, 2, "expert"),

@@ -77,11 +77,40 @@ def _converts_a_layer_input(plan: Plan) -> bool:
                and st.input_layout != st.desired_input_layout for st in analyze(plan).styles)
 
 
+GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_inner": 128, "n_head": 4, "vocab_size": 256,
+        "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0}
+
+
+def _flattened_entry():
+    """A GPT-2 plan on dp2 x tp2 whose MLP activation module computes on shards of the hidden
+    features and hands them to c_proj, a Conv1D that flattens [b, s, n] to [b*s, n] inside its
+    forward: the gather into it is a shard of the last dimension (Shard(-1)), not of dimension 1,
+    which would have gathered the sequence and fed c_proj a tensor of the wrong width."""
+    from search.algorithm.ft import SearchOptions, search
+    from search.plans.api import request_source, resolve, with_source
+    from search.plans.plan import build_plans
+    from tests.worker.parity import mesh
+    from worker.analyze import analyze
+
+    req = SearchRequest(hf_config=GPT2, name="gpt2", device="cpu", devices=4, devices_per_node=4,
+                        global_batch=8, seq_len=32, precision="fp32", baselines=False)
+    graph, cluster, job, _ = resolve(req)
+    r = search(graph, cluster, job, SearchOptions(meshes=(mesh(2, 2),), zero_stages=(0,), recompute=False,
+                                                  pipeline=False, accumulate=False))
+    for plan in with_source(build_plans(r, r.points), request_source(req, graph)):
+        spec = analyze(plan)
+        if any(st.style == "prepare_input" and "Shard(-1)" in (st.input_layout or "") for st in spec.styles):
+            return spec
+    raise AssertionError("no plan on dp2 x tp2 gathers a flattened module's input")
+
+
 def _specs():
     from worker.analyze import analyze
 
     return {**{family: analyze(_plan(family)) for family in CASES},
-            **{name: analyze(_on_mesh(name)) for name in ON_MESH}}
+            **{name: analyze(_on_mesh(name)) for name in ON_MESH},
+            "gpt2 flattened entry": _flattened_entry()}
 
 
 VIT = {"model_type": "vit", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
@@ -139,6 +168,16 @@ def test_a_tensor_parallel_plan_of_an_hf_config_trains_as_one_process_does(name,
     ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
                            lr=job.settings.lr, source=spec.source)
     assert_losses_match(f"{name} ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_a_module_flattening_its_input_receives_it_gathered_whole(hf_runs):
+    job, raw = hf_runs["gpt2 flattened entry"]
+    spec = job.spec
+    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
+                           lr=job.settings.lr, source=spec.source)
+    assert_losses_match(f"gpt2 ({spec.summary})", raw["losses"], ref, STEPS, TOL)
 
 
 @pytest.mark.processes
