@@ -17,7 +17,7 @@ def test_every_expert_signature_builds_at_its_local_shape():
     sigs = enumerate_signatures(g, make_cluster("cpu", 4, devices_per_node=4), "fp32")
     experts = [i for i in sigs.items.values() if "experts" in i.op.name]
     grouped = [i for i in experts if i.op.kind == "linear"]
-    # the search's expert-parallel meshes are profiled too (ep2 x tp2 here; dp2 x ep2's signatures
+    # the search's expert-parallel meshes are profiled too (ep4 here; dp2 x ep2's signatures
     # coincide with others' local shapes and are timed once)
     assert any(a.role == "expert" and a.size > 1 for i in grouped for a in i.mesh.axes)
     for inst in experts:
