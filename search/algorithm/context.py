@@ -13,7 +13,7 @@ from search.algorithm.evaluate import PipeShape
 from search.models.graph import OpGraph
 from search.prices.cluster import Cluster
 from search.prices.costmodel import TrainingJob
-from search.prices.mesh import CONTEXT, context_meshes, data_ways, mesh_candidates
+from search.prices.mesh import CONTEXT, context_meshes, data_ways, mesh_candidates, runs_with_zero
 
 
 def context_accumulation_shapes(graph: OpGraph, cluster: Cluster, job: TrainingJob,
@@ -27,6 +27,6 @@ def context_accumulation_shapes(graph: OpGraph, cluster: Cluster, job: TrainingJ
         if job.global_batch % dp:
             continue
         per_rank = job.global_batch // dp
-        for zero in zero_stages:
+        for zero in filter(lambda z: runs_with_zero(mesh, z), zero_stages):
             shapes += [PipeShape(mesh, zero, m, "1f1b") for m in range(2, per_rank + 1) if per_rank % m == 0]
     return shapes

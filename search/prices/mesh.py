@@ -313,8 +313,10 @@ def expert_meshes(graph: OpGraph, meshes: list[Mesh]) -> list[Mesh]:
 def runs_with_zero(mesh: Mesh, zero: int) -> bool:
     """Whether ZeRO stage `zero` runs on `mesh` as priced: not ZeRO-1 beside an expert axis, where
     torch's ZeroRedundancyOptimizer would shard each rank's own experts' states over ranks that
-    hold other experts (the executor refuses it; ZeRO-2 and -3 shard per expert group)."""
-    return not (zero == 1 and any(a.role == EXPERT and a.size > 1 for a in mesh.axes))
+    hold other experts (ZeRO-2 and -3 shard per expert group), nor beside a context axis, where it
+    would average the gradients over the data axis only, not data x context (the executor refuses
+    both)."""
+    return not (zero == 1 and any(a.role in (EXPERT, CONTEXT) and a.size > 1 for a in mesh.axes))
 
 
 def sequence_length(graph: OpGraph) -> int:
@@ -340,27 +342,36 @@ def context_blocker(graph: OpGraph) -> str | None:
                 n = label_size((t,), batch)
                 if not any(n == b * seq for b in rows):
                     return f"op {op.name!r} reads the batch without the sequence (pooled over it)"
+    # the model looks positions 0 .. t-1 up for the t tokens it holds: on a share of the sequence
+    # those are the wrong positions (rotary tables take each token's own; worker/context.py)
+    learned = next((op for op in graph.ops if op.kind == "embedding" and SEQ_LABEL in op.output.dims
+                    and not any(SEQ_LABEL in t.dims for t in op.inputs)), None)
+    if learned is not None:
+        return f"op {learned.name!r} is a learned position embedding"
     return None
 
 
 def context_meshes(graph: OpGraph, meshes: list[Mesh], min_seq: int = CONTEXT_MIN_SEQ) -> list[Mesh]:
     """For a graph whose attention runs over at least `min_seq` tokens, each mesh with a data axis
-    (and no expert axis) also factored as data x context for every size of CONTEXT_SIZES that
-    divides the data axis and the sequence (the context axis inside the data axis, next to tp: its
-    ring exchanges K/V every layer, so it takes the faster links before data parallelism's
-    once-a-step gradient sync)."""
+    (and no expert or tensor axis, pp 1) also factored as data x context for every size of
+    CONTEXT_SIZES that divides the data axis and cuts the sequence into 2 x cp chunks (ring
+    attention's load-balanced sharding: rank r holds chunks r and 2 cp - 1 - r). The context axis
+    sits inside the data axis: its ring exchanges K/V every layer, so it takes the faster links
+    before data parallelism's once-a-step gradient sync. The executor (worker/context.py) runs
+    ring attention on plain tensors, so not beside tensor parallelism's DTensors, the experts'
+    all-to-all, or inside a pipeline stage."""
     seq = sequence_length(graph)
     if seq < max(min_seq, 2) or context_blocker(graph) is not None:
         return meshes
     out = list(meshes)
     for mesh in meshes:
-        if any(a.role in (EXPERT, CONTEXT) for a in mesh.axes):
+        if mesh.pp > 1 or any(a.role in (EXPERT, CONTEXT) or (a.role == TENSOR and a.size > 1) for a in mesh.axes):
             continue
         for i, a in enumerate(mesh.axes):
             if a.role != DATA:
                 continue
             for cp in CONTEXT_SIZES:
-                if a.size % cp or seq % cp:
+                if a.size % cp or seq % (2 * cp):
                     continue
                 split = (MeshAxis(a.name, a.size // cp, a.stride * cp, DATA), MeshAxis("cp", cp, a.stride, CONTEXT))
                 out.append(Mesh(pp=mesh.pp, axes=mesh.axes[:i] + split + mesh.axes[i + 1:]))

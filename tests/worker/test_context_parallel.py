@@ -92,10 +92,11 @@ def test_context_parallelism_beside_tensor_parallelism_is_refused_saying_why():
         analyze(plan)
 
 
-def test_a_learned_position_embedding_is_refused_saying_why():
-    """GPT-2 looks its position embedding up for 0 .. t - 1 of the tokens it holds: wrong on a share."""
-    from worker.analyze import Unsupported, analyze
+def test_a_learned_position_embedding_gets_no_context_axis_saying_why():
+    """GPT-2 looks its position embedding up for 0 .. t - 1 of the tokens it holds: wrong on a share.
+    The search offers it no context axis (the executor's analysis refuses such a plan too); asked
+    for one, it says why."""
+    from search.errors import InputError
 
-    plan = plan_on(MESHES["cp4"][0], 0, model="gpt2-tiny")
-    with pytest.raises(Unsupported, match="learned position embedding"):
-        analyze(plan)
+    with pytest.raises(InputError, match="'pos_emb:embedding' is a learned position embedding"):
+        plan_on(MESHES["cp4"][0], 0, model="gpt2-tiny")

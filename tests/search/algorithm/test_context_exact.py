@@ -155,10 +155,12 @@ def test_accumulation_is_offered_on_context_meshes():
     g = attention_lm(batch=4, seq=8192, layers=2)
     shapes = context_accumulation_shapes(g, CLUSTER, TrainingJob(global_batch=4), (0, 3))
     got = {(s.mesh.describe(), s.zero, s.micro_batches) for s in shapes}
-    # m divides the per-rank batch (4 / dp); dp1 x tp4 has no data axis to take a context axis from
-    want = {("pp1 x dp2 x cp2 x tp1", 2), ("pp1 x dp1 x cp4 x tp1", 2), ("pp1 x dp1 x cp4 x tp1", 4),
-            ("pp1 x dp1 x cp2 x tp2", 2), ("pp1 x dp1 x cp2 x tp2", 4)}
+    # m divides the per-rank batch (4 / dp); dp1 x tp4 has no data axis to take a context axis from,
+    # and dp2 x tp2 none either: the executor runs ring attention beside data parallelism only
+    want = {("pp1 x dp2 x cp2 x tp1", 2), ("pp1 x dp1 x cp4 x tp1", 2), ("pp1 x dp1 x cp4 x tp1", 4)}
     assert got == {(mesh, z, m) for mesh, m in want for z in (0, 3)}
+    # nor ZeRO-1, which would average the gradients over the data axis alone
+    assert all(s.zero != 1 for s in context_accumulation_shapes(g, CLUSTER, TrainingJob(global_batch=4), (0, 1, 2, 3)))
     assert context_accumulation_shapes(attention_lm(batch=4, seq=16, layers=2), CLUSTER, TrainingJob(global_batch=4),
                                        (0,)) == []  # short sequences get no context axis
 
