@@ -828,16 +828,25 @@ def _same_tables(a: PipeTables, b: PipeTables) -> bool:
         return False
     if not (np.array_equal(a.p2p, b.p2p) and np.array_equal(a.p2p_bytes, b.p2p_bytes)):
         return False
+    # layers 2.. share their template op's table object in each shape: a pair of tables is
+    # compared once, not once per layer (llama-70b: 80 layers' worth of array_equal calls)
+    equal: set[tuple[int, int]] = set()
     for name, x in a.op_costs.items():
         y = b.op_costs[name]
-        if x is y:
+        if x is y or (id(x), id(y)) in equal:
             continue
-        if x.configs != y.configs or x.estimated != y.estimated or (x.step is None) != (y.step is None):
+        if not _same_op_table(x, y):
             return False
-        fields = ("time", "mem", "parts", "comm", "time_rc", "mem_rc", "parts_rc") + (("step",) if x.step is not None else ())
-        if not all(np.array_equal(getattr(x, f), getattr(y, f)) for f in fields):
-            return False
+        equal.add((id(x), id(y)))
     return True
+
+
+def _same_op_table(x: OpCosts, y: OpCosts) -> bool:
+    """Two ops' tables equal to the bit."""
+    if x.configs != y.configs or x.estimated != y.estimated or (x.step is None) != (y.step is None):
+        return False
+    fields = ("time", "mem", "parts", "comm", "time_rc", "mem_rc", "parts_rc") + (("step",) if x.step is not None else ())
+    return all(np.array_equal(getattr(x, f), getattr(y, f)) for f in fields)
 
 
 class EndLeast(NamedTuple):
