@@ -245,23 +245,90 @@ class _Envelope:
             return f
         return select(f, np.flatnonzero(self.admit(f.t, f.m)))
 
-    def join(self, a: Factor, b: Factor, domain: dict[str, int], eps: float, stats: Stats) -> Factor:
-        admit = (lambda t, m, keys: self.admit(t, m)) if self.enabled else None
-        # `admit` refuses (t, m) only if it refuses every costlier point: it bounds whole rows too
-        return join(a, b, domain=domain, eps=eps, stats=stats, admit=admit, bound=self.admit if self.enabled else None)
+    def join(self, a: Factor, b: Factor, domain: dict[str, int], eps: float, stats: Stats,
+             rest: _Rest | None = None) -> Factor:
+        """a + b, less what the envelope refuses; with `rest`, a partial sum's points are judged
+        with the least that completes them added (`admit_completed`)."""
+        if not self.enabled:
+            return join(a, b, domain=domain, eps=eps, stats=stats)
+        if rest is None:
+            # `admit` refuses (t, m) only if it refuses every costlier point: it bounds whole rows too
+            return join(a, b, domain=domain, eps=eps, stats=stats, admit=lambda t, m, keys: self.admit(t, m),
+                        bound=self.admit)
+        rest_t, rest_m = rest
+        least_t, least_m = float(rest_t.min()), float(rest_m.min())  # what any configuration adds at least
+        return join(a, b, domain=domain, eps=eps, stats=stats,
+                    admit=lambda t, m, keys: self.admit_completed(t, m, keys[:, 0], rest),
+                    bound=lambda t, m: self.admit((t + least_t) * _SHRINK, (m + least_m) * _SHRINK))
+
+    def admit_completed(self, t: np.ndarray, m: np.ndarray, b: np.ndarray, rest: _Rest) -> np.ndarray:
+        """`admit` for partial sums of a one-stage plan in boundary configurations b, each of
+        which completes to plans that cost at least it plus rest (per configuration: the least
+        time and the least memory of the parts still to add, `_Completion.rest`). Costs add up
+        on one stage, so those plans lie above the sum: if the envelope beats the sum, it beats
+        them all (exact; the sum pulled toward the origin by 2 RTOL, a margin for rounding)."""
+        return self.admit((t + rest[0][b]) * _SHRINK, (m + rest[1][b]) * _SHRINK)
+
+    def prune_completed(self, f: Factor, rest: _Rest) -> Factor:
+        if not self.enabled:
+            return f
+        return select(f, np.flatnonzero(self.admit_completed(f.t, f.m, f.keys[:, 0], rest)))
+
+
+# per boundary configuration, the least time and the least memory still to add to a partial plan
+_Rest = tuple[np.ndarray, np.ndarray]
+_SHRINK = 1.0 - 2 * RTOL
+
+
+class _Completion:
+    """A one-stage shape's plans (gradient accumulation) are sums: the ops before the stack with
+    layer 0 (the head), n - 1 more layers and the ops after the stack (the tail), under one
+    weighting. So a partial sum in boundary configuration b ends in plans costing at least it
+    plus, per part still to add, that part's least time and least memory in b (a layer's once
+    per layer): far tighter than the stage alone, which is all a pipeline's stage tells."""
+
+    def __init__(self, head: Factor, unit: Factor, tail: Factor, layers: int) -> None:
+        configs = 1 + int(max(f.keys[:, 0].max(initial=0) for f in (head, unit, tail)))
+        self.head, self.unit, self.tail = (self._least(f, configs) for f in (head, unit, tail))
+        self.layers = layers  # after layer 0 (the head's)
+
+    @staticmethod
+    def _least(f: Factor, configs: int) -> _Rest:
+        """Per boundary configuration, f's least time and least memory (inf where it has none)."""
+        t, m = np.full(configs, np.inf), np.full(configs, np.inf)
+        np.minimum.at(t, f.keys[:, 0], f.t)
+        np.minimum.at(m, f.keys[:, 0], f.m)
+        return t, m
+
+    def rest(self, layers: int, head: bool = False, tail: bool = False) -> _Rest:
+        """What completes a partial sum of `layers` of the n - 1 layers (and the head, the tail
+        where it holds them): the least of each part still missing."""
+        left = self.layers - layers
+        parts = [(left * self.unit[0], left * self.unit[1])] if left else []
+        parts += [] if head else [self.head]
+        parts += [] if tail else [self.tail]
+        if not parts:
+            zero = np.zeros(len(self.unit[0]))
+            return zero, zero
+        return (np.sum([p[0] for p in parts], axis=0), np.sum([p[1] for p in parts], axis=0))
 
 
 class _Powers:
-    """U^k, the k-layer Minkowski powers of one layer factor, built on demand and memoised."""
+    """U^k, the k-layer Minkowski powers of one layer factor, built on demand and memoised. With
+    a `completion` (a one-stage shape), every power is pruned by what completes it."""
 
-    def __init__(self, unit: Factor, domain: dict[str, int], eps: float, stats: Stats, env: _Envelope) -> None:
+    def __init__(self, unit: Factor, domain: dict[str, int], eps: float, stats: Stats, env: _Envelope,
+                 completion: _Completion | None = None) -> None:
         self.domain, self.eps, self.stats, self.env = domain, eps, stats, env
-        self.memo: dict[int, Factor] = {1: env.prune(unit)}
+        self.completion = completion
+        self.memo: dict[int, Factor] = {1: env.prune(unit) if completion is None
+                                        else env.prune_completed(unit, completion.rest(1))}
 
     def __call__(self, k: int) -> Factor:
         if k not in self.memo:
             half = self(k // 2)
-            f = self.env.join(half, self(k - k // 2), self.domain, self.eps, self.stats)
+            rest = self.completion.rest(k) if self.completion is not None else None
+            f = self.env.join(half, self(k - k // 2), self.domain, self.eps, self.stats, rest)
             f.layers = k
             self.memo[k] = f
         return self.memo[k]
@@ -296,8 +363,9 @@ class _Stages:
     def __init__(self, weights: list[Weights], solve: Callable[[Weights], MeshProblem | None],
                  ends: dict[Weights, MeshProblem], head: Factor, tail: Factor, domain: dict[str, int], eps: float,
                  stats: Stats, env: _Envelope, middle: Callable[[Weights], Factor] | None = None, virtual: int = 1,
-                 spread: int = STAGE_BAND) -> None:
+                 spread: int = STAGE_BAND, completion: _Completion | None = None) -> None:
         self.weights, self.solve, self.ends, self.head, self.tail = weights, solve, ends, head, tail
+        self.completion = completion  # one stage: partial sums pruned by what completes them
         self.middle = middle
         self.domain, self.eps, self.stats, self.env = domain, eps, stats, env
         self.powers: dict[Weights, _Powers] = {}
@@ -407,9 +475,16 @@ class _Stages:
         domain = ends[first].domain
         head, tail = ends[first].head, ends[last].tail
         assert head is not None and tail is not None
-        return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env,
-                   middle if all((w.slots, w.copies) == (bare.slots, bare.copies) for w in weights) else None,
-                   shape.virtual_stages, shape.spread)
+        uses_middle = all((w.slots, w.copies) == (bare.slots, bare.copies) for w in weights)
+        if len(weights) > 1 or not env.enabled:
+            return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env,
+                       middle if uses_middle else None, shape.virtual_stages, shape.spread)
+        unit = ends[last].unit
+        assert unit is not None
+        done = _Completion(head, unit, tail, len(chain.layers) - 1)
+        return cls(weights, solve, ends, env.prune_completed(head, done.rest(0, head=True)),
+                   env.prune_completed(tail, done.rest(0, tail=True)), domain, eps, Stats(), env,
+                   middle if uses_middle else None, shape.virtual_stages, shape.spread, done)
 
     def power(self, w: Weights) -> _Powers:
         """The k-layer powers of the layer frontier under weights w (its problem solved once)."""
@@ -420,7 +495,7 @@ class _Stages:
                 unit = prob.unit
             else:
                 unit = self.middle(w)
-            self.powers[w] = _Powers(unit, self.domain, self.eps, self.stats, self.env)
+            self.powers[w] = _Powers(unit, self.domain, self.eps, self.stats, self.env, self.completion)
         return self.powers[w]
 
     def layer_floor(self, b: int) -> tuple[float, float]:
@@ -461,7 +536,10 @@ class _Stages:
         """Stage s holding k layers (stage 0 counts layer 0, which the head carries)."""
         w, env = self.weights[s], self.env
         if s == 0:
-            f = self.head if k == 1 else env.join(self.head, self.power(w)(k - 1), self.domain, self.eps, self.stats)
+            # one stage holds every layer: the head and the n - 1 others still miss the tail
+            rest = self.completion.rest(k - 1, head=True) if self.completion is not None else None
+            f = self.head if k == 1 else env.join(self.head, self.power(w)(k - 1), self.domain, self.eps, self.stats,
+                                                  rest)
         else:
             f = self.power(w)(k)
         if s == len(self.weights) - 1:
