@@ -456,12 +456,21 @@ class _Stages:
         # (the ends' other ops at their cheapest configurations: the stack's layers outweigh
         # them), then the end stages' full minima; each later test is no weaker
         plans = _known(envelope) if envelope is not None and len(envelope[0]) else None
+        layer_units: list[tuple[np.ndarray, np.ndarray]] = []
+
+        def units(lams: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """The layer's minima at the known plans' slopes, found once for the last two tests."""
+            if not layer_units:
+                layer_units.append(_layer_units(graph, tables, factors(first), factors(last), lams))
+            return layer_units[0]
+
         if envelope is not None and plans is not None and (
                 _ends_beaten(tables, weights, lambda lams: _op_least(graph, tables, first, last, lams), envelope, plans)
                 or _ends_beaten(tables, weights, lambda lams: _layer_least(graph, tables, (factors(first), first),
-                                                                        (factors(last), last), lams), envelope, plans)
+                                                                        (factors(last), last), lams, units(lams)),
+                                envelope, plans)
                 or _ends_beaten(tables, weights, lambda lams: _end_least(graph, tables, factors(first), factors(last),
-                                                                         lams), envelope, plans)):
+                                                                         lams, units(lams)), envelope, plans)):
             return None
         lp = solve(last)
         if lp is None:
@@ -945,19 +954,30 @@ def _objectives(lams: np.ndarray, p: int) -> np.ndarray:
     return np.concatenate([[[1.0, 0.0], [0.0, 1.0]], np.stack([one, lams], 1), np.stack([one / p, lams], 1)])
 
 
-def _end_least(graph: OpGraph, tables: PipeTables, first: MeshFactors, last: MeshFactors, lams: np.ndarray) -> EndLeast:
+def _layer_units(graph: OpGraph, tables: PipeTables, first: MeshFactors, last: MeshFactors, lams: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """EndLeast's `u0` and `ul`: one layer's minima under the first and the last stage's
+    weights, by the min-sum elimination of the factors their solves eliminate. `_layer_least`
+    and `_end_least` both read them: a shape that reaches the second test reuses the first's."""
+    chain, p = tables.chain, tables.shape.stages
+    diag = np.arange(len(first.op_costs[chain.boundary].configs))
+    block, _, _ = stage_parts(graph, chain, first.op_costs, tables.tail)
+    units = [u[diag, diag] for u in least_of([first] if last is first else [first, last], block, 1,
+                                             (chain.boundary, chain.template[-1]), _objectives(lams, p))]
+    return units[0], units[-1]
+
+
+def _end_least(graph: OpGraph, tables: PipeTables, first: MeshFactors, last: MeshFactors, lams: np.ndarray,
+               units: tuple[np.ndarray, np.ndarray] | None = None) -> EndLeast:
     """EndLeast by min-sum eliminations of the end stages' parts, from the very factors their
-    solves eliminate (exactly the minima of those frontiers, up to the order of float sums)."""
+    solves eliminate (exactly the minima of those frontiers, up to the order of float sums).
+    `units`: `_layer_units` of these factors and slopes, where the caller has them."""
     chain, tail = tables.chain, tables.tail
     w = _objectives(lams, tables.shape.stages)
-    nb = len(first.op_costs[chain.boundary].configs)
-    diag = np.arange(nb)
-    unit_keep = (chain.boundary, chain.template[-1])
-
-    block, head_ops, _ = stage_parts(graph, chain, first.op_costs, tail)
+    _, head_ops, _ = stage_parts(graph, chain, first.op_costs, tail)
     _, _, tail_ops = stage_parts(graph, chain, last.op_costs, tail)
-    units = [u[diag, diag] for u in least_of([first] if last is first else [first, last], block, 1, unit_keep, w)]
-    return EndLeast(least_of([first], head_ops, 0, (chain.boundary,), w)[0], units[0], units[-1],
+    u0, ul = units if units is not None else _layer_units(graph, tables, first, last, lams)
+    return EndLeast(least_of([first], head_ops, 0, (chain.boundary,), w)[0], u0, ul,
                     least_of([last], tail_ops, None, (chain.boundary,), w)[0])
 
 
@@ -982,26 +1002,26 @@ def _op_least(graph: OpGraph, tables: PipeTables, first: Weights, last: Weights,
 
 
 def _layer_least(graph: OpGraph, tables: PipeTables, first_stage: tuple[MeshFactors, Weights],
-                 last_stage: tuple[MeshFactors, Weights], lams: np.ndarray) -> EndLeast:
+                 last_stage: tuple[MeshFactors, Weights], lams: np.ndarray,
+                 units: tuple[np.ndarray, np.ndarray] | None = None) -> EndLeast:
     """A lower EndLeast than `_end_least`'s, cheaper: the layer's minima by the same min-sum
     elimination, the ops before and after the stack each at its cheapest configuration under its
     stage's weights and their edges at no cost (`_Cheapest`, as `shape_bound` takes them), the
-    same for every boundary configuration. Each stage: its factors and its weights."""
+    same for every boundary configuration. Each stage: its factors and its weights; `units`:
+    `_layer_units` of them, where the caller has them."""
     (first, w_first), (last, w_last) = first_stage, last_stage
     chain, tail, p = tables.chain, tables.tail, tables.shape.stages
     nb = len(first.op_costs[chain.boundary].configs)
-    diag = np.arange(nb)
-    block, head_ops, _ = stage_parts(graph, chain, first.op_costs, tail)
+    _, head_ops, _ = stage_parts(graph, chain, first.op_costs, tail)
     _, _, tail_ops = stage_parts(graph, chain, last.op_costs, tail)
-    units = [u[diag, diag] for u in least_of([first] if last is first else [first, last], block, 1,
-                                             (chain.boundary, chain.template[-1]), _objectives(lams, p))]
+    u0, ul = units if units is not None else _layer_units(graph, tables, first, last, lams)
 
     def cheapest(ops: list[Op], w: Weights) -> np.ndarray:
         least = _Cheapest(tables.op_costs, [op.name for op in ops])
         row = np.concatenate([least.least(w, lams), least.least(w, lams, 1.0 / p)[2:]])
         return np.broadcast_to(row, (nb, len(row)))
 
-    return EndLeast(cheapest(head_ops, w_first), units[0], units[-1], cheapest(tail_ops, w_last))
+    return EndLeast(cheapest(head_ops, w_first), u0, ul, cheapest(tail_ops, w_last))
 
 
 def frontier_least(f: Factor, configs: int, lams: np.ndarray, p: int) -> np.ndarray:
