@@ -228,17 +228,28 @@ class _Envelope:
     max over its stages, so a partial stage point (t, m) ends in plans with time >= t and
     memory >= m + buffers: if a known plan is no worse in both, the partial point can go (exact)."""
 
-    def __init__(self, t: np.ndarray, m: np.ndarray, buffers: float, floor: tuple[float, float] = (0.0, 0.0)) -> None:
-        self.stair = staircase(np.asarray(t, dtype=float), np.asarray(m, dtype=float))
+    def __init__(self, t: np.ndarray, m: np.ndarray, buffers: float,
+                 floor: tuple[float, float] | Callable[[], tuple[float, float]] = (0.0, 0.0),
+                 stair: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """`floor`: no plan of the shape is faster or leaner than this, or how to find it when
+        first asked (most shapes are dropped by their end stages' bounds before any admit
+        test); `stair`: the known plans' staircase (`_stair`), where the caller has it."""
+        self.stair = stair if stair is not None else _stair((t, m))
         self.buffers = buffers
-        self.floor_t, self.floor_m = floor  # no plan of the shape is faster or leaner than this
+        self._floor = floor
         self.enabled = len(t) > 0
+
+    def floor(self) -> tuple[float, float]:
+        if callable(self._floor):
+            self._floor = self._floor()
+        return self._floor
 
     def admit(self, t: np.ndarray, m: np.ndarray) -> np.ndarray:
         if not self.enabled:
             return np.ones(len(t), dtype=bool)
-        return (least_memory(self.stair, np.maximum(t, self.floor_t))
-                > np.maximum(m + self.buffers, self.floor_m) * (1.0 + RTOL))
+        floor_t, floor_m = self.floor()
+        return (least_memory(self.stair, np.maximum(t, floor_t))
+                > np.maximum(m + self.buffers, floor_m) * (1.0 + RTOL))
 
     def prune(self, f: Factor) -> Factor:
         if not self.enabled:
@@ -376,14 +387,16 @@ class _Stages:
 
     @classmethod
     def build(cls, graph: OpGraph, cm: CostModel, tables: PipeTables, eps: float, recompute: bool,
-              env: _Envelope, envelope: tuple[np.ndarray, np.ndarray] | None = None) -> _Stages | None:
+              env: _Envelope, envelope: tuple[np.ndarray, np.ndarray] | None = None,
+              plans: _Known | None = None) -> _Stages | None:
         """One factor graph per distinct stage weighting (FT's per-mesh problem, its ops weighed
         here and its edges by prepare_mesh): the last stage's and the first stage's, the others
         when the stage DP first asks for them; None if the stack cannot be solved as one layer
         or, with an `envelope` of known plans, if they beat every plan of the shape judged from
         its end stages (`_ends_beaten`). That judgement needs only the least time, memory and
         weighted sums of the end stages' parts (min-sum eliminations, `MeshFactors.least`), so a
-        losing shape is dropped before any frontier of it is built."""
+        losing shape is dropped before any frontier of it is built. `plans`: `_known(envelope)`,
+        where the caller has it."""
         shape, chain = tables.shape, tables.chain
         weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages)
         sub = Mesh(pp=1, axes=shape.mesh.axes)
@@ -455,7 +468,10 @@ class _Stages:
         # built: most shapes that get here lose on it already), then the layer's least alone
         # (the ends' other ops at their cheapest configurations: the stack's layers outweigh
         # them), then the end stages' full minima; each later test is no weaker
-        plans = _known(envelope) if envelope is not None and len(envelope[0]) else None
+        if envelope is None or not len(envelope[0]):
+            plans = None
+        elif plans is None:
+            plans = _known(envelope)
         layer_units: list[tuple[np.ndarray, np.ndarray]] = []
 
         def units(lams: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -725,18 +741,20 @@ def _read_back(S: _Stages, maps: list[dict[str, str]], backs: list[list[tuple[in
 def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.0,
                 recompute: bool = True, envelope: tuple[np.ndarray, np.ndarray] | None = None,
                 chain: Chain | None = None, base: dict[str, OpCosts] | None = None,
-                tables: PipeTables | None = None) -> PipeSolution | None:
+                tables: PipeTables | None = None, known: _Known | None = None) -> PipeSolution | None:
     """The frontier of one pipeline shape over stage boundaries and every op's configuration.
     `graph` and `cm` are the micro-batch graph and its cost model; `envelope` holds (time,
     memory) of plans known to exist, which prune partial stages that cannot win (exact);
     `chain` and `base` as for pipe_tables; `tables`: the shape's pipe_tables (edges=False),
-    where the caller made them already."""
+    where the caller made them already; `known`: `_known(envelope)`, where the caller has it
+    (the search keeps it while the envelope does not grow)."""
     tables = tables if tables is not None else pipe_tables(graph, cm, shape, chain=chain, base=base, edges=False)
     if tables is None:
         return None
     known_t, known_m = envelope if envelope is not None else (np.zeros(0), np.zeros(0))
-    env = _Envelope(known_t, known_m, tables.buffers, _floor(tables) if envelope is not None else (0.0, 0.0))
-    S = _Stages.build(graph, cm, tables, eps, recompute, env, envelope)
+    env = _Envelope(known_t, known_m, tables.buffers, (lambda: _floor(tables)) if envelope is not None else (0.0, 0.0),
+                    known.stair if known is not None else None)
+    S = _Stages.build(graph, cm, tables, eps, recompute, env, envelope, known)
     if S is None:
         return None
     chain = tables.chain
@@ -861,9 +879,10 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     skipped = solved = twins = 0
     # the shapes taken so far per everything but the ZeRO stage, with their tables once made
     taken: dict[tuple, list[tuple[PipeShape, list[PipeTables | None]]]] = {}
-    stair = _stair(envelope) if envelope is not None else None  # made again when the envelope grows
+    # what the bounds read of the known plans, made again when they grow
+    known = _known(envelope) if envelope is not None and len(envelope[0]) else None
     for bound, _, shape in bounded:
-        if envelope is not None and len(envelope[0]) and bound.covered(envelope, stair):
+        if envelope is not None and known is not None and bound.covered(envelope, known.stair):
             skipped += 1
             continue
         g, cm, ch, base = priced(shape)
@@ -873,12 +892,13 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         solved += 1
         if id(shape) in made and made[id(shape)] is None:
             continue  # no tables: nothing to solve (as solve_shape would find)
-        sol = solve_shape(g, cm, shape, eps, recompute, envelope, chain=ch, base=base, tables=made.get(id(shape)))
+        sol = solve_shape(g, cm, shape, eps, recompute, envelope, chain=ch, base=base, tables=made.get(id(shape)),
+                          known=known)
         if sol is not None and len(sol.root):
             out.append(sol)
             if envelope is not None:
                 envelope = (np.concatenate([envelope[0], sol.root.t]), np.concatenate([envelope[1], sol.root.m]))
-                stair = _stair(envelope)
+                known = _known(envelope)
     if counts is not None:
         counts.update(shapes=len(bounded), bounded_out=skipped, solved=solved, twins=twins)
     return out
