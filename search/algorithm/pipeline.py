@@ -62,6 +62,7 @@ finds nothing unbeaten is dropped before the middle stages are weighed.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -584,9 +585,27 @@ def _stage_points(S: _Stages, s: int, k: int, b: int, extra_t: float, lower: boo
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Points of S(s, k) (with `lower`, of its lower bound `S.lower`) in boundary configuration
     b, plus `extra_t`, that the envelope admits."""
-    st, sm, idx = _staircase_of(S.lower(s, k) if lower else S(s, k), b, extra_t)
-    ok = S.env.admit(st, sm)
+    return _admitted_points(S.lower(s, k) if lower else S(s, k), S.env, b, extra_t)
+
+
+def _admitted_points(f: Factor, env: _Envelope, b: int, extra_t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_stage_points` of the stage factor f."""
+    st, sm, idx = _staircase_of(f, b, extra_t)
+    ok = env.admit(st, sm)
     return st[ok], sm[ok], idx[ok]
+
+
+class _OnGrid:
+    """A stage's points as the DP reads them on a grid of memory budgets: the least time within
+    each budget (inf below the leanest point) and which point gives it."""
+
+    def __init__(self, st: np.ndarray, sm: np.ndarray, idx: np.ndarray, grid: np.ndarray) -> None:
+        by_m = np.argsort(sm, kind="stable")
+        run = np.minimum.accumulate(st[by_m])
+        at = np.searchsorted(sm[by_m], grid, side="right") - 1
+        self.f = np.where(at >= 0, run[np.maximum(at, 0)], np.inf)
+        best = np.flatnonzero(np.r_[True, st[by_m][1:] < run[:-1]])  # where the running min is set
+        self.which = idx[by_m[best[np.searchsorted(best, np.maximum(at, 0), side="right") - 1]]]
 
 
 def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower: bool = False) -> _State | None:
@@ -622,51 +641,64 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     layer_t, layer_m = S.layer_floor(b)
     rows = np.arange(n + 1)
     seen: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    # stages alike (the middle stages at one rung of `_Stages.lower`'s ladder: one factor, one
+    # transfer) share their points, and those points' staircase on a grid the DP has not grown
+    by_factor: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    on_grid: dict[tuple[int, int], _OnGrid] = {}
 
     def points(s: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Stage s's points holding k layers as the DP sees them (its transfer added), found once
         for the DP and the read-back of every split."""
         if (s, k) not in seen:
-            seen[(s, k)] = _stage_points(S, s, k, b, weights[s].slots * S.sends[s] * p2p[b], lower)
+            f = S.lower(s, k) if lower else S(s, k)  # kept alive by S's memos: its id stays its own
+            extra_t = weights[s].slots * S.sends[s] * p2p[b]
+            key = (id(f), float(extra_t))
+            if key not in by_factor:
+                by_factor[key] = _admitted_points(f, S.env, b, extra_t)
+            seen[(s, k)] = by_factor[key]
         return seen[(s, k)]
+
+    def staircase_on(pts: tuple[np.ndarray, np.ndarray, np.ndarray], grid: np.ndarray) -> _OnGrid:
+        key = (id(pts[0]), id(grid))  # both held for the whole DP (`by_factor`, `steps`)
+        if key not in on_grid:
+            on_grid[key] = _OnGrid(*pts, grid)
+        return on_grid[key]
 
     for i, s in enumerate(order):
         left_after = p - 1 - i
         # what the stage not yet taken that holds the most layers sends, at least
         send_ahead = weights[0].slots * min(S.sends[r] for r in order[i + 1:]) * p2p[b] if left_after else 0.0
-        live = np.flatnonzero(np.isfinite(F).any(axis=1))
+        live = np.flatnonzero(np.isfinite(F).any(axis=1)).tolist()  # ascending
+        # the states this stage may lead to: the stages after it must cover the rest in the band
+        reach_lo, reach_hi = max(n - left_after * (band.stop - 1), 0), n - left_after * band.start
         stairs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for k in band:
-            jj = live + k
-            # the stages after this one must cover the rest inside the band
-            if not np.any((jj + left_after * band.start <= n) & (jj + left_after * (band.stop - 1) >= n)):
+            # some live state j with j + k in reach
+            if bisect.bisect_left(live, reach_lo - k) >= bisect.bisect_right(live, reach_hi - k):
                 continue
-            st, sm, idx = points(s, k)
-            if len(st):
-                stairs[k] = (st, sm, idx)
+            pts = points(s, k)
+            if len(pts[0]):
+                stairs[k] = pts
         if not stairs:
             return None
         grid_new = np.unique(np.concatenate([grid] + [sm for _, sm, _ in stairs.values()]))
-        F = F[:, np.searchsorted(grid, grid_new, side="right") - 1]  # a staircase holds between grid values
-        grid = grid_new
+        if len(grid_new) != len(grid):  # else the same grid: it holds every memory already
+            F = F[:, np.searchsorted(grid, grid_new, side="right") - 1]  # a staircase holds between grid values
+            grid = grid_new
         N = np.full_like(F, np.inf)
         K = np.zeros(F.shape, dtype=np.int16)
         picks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for k, (st, sm, idx) in stairs.items():
+        for k, pts in stairs.items():
             # the stage's staircase on the grid: least time within each memory budget, and its point
-            by_m = np.argsort(sm, kind="stable")
-            run = np.minimum.accumulate(st[by_m])
-            at = np.searchsorted(sm[by_m], grid, side="right") - 1
-            f = np.where(at >= 0, run[np.maximum(at, 0)], np.inf)
-            best = np.flatnonzero(np.r_[True, st[by_m][1:] < run[:-1]])  # where the running min is set
-            which = by_m[best[np.searchsorted(best, np.maximum(at, 0), side="right") - 1]]
-            picks[k] = (f, idx[which])
-            ok = (rows + left_after * band.start <= n) & (rows + left_after * (band.stop - 1) >= n) & (rows >= k)
-            tgt = rows[ok]
-            cand = np.maximum(F[tgt - k], f[None, :])
-            better = cand < N[tgt]
-            N[tgt] = np.where(better, cand, N[tgt])
-            K[tgt] = np.where(better, k, K[tgt])
+            g = staircase_on(pts, grid)
+            picks[k] = (g.f, g.which)
+            lo, hi = max(reach_lo, k), reach_hi  # the states j in reach that hold k layers or more
+            if lo > hi:
+                continue
+            cand = np.maximum(F[lo - k:hi - k + 1], g.f[None, :])
+            better = cand < N[lo:hi + 1]
+            np.copyto(N[lo:hi + 1], cand, where=better)
+            K[lo:hi + 1][better] = k
         # the stages not yet taken hold the other n - j layers: one holds at least its share, so
         # the iteration is at least that stage's time and memory; a state a known plan beats at
         # budget M ends in plans it beats (exact)
