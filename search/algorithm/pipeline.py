@@ -1307,11 +1307,15 @@ def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, b
     tail_ops = [name for name in base if name in tail]
     L = len(lams)
     ops_of = {"head": _Cheapest(base, head), "template": _Cheapest(base, template), "tail": _Cheapest(base, tail_ops)}
+    found: dict[tuple[Weights, str, float], np.ndarray] = {}  # the bounds below ask for most of these twice
 
     def least(w: Weights, part: str, time_scale: float = 1.0) -> np.ndarray:
         """Per column: the summed cheapest time, memory, and time_scale * time + lam_j * memory
         of the ops of `part` (the head, the template layer or the tail)."""
-        return ops_of[part].least(w, lams, time_scale)
+        key = (w, part, time_scale)
+        if key not in found:
+            found[key] = ops_of[part].least(w, lams, time_scale)
+        return found[key]
 
     first, last = weights[0], weights[-1]
     if p == 1:
