@@ -235,7 +235,7 @@ class _Envelope:
         """`floor`: no plan of the shape is faster or leaner than this, or how to find it when
         first asked (most shapes are dropped by their end stages' bounds before any admit
         test); `stair`: the known plans' staircase (`_stair`), where the caller has it."""
-        self.stair = stair if stair is not None else _stair((t, m))
+        self.stair = _steps(stair if stair is not None else _stair((t, m)))
         self.buffers = buffers
         self._floor = floor
         self.enabled = len(t) > 0
@@ -285,6 +285,16 @@ class _Envelope:
         if not self.enabled:
             return f
         return select(f, np.flatnonzero(self.admit_completed(f.t, f.m, f.keys[:, 0], rest)))
+
+
+def _steps(stair: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A staircase (`staircase`) reduced to the points where its least memory drops: the same
+    `least_memory` for every query (the last point at or before a time holds the least memory
+    of the last drop at or before it), looked up among far fewer points (the known plans
+    gather every mesh's and shape's frontier: mostly points another beats)."""
+    st, sm = stair
+    drops = np.flatnonzero(np.r_[True, sm[1:] < sm[:-1]]) if len(sm) else np.zeros(0, dtype=np.int64)
+    return st[drops], sm[drops]
 
 
 # per boundary configuration, the least time and the least memory still to add to a partial plan

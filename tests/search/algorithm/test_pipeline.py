@@ -302,6 +302,25 @@ def test_a_shape_is_not_pruned_by_plans_slightly_worse_than_its_own():
     assert checked > 20
 
 
+def test_known_plans_reduced_to_their_steps_answer_every_query_alike():
+    """`_steps` keeps only the points where the staircase's least memory drops: every
+    `least_memory` query, at a point's time, between two, before the first or after the last,
+    gets the same answer (ties in time and in memory included)."""
+    from search.algorithm.frontier import least_memory, staircase
+    from search.algorithm.pipeline import _steps
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n = int(rng.integers(1, 40))
+        t = rng.integers(0, 20, n).astype(float)  # integers: many exact ties
+        m = rng.integers(0, 20, n).astype(float)
+        stair = staircase(t, m)
+        steps = _steps(stair)
+        assert len(steps[0]) <= len(stair[0])
+        q = np.concatenate([t, t + 0.5, t - 0.5, [-1.0, 100.0]])
+        assert np.array_equal(least_memory(steps, q), least_memory(stair, q))
+
+
 def test_one_stage_partial_sums_pruned_by_their_completion_keep_every_point(monkeypatch: pytest.MonkeyPatch):
     """Gradient accumulation (p = 1) prunes each partial sum of its one stage by the least of
     the parts still to add (`_Completion`): against known plans that beat part of the shape's
