@@ -62,6 +62,7 @@ finds nothing unbeaten is dropped before the middle stages are weighed.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -228,40 +229,128 @@ class _Envelope:
     max over its stages, so a partial stage point (t, m) ends in plans with time >= t and
     memory >= m + buffers: if a known plan is no worse in both, the partial point can go (exact)."""
 
-    def __init__(self, t: np.ndarray, m: np.ndarray, buffers: float, floor: tuple[float, float] = (0.0, 0.0)) -> None:
-        self.stair = staircase(np.asarray(t, dtype=float), np.asarray(m, dtype=float))
+    def __init__(self, t: np.ndarray, m: np.ndarray, buffers: float,
+                 floor: tuple[float, float] | Callable[[], tuple[float, float]] = (0.0, 0.0),
+                 stair: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """`floor`: no plan of the shape is faster or leaner than this, or how to find it when
+        first asked (most shapes are dropped by their end stages' bounds before any admit
+        test); `stair`: the known plans' staircase (`_stair`), where the caller has it."""
+        self.stair = _steps(stair if stair is not None else _stair((t, m)))
         self.buffers = buffers
-        self.floor_t, self.floor_m = floor  # no plan of the shape is faster or leaner than this
+        self._floor = floor
         self.enabled = len(t) > 0
+
+    def floor(self) -> tuple[float, float]:
+        if callable(self._floor):
+            self._floor = self._floor()
+        return self._floor
 
     def admit(self, t: np.ndarray, m: np.ndarray) -> np.ndarray:
         if not self.enabled:
             return np.ones(len(t), dtype=bool)
-        return (least_memory(self.stair, np.maximum(t, self.floor_t))
-                > np.maximum(m + self.buffers, self.floor_m) * (1.0 + RTOL))
+        floor_t, floor_m = self.floor()
+        return (least_memory(self.stair, np.maximum(t, floor_t))
+                > np.maximum(m + self.buffers, floor_m) * (1.0 + RTOL))
 
     def prune(self, f: Factor) -> Factor:
         if not self.enabled:
             return f
         return select(f, np.flatnonzero(self.admit(f.t, f.m)))
 
-    def join(self, a: Factor, b: Factor, domain: dict[str, int], eps: float, stats: Stats) -> Factor:
-        admit = (lambda t, m, keys: self.admit(t, m)) if self.enabled else None
-        # `admit` refuses (t, m) only if it refuses every costlier point: it bounds whole rows too
-        return join(a, b, domain=domain, eps=eps, stats=stats, admit=admit, bound=self.admit if self.enabled else None)
+    def join(self, a: Factor, b: Factor, domain: dict[str, int], eps: float, stats: Stats,
+             rest: _Rest | None = None) -> Factor:
+        """a + b, less what the envelope refuses; with `rest`, a partial sum's points are judged
+        with the least that completes them added (`admit_completed`)."""
+        if not self.enabled:
+            return join(a, b, domain=domain, eps=eps, stats=stats)
+        if rest is None:
+            # `admit` refuses (t, m) only if it refuses every costlier point: it bounds whole rows too
+            return join(a, b, domain=domain, eps=eps, stats=stats, admit=lambda t, m, keys: self.admit(t, m),
+                        bound=self.admit)
+        rest_t, rest_m = rest
+        least_t, least_m = float(rest_t.min()), float(rest_m.min())  # what any configuration adds at least
+        return join(a, b, domain=domain, eps=eps, stats=stats,
+                    admit=lambda t, m, keys: self.admit_completed(t, m, keys[:, 0], rest),
+                    bound=lambda t, m: self.admit((t + least_t) * _SHRINK, (m + least_m) * _SHRINK))
+
+    def admit_completed(self, t: np.ndarray, m: np.ndarray, b: np.ndarray, rest: _Rest) -> np.ndarray:
+        """`admit` for partial sums of a one-stage plan in boundary configurations b, each of
+        which completes to plans that cost at least it plus rest (per configuration: the least
+        time and the least memory of the parts still to add, `_Completion.rest`). Costs add up
+        on one stage, so those plans lie above the sum: if the envelope beats the sum, it beats
+        them all (exact; the sum pulled toward the origin by 2 RTOL, a margin for rounding)."""
+        return self.admit((t + rest[0][b]) * _SHRINK, (m + rest[1][b]) * _SHRINK)
+
+    def prune_completed(self, f: Factor, rest: _Rest) -> Factor:
+        if not self.enabled:
+            return f
+        return select(f, np.flatnonzero(self.admit_completed(f.t, f.m, f.keys[:, 0], rest)))
+
+
+def _steps(stair: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A staircase (`staircase`) reduced to the points where its least memory drops: the same
+    `least_memory` for every query (the last point at or before a time holds the least memory
+    of the last drop at or before it), looked up among far fewer points (the known plans
+    gather every mesh's and shape's frontier: mostly points another beats)."""
+    st, sm = stair
+    drops = np.flatnonzero(np.r_[True, sm[1:] < sm[:-1]]) if len(sm) else np.zeros(0, dtype=np.int64)
+    return st[drops], sm[drops]
+
+
+# per boundary configuration, the least time and the least memory still to add to a partial plan
+_Rest = tuple[np.ndarray, np.ndarray]
+_SHRINK = 1.0 - 2 * RTOL
+
+
+class _Completion:
+    """A one-stage shape's plans (gradient accumulation) are sums: the ops before the stack with
+    layer 0 (the head), n - 1 more layers and the ops after the stack (the tail), under one
+    weighting. So a partial sum in boundary configuration b ends in plans costing at least it
+    plus, per part still to add, that part's least time and least memory in b (a layer's once
+    per layer): far tighter than the stage alone, which is all a pipeline's stage tells."""
+
+    def __init__(self, head: Factor, unit: Factor, tail: Factor, layers: int) -> None:
+        configs = 1 + int(max(f.keys[:, 0].max(initial=0) for f in (head, unit, tail)))
+        self.head, self.unit, self.tail = (self._least(f, configs) for f in (head, unit, tail))
+        self.layers = layers  # after layer 0 (the head's)
+
+    @staticmethod
+    def _least(f: Factor, configs: int) -> _Rest:
+        """Per boundary configuration, f's least time and least memory (inf where it has none)."""
+        t, m = np.full(configs, np.inf), np.full(configs, np.inf)
+        np.minimum.at(t, f.keys[:, 0], f.t)
+        np.minimum.at(m, f.keys[:, 0], f.m)
+        return t, m
+
+    def rest(self, layers: int, head: bool = False, tail: bool = False) -> _Rest:
+        """What completes a partial sum of `layers` of the n - 1 layers (and the head, the tail
+        where it holds them): the least of each part still missing."""
+        left = self.layers - layers
+        parts = [(left * self.unit[0], left * self.unit[1])] if left else []
+        parts += [] if head else [self.head]
+        parts += [] if tail else [self.tail]
+        if not parts:
+            zero = np.zeros(len(self.unit[0]))
+            return zero, zero
+        return (np.sum([p[0] for p in parts], axis=0), np.sum([p[1] for p in parts], axis=0))
 
 
 class _Powers:
-    """U^k, the k-layer Minkowski powers of one layer factor, built on demand and memoised."""
+    """U^k, the k-layer Minkowski powers of one layer factor, built on demand and memoised. With
+    a `completion` (a one-stage shape), every power is pruned by what completes it."""
 
-    def __init__(self, unit: Factor, domain: dict[str, int], eps: float, stats: Stats, env: _Envelope) -> None:
+    def __init__(self, unit: Factor, domain: dict[str, int], eps: float, stats: Stats, env: _Envelope,
+                 completion: _Completion | None = None) -> None:
         self.domain, self.eps, self.stats, self.env = domain, eps, stats, env
-        self.memo: dict[int, Factor] = {1: env.prune(unit)}
+        self.completion = completion
+        self.memo: dict[int, Factor] = {1: env.prune(unit) if completion is None
+                                        else env.prune_completed(unit, completion.rest(1))}
 
     def __call__(self, k: int) -> Factor:
         if k not in self.memo:
             half = self(k // 2)
-            f = self.env.join(half, self(k - k // 2), self.domain, self.eps, self.stats)
+            rest = self.completion.rest(k) if self.completion is not None else None
+            f = self.env.join(half, self(k - k // 2), self.domain, self.eps, self.stats, rest)
             f.layers = k
             self.memo[k] = f
         return self.memo[k]
@@ -296,8 +385,9 @@ class _Stages:
     def __init__(self, weights: list[Weights], solve: Callable[[Weights], MeshProblem | None],
                  ends: dict[Weights, MeshProblem], head: Factor, tail: Factor, domain: dict[str, int], eps: float,
                  stats: Stats, env: _Envelope, middle: Callable[[Weights], Factor] | None = None, virtual: int = 1,
-                 spread: int = STAGE_BAND) -> None:
+                 spread: int = STAGE_BAND, completion: _Completion | None = None) -> None:
         self.weights, self.solve, self.ends, self.head, self.tail = weights, solve, ends, head, tail
+        self.completion = completion  # one stage: partial sums pruned by what completes them
         self.middle = middle
         self.domain, self.eps, self.stats, self.env = domain, eps, stats, env
         self.powers: dict[Weights, _Powers] = {}
@@ -308,14 +398,16 @@ class _Stages:
 
     @classmethod
     def build(cls, graph: OpGraph, cm: CostModel, tables: PipeTables, eps: float, recompute: bool,
-              env: _Envelope, envelope: tuple[np.ndarray, np.ndarray] | None = None) -> _Stages | None:
+              env: _Envelope, envelope: tuple[np.ndarray, np.ndarray] | None = None,
+              plans: _Known | None = None) -> _Stages | None:
         """One factor graph per distinct stage weighting (FT's per-mesh problem, its ops weighed
         here and its edges by prepare_mesh): the last stage's and the first stage's, the others
         when the stage DP first asks for them; None if the stack cannot be solved as one layer
         or, with an `envelope` of known plans, if they beat every plan of the shape judged from
         its end stages (`_ends_beaten`). That judgement needs only the least time, memory and
         weighted sums of the end stages' parts (min-sum eliminations, `MeshFactors.least`), so a
-        losing shape is dropped before any frontier of it is built."""
+        losing shape is dropped before any frontier of it is built. `plans`: `_known(envelope)`,
+        where the caller has it."""
         shape, chain = tables.shape, tables.chain
         weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages)
         sub = Mesh(pp=1, axes=shape.mesh.axes)
@@ -387,13 +479,25 @@ class _Stages:
         # built: most shapes that get here lose on it already), then the layer's least alone
         # (the ends' other ops at their cheapest configurations: the stack's layers outweigh
         # them), then the end stages' full minima; each later test is no weaker
-        plans = _known(envelope) if envelope is not None and len(envelope[0]) else None
+        if envelope is None or not len(envelope[0]):
+            plans = None
+        elif plans is None:
+            plans = _known(envelope)
+        layer_units: list[tuple[np.ndarray, np.ndarray]] = []
+
+        def units(lams: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """The layer's minima at the known plans' slopes, found once for the last two tests."""
+            if not layer_units:
+                layer_units.append(_layer_units(graph, tables, factors(first), factors(last), lams))
+            return layer_units[0]
+
         if envelope is not None and plans is not None and (
                 _ends_beaten(tables, weights, lambda lams: _op_least(graph, tables, first, last, lams), envelope, plans)
                 or _ends_beaten(tables, weights, lambda lams: _layer_least(graph, tables, (factors(first), first),
-                                                                        (factors(last), last), lams), envelope, plans)
+                                                                        (factors(last), last), lams, units(lams)),
+                                envelope, plans)
                 or _ends_beaten(tables, weights, lambda lams: _end_least(graph, tables, factors(first), factors(last),
-                                                                         lams), envelope, plans)):
+                                                                         lams, units(lams)), envelope, plans)):
             return None
         lp = solve(last)
         if lp is None:
@@ -407,9 +511,16 @@ class _Stages:
         domain = ends[first].domain
         head, tail = ends[first].head, ends[last].tail
         assert head is not None and tail is not None
-        return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env,
-                   middle if all((w.slots, w.copies) == (bare.slots, bare.copies) for w in weights) else None,
-                   shape.virtual_stages, shape.spread)
+        uses_middle = all((w.slots, w.copies) == (bare.slots, bare.copies) for w in weights)
+        if len(weights) > 1 or not env.enabled:
+            return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env,
+                       middle if uses_middle else None, shape.virtual_stages, shape.spread)
+        unit = ends[last].unit
+        assert unit is not None
+        done = _Completion(head, unit, tail, len(chain.layers) - 1)
+        return cls(weights, solve, ends, env.prune_completed(head, done.rest(0, head=True)),
+                   env.prune_completed(tail, done.rest(0, tail=True)), domain, eps, Stats(), env,
+                   middle if uses_middle else None, shape.virtual_stages, shape.spread, done)
 
     def power(self, w: Weights) -> _Powers:
         """The k-layer powers of the layer frontier under weights w (its problem solved once)."""
@@ -420,7 +531,7 @@ class _Stages:
                 unit = prob.unit
             else:
                 unit = self.middle(w)
-            self.powers[w] = _Powers(unit, self.domain, self.eps, self.stats, self.env)
+            self.powers[w] = _Powers(unit, self.domain, self.eps, self.stats, self.env, self.completion)
         return self.powers[w]
 
     def layer_floor(self, b: int) -> tuple[float, float]:
@@ -461,7 +572,10 @@ class _Stages:
         """Stage s holding k layers (stage 0 counts layer 0, which the head carries)."""
         w, env = self.weights[s], self.env
         if s == 0:
-            f = self.head if k == 1 else env.join(self.head, self.power(w)(k - 1), self.domain, self.eps, self.stats)
+            # one stage holds every layer: the head and the n - 1 others still miss the tail
+            rest = self.completion.rest(k - 1, head=True) if self.completion is not None else None
+            f = self.head if k == 1 else env.join(self.head, self.power(w)(k - 1), self.domain, self.eps, self.stats,
+                                                  rest)
         else:
             f = self.power(w)(k)
         if s == len(self.weights) - 1:
@@ -481,9 +595,27 @@ def _stage_points(S: _Stages, s: int, k: int, b: int, extra_t: float, lower: boo
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Points of S(s, k) (with `lower`, of its lower bound `S.lower`) in boundary configuration
     b, plus `extra_t`, that the envelope admits."""
-    st, sm, idx = _staircase_of(S.lower(s, k) if lower else S(s, k), b, extra_t)
-    ok = S.env.admit(st, sm)
+    return _admitted_points(S.lower(s, k) if lower else S(s, k), S.env, b, extra_t)
+
+
+def _admitted_points(f: Factor, env: _Envelope, b: int, extra_t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_stage_points` of the stage factor f."""
+    st, sm, idx = _staircase_of(f, b, extra_t)
+    ok = env.admit(st, sm)
     return st[ok], sm[ok], idx[ok]
+
+
+class _OnGrid:
+    """A stage's points as the DP reads them on a grid of memory budgets: the least time within
+    each budget (inf below the leanest point) and which point gives it."""
+
+    def __init__(self, st: np.ndarray, sm: np.ndarray, idx: np.ndarray, grid: np.ndarray) -> None:
+        by_m = np.argsort(sm, kind="stable")
+        run = np.minimum.accumulate(st[by_m])
+        at = np.searchsorted(sm[by_m], grid, side="right") - 1
+        self.f = np.where(at >= 0, run[np.maximum(at, 0)], np.inf)
+        best = np.flatnonzero(np.r_[True, st[by_m][1:] < run[:-1]])  # where the running min is set
+        self.which = idx[by_m[best[np.searchsorted(best, np.maximum(at, 0), side="right") - 1]]]
 
 
 def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower: bool = False) -> _State | None:
@@ -519,51 +651,64 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     layer_t, layer_m = S.layer_floor(b)
     rows = np.arange(n + 1)
     seen: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    # stages alike (the middle stages at one rung of `_Stages.lower`'s ladder: one factor, one
+    # transfer) share their points, and those points' staircase on a grid the DP has not grown
+    by_factor: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    on_grid: dict[tuple[int, int], _OnGrid] = {}
 
     def points(s: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Stage s's points holding k layers as the DP sees them (its transfer added), found once
         for the DP and the read-back of every split."""
         if (s, k) not in seen:
-            seen[(s, k)] = _stage_points(S, s, k, b, weights[s].slots * S.sends[s] * p2p[b], lower)
+            f = S.lower(s, k) if lower else S(s, k)  # kept alive by S's memos: its id stays its own
+            extra_t = weights[s].slots * S.sends[s] * p2p[b]
+            key = (id(f), float(extra_t))
+            if key not in by_factor:
+                by_factor[key] = _admitted_points(f, S.env, b, extra_t)
+            seen[(s, k)] = by_factor[key]
         return seen[(s, k)]
+
+    def staircase_on(pts: tuple[np.ndarray, np.ndarray, np.ndarray], grid: np.ndarray) -> _OnGrid:
+        key = (id(pts[0]), id(grid))  # both held for the whole DP (`by_factor`, `steps`)
+        if key not in on_grid:
+            on_grid[key] = _OnGrid(*pts, grid)
+        return on_grid[key]
 
     for i, s in enumerate(order):
         left_after = p - 1 - i
         # what the stage not yet taken that holds the most layers sends, at least
         send_ahead = weights[0].slots * min(S.sends[r] for r in order[i + 1:]) * p2p[b] if left_after else 0.0
-        live = np.flatnonzero(np.isfinite(F).any(axis=1))
+        live = np.flatnonzero(np.isfinite(F).any(axis=1)).tolist()  # ascending
+        # the states this stage may lead to: the stages after it must cover the rest in the band
+        reach_lo, reach_hi = max(n - left_after * (band.stop - 1), 0), n - left_after * band.start
         stairs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for k in band:
-            jj = live + k
-            # the stages after this one must cover the rest inside the band
-            if not np.any((jj + left_after * band.start <= n) & (jj + left_after * (band.stop - 1) >= n)):
+            # some live state j with j + k in reach
+            if bisect.bisect_left(live, reach_lo - k) >= bisect.bisect_right(live, reach_hi - k):
                 continue
-            st, sm, idx = points(s, k)
-            if len(st):
-                stairs[k] = (st, sm, idx)
+            pts = points(s, k)
+            if len(pts[0]):
+                stairs[k] = pts
         if not stairs:
             return None
         grid_new = np.unique(np.concatenate([grid] + [sm for _, sm, _ in stairs.values()]))
-        F = F[:, np.searchsorted(grid, grid_new, side="right") - 1]  # a staircase holds between grid values
-        grid = grid_new
+        if len(grid_new) != len(grid):  # else the same grid: it holds every memory already
+            F = F[:, np.searchsorted(grid, grid_new, side="right") - 1]  # a staircase holds between grid values
+            grid = grid_new
         N = np.full_like(F, np.inf)
         K = np.zeros(F.shape, dtype=np.int16)
         picks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for k, (st, sm, idx) in stairs.items():
+        for k, pts in stairs.items():
             # the stage's staircase on the grid: least time within each memory budget, and its point
-            by_m = np.argsort(sm, kind="stable")
-            run = np.minimum.accumulate(st[by_m])
-            at = np.searchsorted(sm[by_m], grid, side="right") - 1
-            f = np.where(at >= 0, run[np.maximum(at, 0)], np.inf)
-            best = np.flatnonzero(np.r_[True, st[by_m][1:] < run[:-1]])  # where the running min is set
-            which = by_m[best[np.searchsorted(best, np.maximum(at, 0), side="right") - 1]]
-            picks[k] = (f, idx[which])
-            ok = (rows + left_after * band.start <= n) & (rows + left_after * (band.stop - 1) >= n) & (rows >= k)
-            tgt = rows[ok]
-            cand = np.maximum(F[tgt - k], f[None, :])
-            better = cand < N[tgt]
-            N[tgt] = np.where(better, cand, N[tgt])
-            K[tgt] = np.where(better, k, K[tgt])
+            g = staircase_on(pts, grid)
+            picks[k] = (g.f, g.which)
+            lo, hi = max(reach_lo, k), reach_hi  # the states j in reach that hold k layers or more
+            if lo > hi:
+                continue
+            cand = np.maximum(F[lo - k:hi - k + 1], g.f[None, :])
+            better = cand < N[lo:hi + 1]
+            np.copyto(N[lo:hi + 1], cand, where=better)
+            K[lo:hi + 1][better] = k
         # the stages not yet taken hold the other n - j layers: one holds at least its share, so
         # the iteration is at least that stage's time and memory; a state a known plan beats at
         # budget M ends in plans it beats (exact)
@@ -638,18 +783,20 @@ def _read_back(S: _Stages, maps: list[dict[str, str]], backs: list[list[tuple[in
 def solve_shape(graph: OpGraph, cm: CostModel, shape: PipeShape, eps: float = 0.0,
                 recompute: bool = True, envelope: tuple[np.ndarray, np.ndarray] | None = None,
                 chain: Chain | None = None, base: dict[str, OpCosts] | None = None,
-                tables: PipeTables | None = None) -> PipeSolution | None:
+                tables: PipeTables | None = None, known: _Known | None = None) -> PipeSolution | None:
     """The frontier of one pipeline shape over stage boundaries and every op's configuration.
     `graph` and `cm` are the micro-batch graph and its cost model; `envelope` holds (time,
     memory) of plans known to exist, which prune partial stages that cannot win (exact);
     `chain` and `base` as for pipe_tables; `tables`: the shape's pipe_tables (edges=False),
-    where the caller made them already."""
+    where the caller made them already; `known`: `_known(envelope)`, where the caller has it
+    (the search keeps it while the envelope does not grow)."""
     tables = tables if tables is not None else pipe_tables(graph, cm, shape, chain=chain, base=base, edges=False)
     if tables is None:
         return None
     known_t, known_m = envelope if envelope is not None else (np.zeros(0), np.zeros(0))
-    env = _Envelope(known_t, known_m, tables.buffers, _floor(tables) if envelope is not None else (0.0, 0.0))
-    S = _Stages.build(graph, cm, tables, eps, recompute, env, envelope)
+    env = _Envelope(known_t, known_m, tables.buffers, (lambda: _floor(tables)) if envelope is not None else (0.0, 0.0),
+                    known.stair if known is not None else None)
+    S = _Stages.build(graph, cm, tables, eps, recompute, env, envelope, known)
     if S is None:
         return None
     chain = tables.chain
@@ -774,9 +921,10 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     skipped = solved = twins = 0
     # the shapes taken so far per everything but the ZeRO stage, with their tables once made
     taken: dict[tuple, list[tuple[PipeShape, list[PipeTables | None]]]] = {}
-    stair = _stair(envelope) if envelope is not None else None  # made again when the envelope grows
+    # what the bounds read of the known plans, made again when they grow
+    known = _known(envelope) if envelope is not None and len(envelope[0]) else None
     for bound, _, shape in bounded:
-        if envelope is not None and len(envelope[0]) and bound.covered(envelope, stair):
+        if envelope is not None and known is not None and bound.covered(envelope, known.stair):
             skipped += 1
             continue
         g, cm, ch, base = priced(shape)
@@ -786,12 +934,13 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         solved += 1
         if id(shape) in made and made[id(shape)] is None:
             continue  # no tables: nothing to solve (as solve_shape would find)
-        sol = solve_shape(g, cm, shape, eps, recompute, envelope, chain=ch, base=base, tables=made.get(id(shape)))
+        sol = solve_shape(g, cm, shape, eps, recompute, envelope, chain=ch, base=base, tables=made.get(id(shape)),
+                          known=known)
         if sol is not None and len(sol.root):
             out.append(sol)
             if envelope is not None:
                 envelope = (np.concatenate([envelope[0], sol.root.t]), np.concatenate([envelope[1], sol.root.m]))
-                stair = _stair(envelope)
+                known = _known(envelope)
     if counts is not None:
         counts.update(shapes=len(bounded), bounded_out=skipped, solved=solved, twins=twins)
     return out
@@ -828,16 +977,25 @@ def _same_tables(a: PipeTables, b: PipeTables) -> bool:
         return False
     if not (np.array_equal(a.p2p, b.p2p) and np.array_equal(a.p2p_bytes, b.p2p_bytes)):
         return False
+    # layers 2.. share their template op's table object in each shape: a pair of tables is
+    # compared once, not once per layer (llama-70b: 80 layers' worth of array_equal calls)
+    equal: set[tuple[int, int]] = set()
     for name, x in a.op_costs.items():
         y = b.op_costs[name]
-        if x is y:
+        if x is y or (id(x), id(y)) in equal:
             continue
-        if x.configs != y.configs or x.estimated != y.estimated or (x.step is None) != (y.step is None):
+        if not _same_op_table(x, y):
             return False
-        fields = ("time", "mem", "parts", "comm", "time_rc", "mem_rc", "parts_rc") + (("step",) if x.step is not None else ())
-        if not all(np.array_equal(getattr(x, f), getattr(y, f)) for f in fields):
-            return False
+        equal.add((id(x), id(y)))
     return True
+
+
+def _same_op_table(x: OpCosts, y: OpCosts) -> bool:
+    """Two ops' tables equal to the bit."""
+    if x.configs != y.configs or x.estimated != y.estimated or (x.step is None) != (y.step is None):
+        return False
+    fields = ("time", "mem", "parts", "comm", "time_rc", "mem_rc", "parts_rc") + (("step",) if x.step is not None else ())
+    return all(np.array_equal(getattr(x, f), getattr(y, f)) for f in fields)
 
 
 class EndLeast(NamedTuple):
@@ -858,19 +1016,30 @@ def _objectives(lams: np.ndarray, p: int) -> np.ndarray:
     return np.concatenate([[[1.0, 0.0], [0.0, 1.0]], np.stack([one, lams], 1), np.stack([one / p, lams], 1)])
 
 
-def _end_least(graph: OpGraph, tables: PipeTables, first: MeshFactors, last: MeshFactors, lams: np.ndarray) -> EndLeast:
+def _layer_units(graph: OpGraph, tables: PipeTables, first: MeshFactors, last: MeshFactors, lams: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """EndLeast's `u0` and `ul`: one layer's minima under the first and the last stage's
+    weights, by the min-sum elimination of the factors their solves eliminate. `_layer_least`
+    and `_end_least` both read them: a shape that reaches the second test reuses the first's."""
+    chain, p = tables.chain, tables.shape.stages
+    diag = np.arange(len(first.op_costs[chain.boundary].configs))
+    block, _, _ = stage_parts(graph, chain, first.op_costs, tables.tail)
+    units = [u[diag, diag] for u in least_of([first] if last is first else [first, last], block, 1,
+                                             (chain.boundary, chain.template[-1]), _objectives(lams, p))]
+    return units[0], units[-1]
+
+
+def _end_least(graph: OpGraph, tables: PipeTables, first: MeshFactors, last: MeshFactors, lams: np.ndarray,
+               units: tuple[np.ndarray, np.ndarray] | None = None) -> EndLeast:
     """EndLeast by min-sum eliminations of the end stages' parts, from the very factors their
-    solves eliminate (exactly the minima of those frontiers, up to the order of float sums)."""
+    solves eliminate (exactly the minima of those frontiers, up to the order of float sums).
+    `units`: `_layer_units` of these factors and slopes, where the caller has them."""
     chain, tail = tables.chain, tables.tail
     w = _objectives(lams, tables.shape.stages)
-    nb = len(first.op_costs[chain.boundary].configs)
-    diag = np.arange(nb)
-    unit_keep = (chain.boundary, chain.template[-1])
-
-    block, head_ops, _ = stage_parts(graph, chain, first.op_costs, tail)
+    _, head_ops, _ = stage_parts(graph, chain, first.op_costs, tail)
     _, _, tail_ops = stage_parts(graph, chain, last.op_costs, tail)
-    units = [u[diag, diag] for u in least_of([first] if last is first else [first, last], block, 1, unit_keep, w)]
-    return EndLeast(least_of([first], head_ops, 0, (chain.boundary,), w)[0], units[0], units[-1],
+    u0, ul = units if units is not None else _layer_units(graph, tables, first, last, lams)
+    return EndLeast(least_of([first], head_ops, 0, (chain.boundary,), w)[0], u0, ul,
                     least_of([last], tail_ops, None, (chain.boundary,), w)[0])
 
 
@@ -895,26 +1064,26 @@ def _op_least(graph: OpGraph, tables: PipeTables, first: Weights, last: Weights,
 
 
 def _layer_least(graph: OpGraph, tables: PipeTables, first_stage: tuple[MeshFactors, Weights],
-                 last_stage: tuple[MeshFactors, Weights], lams: np.ndarray) -> EndLeast:
+                 last_stage: tuple[MeshFactors, Weights], lams: np.ndarray,
+                 units: tuple[np.ndarray, np.ndarray] | None = None) -> EndLeast:
     """A lower EndLeast than `_end_least`'s, cheaper: the layer's minima by the same min-sum
     elimination, the ops before and after the stack each at its cheapest configuration under its
     stage's weights and their edges at no cost (`_Cheapest`, as `shape_bound` takes them), the
-    same for every boundary configuration. Each stage: its factors and its weights."""
+    same for every boundary configuration. Each stage: its factors and its weights; `units`:
+    `_layer_units` of them, where the caller has them."""
     (first, w_first), (last, w_last) = first_stage, last_stage
     chain, tail, p = tables.chain, tables.tail, tables.shape.stages
     nb = len(first.op_costs[chain.boundary].configs)
-    diag = np.arange(nb)
-    block, head_ops, _ = stage_parts(graph, chain, first.op_costs, tail)
+    _, head_ops, _ = stage_parts(graph, chain, first.op_costs, tail)
     _, _, tail_ops = stage_parts(graph, chain, last.op_costs, tail)
-    units = [u[diag, diag] for u in least_of([first] if last is first else [first, last], block, 1,
-                                             (chain.boundary, chain.template[-1]), _objectives(lams, p))]
+    u0, ul = units if units is not None else _layer_units(graph, tables, first, last, lams)
 
     def cheapest(ops: list[Op], w: Weights) -> np.ndarray:
         least = _Cheapest(tables.op_costs, [op.name for op in ops])
         row = np.concatenate([least.least(w, lams), least.least(w, lams, 1.0 / p)[2:]])
         return np.broadcast_to(row, (nb, len(row)))
 
-    return EndLeast(cheapest(head_ops, w_first), units[0], units[-1], cheapest(tail_ops, w_last))
+    return EndLeast(cheapest(head_ops, w_first), u0, ul, cheapest(tail_ops, w_last))
 
 
 def frontier_least(f: Factor, configs: int, lams: np.ndarray, p: int) -> np.ndarray:
@@ -1148,11 +1317,15 @@ def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, b
     tail_ops = [name for name in base if name in tail]
     L = len(lams)
     ops_of = {"head": _Cheapest(base, head), "template": _Cheapest(base, template), "tail": _Cheapest(base, tail_ops)}
+    found: dict[tuple[Weights, str, float], np.ndarray] = {}  # the bounds below ask for most of these twice
 
     def least(w: Weights, part: str, time_scale: float = 1.0) -> np.ndarray:
         """Per column: the summed cheapest time, memory, and time_scale * time + lam_j * memory
         of the ops of `part` (the head, the template layer or the tail)."""
-        return ops_of[part].least(w, lams, time_scale)
+        key = (w, part, time_scale)
+        if key not in found:
+            found[key] = ops_of[part].least(w, lams, time_scale)
+        return found[key]
 
     first, last = weights[0], weights[-1]
     if p == 1:

@@ -302,6 +302,67 @@ def test_a_shape_is_not_pruned_by_plans_slightly_worse_than_its_own():
     assert checked > 20
 
 
+def test_known_plans_reduced_to_their_steps_answer_every_query_alike():
+    """`_steps` keeps only the points where the staircase's least memory drops: every
+    `least_memory` query, at a point's time, between two, before the first or after the last,
+    gets the same answer (ties in time and in memory included)."""
+    from search.algorithm.frontier import least_memory, staircase
+    from search.algorithm.pipeline import _steps
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n = int(rng.integers(1, 40))
+        t = rng.integers(0, 20, n).astype(float)  # integers: many exact ties
+        m = rng.integers(0, 20, n).astype(float)
+        stair = staircase(t, m)
+        steps = _steps(stair)
+        assert len(steps[0]) <= len(stair[0])
+        q = np.concatenate([t, t + 0.5, t - 0.5, [-1.0, 100.0]])
+        assert np.array_equal(least_memory(steps, q), least_memory(stair, q))
+
+
+def test_one_stage_partial_sums_pruned_by_their_completion_keep_every_point(monkeypatch: pytest.MonkeyPatch):
+    """Gradient accumulation (p = 1) prunes each partial sum of its one stage by the least of
+    the parts still to add (`_Completion`): against known plans that beat part of the shape's
+    frontier, it returns the points the same solve without that bound returns (every point the
+    known plans do not beat), and forms fewer pairs doing so."""
+    from search.algorithm import pipeline
+    from search.algorithm.chain import find_chain
+    from search.algorithm.evaluate import mesh_costs
+    from search.algorithm.pipeline import solve_shape
+    from search.prices.costmodel import CostModel
+    from search.prices.mesh import Mesh
+
+    g = stack(6, batch=32)
+    cl = make_cluster("h100-80gb", 8)
+    job = TrainingJob(global_batch=32, seq_len=None)
+    checked = fewer = 0
+    for sh in pipeline_shapes(cl, job, 6, (0, 1, 2, 3), accumulate=True, pipelines=False):
+        mg = micro_batch_graph(g, sh.micro_batches)
+        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
+        full = solve_shape(mg, cm, sh)
+        if full is None or len(full.root) < 2:
+            continue
+        chain = find_chain(mg)
+        base = mesh_costs(mg, cm, Mesh(pp=1, axes=sh.mesh.axes), sh.zero, chain)
+        # known plans a little better than every other point of the shape's own frontier
+        o = np.argsort(full.root.t)[::2]
+        known = (full.root.t[o] * (1 - 1e-3), full.root.m[o] * (1 - 1e-3))
+        pruned = solve_shape(mg, cm, sh, envelope=known, chain=chain, base=base)
+        with monkeypatch.context() as mp:  # nothing left to add: the envelope's own test alone
+            mp.setattr(pipeline._Completion, "rest",
+                       lambda self, *a, **k: (np.zeros(len(self.unit[0])), np.zeros(len(self.unit[0]))))
+            plain = solve_shape(mg, cm, sh, envelope=known, chain=chain, base=base)
+        assert (pruned is None) == (plain is None), sh.describe()
+        if pruned is None or plain is None:
+            continue
+        assert same_frontier(pruned.root.t, pruned.root.m, plain.root.t, plain.root.m), sh.describe()
+        assert 0 < len(pruned.root) < len(full.root), sh.describe()
+        fewer += pruned.stats.pairs < plain.stats.pairs
+        checked += 1
+    assert checked >= 4 and fewer >= 1
+
+
 def test_every_shape_lies_inside_its_end_stage_bounds():
     """`ends_bounds` holds every point of the shape's complete frontier through that boundary
     layout, whether its minima come from the first and last stage's frontiers, from the last

@@ -96,6 +96,7 @@ def test_pipelines_without_the_layer_test_are_the_same(monkeypatch: pytest.Monke
         return pipeline.EndLeast(zero, zero, zero, zero)  # no plan is beaten at cost 0
 
     monkeypatch.setattr(pipeline, "_op_least", lambda graph, tables, first, last, lams: zeros(tables, lams))
-    monkeypatch.setattr(pipeline, "_layer_least", lambda graph, tables, first, last, lams: zeros(tables, lams))
+    monkeypatch.setattr(pipeline, "_layer_least",
+                        lambda graph, tables, first, last, lams, units=None: zeros(tables, lams))
     slow = search(g, CLUSTER, JOB, options)
     assert _plans(fast) == _plans(slow)
