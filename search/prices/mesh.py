@@ -187,6 +187,12 @@ def axis_choices(op: Op, axis: MeshAxis, batch: str) -> list[str | None]:
         # the routed experts' ops (worker/experts.py runs them on plain tensors, routing tokens
         # by data-dependent indices that DTensor placements do not pass through)
         return [REPLICATE]
+    if op.kind == "embedding":
+        # a style shards the table (Rowwise: the vocabulary, Colwise: the width), never the
+        # lookups: T5's relative-position bias reads a [q, k] grid of buckets, whose rows no
+        # style splits
+        table = {d for p in op.params for d in p.dims}
+        return [REPLICATE] + [lab for lab in op.splittable if lab != batch and lab in table]
     if op.kind == "scan":
         # a scan's heads (Mamba's channels) each carry their own state and could split, but the
         # executor runs transformers' layer code, which reshapes by its full head counts and

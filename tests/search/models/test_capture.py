@@ -566,3 +566,31 @@ def test_dims_a_reshape_flattened_get_their_labels_back_when_unflattened():
     relu = next(op for op in g.ops if op.target == "aten.relu.default")
     emb = next(op for op in g.ops if op.module == "embed" and op.kind == "embedding")
     assert relu.output.dims[:2] == emb.output.dims[:2] == ("batch", "seq"), (relu.output.dims, emb.output.dims)
+
+
+class _BucketBias(nn.Module):
+    """T5's relative-position bias: an embedding looked up at a [q, k] grid of buckets made inside
+    the forward, added to every sequence's scores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Embedding(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = torch.arange(x.shape[1], device=x.device)
+        buckets = (q[None, :] - q[:, None]).abs().clamp(max=7)
+        return x + self.bias(buckets).permute(2, 0, 1).sum(0)
+
+
+def test_an_embedding_splits_its_table_not_its_lookups_on_a_tensor_axis():
+    """A parallel style shards an embedding's table (rows or width), never the grid of lookups it
+    is given: T5's pp4 plans splitting the bias's query rows were refused at launch."""
+    from search.prices.mesh import TENSOR, MeshAxis, axis_choices
+
+    g = capture_module(_BucketBias().to("meta"), (torch.ones(2, 6, 6, device="meta"),), name="mine",
+                       input_labels=[["batch", "q", "k"]])
+    emb = next(op for op in g.ops if op.kind == "embedding")
+    table = {d for p in emb.params for d in p.dims}
+    assert set(emb.splittable) - table, emb.splittable  # the lookups' dims are splittable elsewhere
+    choices = axis_choices(emb, MeshAxis("tp", 2, 1, TENSOR), g.batch_label)
+    assert None in choices and all(c is None or c in table for c in choices), choices
