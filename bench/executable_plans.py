@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from model_families import FAMILIES, tiny_config  # noqa: E402
+from model_families import FAMILIES, parity, tiny_config  # noqa: E402
 
 
 def refusals(family: str, devices: int) -> tuple[int, Counter[str], list[Any]]:
@@ -51,23 +51,17 @@ def refusals(family: str, devices: int) -> tuple[int, Counter[str], list[Any]]:
     return len(o.plans), why, tensor
 
 
-def parity(specs: list[Any]) -> str:
+def launched(specs: list[Any]) -> str:
     """The first, middle and last spec run 3 steps against one process: 'diff (mesh)' each."""
-    from worker.launch import run_jobs
-    from worker.reference import reference_losses
-    from worker.spec import Job, RunSettings
-
     out = []
     for spec in [specs[i] for i in sorted({0, len(specs) // 2, len(specs) - 1})] if specs else []:
         what = spec.summary.split(" | ")[0]
         try:
-            raw = run_jobs([Job(spec=spec, settings=RunSettings(steps=3, warmup=1))], timeout=600)[0]
+            ok, diff = parity(spec)
         except Exception as e:  # noqa: BLE001 - the run's failure is the verdict
             out.append(f"FAILED {' '.join(str(e).split())[:100]} ({what})")
             continue
-        ref = reference_losses(spec.model, 3, spec.global_batch, spec.seq_len, source=spec.source)
-        diff = max(abs(a - b) for a, b in zip(raw["losses"], ref, strict=True))
-        out.append(f"{'parity' if diff < 2e-5 else 'NO parity'} {diff:.0e} ({what})")
+        out.append(f"{'parity' if ok else 'NO parity'} {diff:.0e} ({what})")
     return "; ".join(out) or "no plan with a tensor axis"
 
 
@@ -91,7 +85,7 @@ def main() -> None:
             continue
         total, refused = total + n, refused + sum(why.values())
         reasons = "; ".join(f"{r} ({c})" for r, c in why.most_common())
-        ran = f" | {parity(tensor)}" if args.parity else ""
+        ran = f" | {launched(tensor)}" if args.parity else ""
         print(f"| {family} | {n} | {sum(why.values())} | {time.perf_counter() - t0:.0f} | {reasons or '-'}{ran} |",
               flush=True)
     print(f"\n{total - refused} of {total} frontier plans accepted on {args.devices} devices "

@@ -184,26 +184,29 @@ def tiny_row(family: str, timeout: int, run: bool) -> dict[str, Any]:
     return row
 
 
-def _launch(specs: dict) -> list[str]:
+def parity(spec: Any, steps: int = 3) -> tuple[bool, float]:
+    """Launch an ExecSpec for `steps` steps (one warm-up) and compare its losses with one
+    process's: (at parity, the largest difference). A failed run raises."""
     from worker.launch import run_jobs
     from worker.reference import reference_losses
     from worker.spec import Job, RunSettings
 
-    if not specs:
-        return []
-    steps = 3
-    jobs = {k: Job(spec=s, settings=RunSettings(steps=steps, warmup=1)) for k, s in specs.items() if s.num_devices == 4}
+    raw = run_jobs([Job(spec=spec, settings=RunSettings(steps=steps, warmup=1))], timeout=600)[0]
+    ref = reference_losses(spec.model, steps, spec.global_batch, spec.seq_len, source=spec.source)
+    diff = max(abs(a - b) for a, b in zip(raw["losses"], ref, strict=True))
+    return diff < 2e-5 and all(math.isfinite(x) for x in raw["losses"]), diff
+
+
+def _launch(specs: dict) -> list[str]:
     out = [f"{k}: needs {s.num_devices} processes" for k, s in specs.items() if s.num_devices != 4]
-    for what, job in jobs.items():
-        try:  # one launch per plan: a plan that fails does not hide the other's verdict
-            raw = run_jobs([job], timeout=600)[0]
-        except Exception as e:  # noqa: BLE001 - the run's failure is the verdict
-            out.append(f"{what} run failed: {_one_line(e)} ({job.spec.summary.split(' | ')[0]})")
+    for what, spec in specs.items():
+        if spec.num_devices != 4:
             continue
-        spec = job.spec
-        ref = reference_losses(spec.model, steps, spec.global_batch, spec.seq_len, source=spec.source)
-        diff = max(abs(a - b) for a, b in zip(raw["losses"], ref, strict=True))
-        ok = diff < 2e-5 and all(math.isfinite(x) for x in raw["losses"])
+        try:  # one launch per plan: a plan that fails does not hide the other's verdict
+            ok, diff = parity(spec)
+        except Exception as e:  # noqa: BLE001 - the run's failure is the verdict
+            out.append(f"{what} run failed: {_one_line(e)} ({spec.summary.split(' | ')[0]})")
+            continue
         out.append(f"{what} {'parity' if ok else 'NO parity'} ({diff:.0e}; {spec.summary.split(' | ')[0]})")
     return out
 

@@ -45,6 +45,7 @@ from search.prices.mesh import (
     SEQ_LABEL,
     input_grad_placement,
     input_placement,
+    learned_position_embedding,
     output_grad_placement,
     output_placement,
     param_placement,
@@ -61,7 +62,6 @@ class Unsupported(InputError):
     """The Plan (or this machine) cannot be executed as planned; the message says why."""
 
 
-STYLE_KINDS = STYLE_MODULES  # the capture marks what these cannot split (Op.styled); the rule is checked again here
 ROLE_DIM = {"data": "dp", "tensor": "tp", "expert": "ep", "context": "cp", "replicate": "rep"}
 
 
@@ -298,11 +298,11 @@ class _TensorAxis:
         lab = self.label(op)[k]
         if lab is None:
             return None
-        if op.params and not (op.kind in STYLE_KINDS and self.own_leaf(op)
-                              and isinstance(self.mods.by_name[op.module], STYLE_KINDS[op.kind])):
+        if op.params and not (op.kind in STYLE_MODULES and self.own_leaf(op)
+                              and isinstance(self.mods.by_name[op.module], STYLE_MODULES[op.kind])):
             raise Unsupported(f"op {op.name!r} ({op.kind}) splits {lab!r} on tensor axis {self.axis!r}: "
                               f"parallelize_module has no style for this module")
-        if op.kind not in STYLE_KINDS or not op.params:
+        if op.kind not in STYLE_MODULES or not op.params:
             return None
         mod = self.mods.by_name[op.module]
         if op.kind == "embedding" and not op.inputs and type(mod).forward is not nn.Embedding.forward:
@@ -451,8 +451,7 @@ class _TensorAxis:
                                   f"{self.axis!r} ({self.exits[u.name]} and {dst} by {v.name!r})")
             self.where[key] = u.module
             return
-        ua = self.mods.ancestors(u.module) if u else []
-        entry = [m for m in self.mods.ancestors(v.module) if m not in ua]
+        entry = self._entry(u, v)
         if entry and u is not None and self.reduces_on_exit(u, src, dst):
             self.convert_on_exit(u, v, i, src, dst, key)
         elif entry:
@@ -462,9 +461,14 @@ class _TensorAxis:
         else:
             self.convert_on_exit(u, v, i, src, dst, key)
 
+    def _entry(self, u: Op | None, v: Op) -> list[str]:
+        """The modules holding v but not u (outermost first): where the edge u -> v enters."""
+        ua = self.mods.ancestors(u.module) if u else []
+        return [m for m in self.mods.ancestors(v.module) if m not in ua]
+
     def _exits_only(self, u: Op | None, v: Op) -> bool:
         """The edge u -> v enters no module of v's that u is outside of: only u's exit converts it."""
-        return u is not None and not [m for m in self.mods.ancestors(v.module) if m not in self.mods.ancestors(u.module)]
+        return u is not None and not self._entry(u, v)
 
     def reduces_on_exit(self, u: Op, src: Codes, dst: Codes) -> bool:
         """A row-parallel op's partial sum that every reader wants reduced alike is reduced by the
@@ -812,8 +816,7 @@ def _check_context(plan: Plan, graph: OpGraph, cfgs: dict[str, tuple[str | None,
     if plan.seq_len is None or plan.seq_len % (2 * n):
         raise Unsupported(f"sequence {plan.seq_len} does not cut into 2 x {n} chunks, the load-balanced sharding of "
                           f"ring attention (rank r holds chunks r and 2 cp - 1 - r)")
-    learned = next((op for op in graph.ops if op.kind == "embedding" and SEQ_LABEL in op.output.dims
-                    and not any(SEQ_LABEL in t.dims for t in op.inputs)), None)
+    learned = learned_position_embedding(graph)
     if learned is not None:
         raise Unsupported(f"op {learned.name!r} is a learned position embedding, which the model looks up for positions "
                           f"0 .. t - 1 of whatever it holds: on a share of the sequence those are the wrong positions "

@@ -591,15 +591,9 @@ class _Stages:
 _State = tuple[np.ndarray, np.ndarray, list[list[tuple[int, int]]]]
 
 
-def _stage_points(S: _Stages, s: int, k: int, b: int, extra_t: float, lower: bool = False
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Points of S(s, k) (with `lower`, of its lower bound `S.lower`) in boundary configuration
-    b, plus `extra_t`, that the envelope admits."""
-    return _admitted_points(S.lower(s, k) if lower else S(s, k), S.env, b, extra_t)
-
-
 def _admitted_points(f: Factor, env: _Envelope, b: int, extra_t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`_stage_points` of the stage factor f."""
+    """Points of the stage factor f in boundary configuration b, plus `extra_t`, that the
+    envelope admits."""
     st, sm, idx = _staircase_of(f, b, extra_t)
     ok = env.admit(st, sm)
     return st[ok], sm[ok], idx[ok]

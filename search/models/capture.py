@@ -341,10 +341,9 @@ def _view_labels(L: _Labels, in_shape: Sequence[int], in_labels: list[int], out_
             size, lab = parts_in[0]
             was = L.merged.get((L.find(lab), size))
             if was is not None and [sz for sz, _ in was] == [out_shape[d] for d in parts_out]:
+                restored = {d: old for d, (_, old) in zip(parts_out, was, strict=True)}
                 for d in gj:
-                    out[d] = L.new(f"{tag}/v{d}")
-                for d, (_, old) in zip(parts_out, was, strict=True):
-                    out[d] = old
+                    out[d] = restored[d] if d in restored else L.new(f"{tag}/v{d}")
                 continue
         first = True
         for d in gj:

@@ -348,13 +348,18 @@ def context_blocker(graph: OpGraph) -> str | None:
                 n = label_size((t,), batch)
                 if not any(n == b * seq for b in rows):
                     return f"op {op.name!r} reads the batch without the sequence (pooled over it)"
-    # the model looks positions 0 .. t-1 up for the t tokens it holds: on a share of the sequence
-    # those are the wrong positions (rotary tables take each token's own; worker/context.py)
-    learned = next((op for op in graph.ops if op.kind == "embedding" and SEQ_LABEL in op.output.dims
-                    and not any(SEQ_LABEL in t.dims for t in op.inputs)), None)
+    learned = learned_position_embedding(graph)
     if learned is not None:
         return f"op {learned.name!r} is a learned position embedding"
     return None
+
+
+def learned_position_embedding(graph: OpGraph) -> Op | None:
+    """An embedding looked up along the sequence without reading it (GPT-2's, BERT's positions):
+    the model looks positions 0 .. t-1 up for the t tokens it holds, which on a context axis's
+    share of the sequence are the wrong positions (rotary tables take each token's own)."""
+    return next((op for op in graph.ops if op.kind == "embedding" and SEQ_LABEL in op.output.dims
+                 and not any(SEQ_LABEL in t.dims for t in op.inputs)), None)
 
 
 def context_meshes(graph: OpGraph, meshes: list[Mesh], min_seq: int = CONTEXT_MIN_SEQ) -> list[Mesh]:
