@@ -55,6 +55,7 @@ from search.algorithm.factor_graph import JoinMemo, MeshFactors, MeshProblem, el
 from search.algorithm.families import family_costs, find_families, prepare_families
 from search.algorithm.frontier import RTOL, Factor, Stats, join, least_memory, pareto_mask, select, staircase
 from search.algorithm.gc_pause import gc_paused
+from search.algorithm.hull_bound import HullTest, weighted_least
 from search.algorithm.pipeline import Regions, ShapeBound, envelope_slopes, search_pipelines
 from search.algorithm.results import FrontierPoint, MeshSolution, SearchResult, Solution
 from search.algorithm.stack_tables import is_multi_stack
@@ -514,41 +515,22 @@ class _StackBound:
     # ---- a tighter bound: the remaining layers' convex hull instead of their ideal point -------
     def _hull_setup(self, unit: Factor, outside: Factor, keys: int) -> None:
         """For slopes lam, every completion q of a partial stack satisfies
-        q.t + lam * q.m >= R * min_d(d.t + lam * d.m) + min_o(o.t + lam * o.m) (R layers left).
-        Slopes come from the envelope's own steps, where the test has the most bite."""
-        et, em = self.env_t, self.env_m
-        steps = (et[1:] - et[:-1]) / np.maximum(em[:-1] - em[1:], 1e-300)
-        steps = steps[np.isfinite(steps) & (steps > 0)]
-        self.lams = np.unique(np.quantile(steps, np.linspace(0.05, 0.95, 7))) if len(steps) else np.zeros(0)
-        self.w_unit = np.full((keys, len(self.lams)), np.inf)
-        self.w_out = np.full((keys, len(self.lams)), np.inf)
-        for j, lam in enumerate(self.lams):
-            np.minimum.at(self.w_unit[:, j], unit.keys[:, 0], unit.t + lam * unit.m)
-            np.minimum.at(self.w_out[:, j], outside.keys[:, 0], outside.t + lam * outside.m)
-        # per slope, the staircase test needs max over envelope steps of lam * e_i.m + e_{i+1}.t
-        self.tables = [_sparse_max(lam * em[:-1] + et[1:]) for lam in self.lams]
+        q.t + lam * q.m >= R * min_d(d.t + lam * d.m) + min_o(o.t + lam * o.m) (R layers left)."""
+        self.hull = HullTest(self.env_t, self.env_m)
+        self.w_unit = weighted_least(unit.keys[:, 0], unit.t, unit.m, keys, self.hull.lams)
+        self.w_out = weighted_least(outside.keys[:, 0], outside.t, outside.m, keys, self.hull.lams)
 
     def hull_admit(self, t: np.ndarray, m: np.ndarray, c: np.ndarray, layers: int, with_outside: bool = False) -> np.ndarray:
         """False where every completion allowed by one of the hull constraints is dominated by
-        the envelope: the region {x.t + lam x.m >= B, x.t >= T0, x.m >= M0} is covered by the
-        envelope's staircase iff its boundary segment is, checked step by step (range max)."""
+        the envelope (hull_bound.py)."""
         r = self.n - layers
         shrink = 1.0 - 2 * RTOL  # a region pulled toward the origin is harder to cover: margin
         t0 = (t + r * self.unit_t[c] + (0.0 if with_outside else self.out_t[c])) * shrink
         m0 = (m + r * self.unit_m[c] + (0.0 if with_outside else self.out_m[c]) + self.buffers) * shrink
-        dominated = np.zeros(len(t), dtype=bool)
-        et, em = self.env_t, self.env_m
-        for j, lam in enumerate(self.lams):
-            b = (t + lam * (m + self.buffers) + r * self.w_unit[c, j]
-                 + (0.0 if with_outside else self.w_out[c, j])) * shrink
-            t1 = b - lam * m0
-            i0 = np.searchsorted(et, t0, side="right") - 1
-            i1 = np.searchsorted(et, t1, side="right") - 1
-            ok = (i0 >= 0) & (em[np.maximum(i1, 0)] <= m0)
-            inner = i1 > i0
-            steps_max = _range_max(self.tables[j], np.maximum(i0, 0), np.maximum(i1 - 1, 0))
-            dominated |= ok & (~inner | (steps_max <= b))
-        return ~dominated
+        lams = self.hull.lams
+        b = ((t[:, None] + lams[None, :] * (m + self.buffers)[:, None] + r * self.w_unit[c]
+              + (0.0 if with_outside else self.w_out[c])) * shrink)
+        return ~self.hull.beaten(t0, m0, b)
 
     def admit(self, t: np.ndarray, m: np.ndarray, c: np.ndarray, layers: int, with_outside: bool = False) -> np.ndarray:
         """Which points (of boundary configurations c, covering `layers` layers) may still win."""
@@ -566,28 +548,3 @@ class _StackBound:
                                         & self.hull_admit(f.t, f.m, c, layers, with_outside)))
 
 
-def _sparse_max(values: np.ndarray) -> np.ndarray:
-    """Sparse table for O(1) range maxima: row k holds the max of each window of 2**k."""
-    rows = [values.astype(np.float64)]
-    k = 1
-    while (1 << k) <= len(values):
-        prev = rows[-1]
-        half = 1 << (k - 1)
-        rows.append(np.maximum(prev[:-half], prev[half:]) if len(prev) > half else prev[:0])
-        k += 1
-    width = len(values)
-    table = np.full((len(rows), max(width, 1)), -np.inf)
-    for i, row in enumerate(rows):
-        table[i, : len(row)] = row
-    return table
-
-
-def _range_max(table: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """max(values[lo..hi]) per query (inclusive); -inf where hi < lo."""
-    length = hi - lo + 1
-    valid = length >= 1
-    k = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
-    k = np.minimum(k, table.shape[0] - 1)
-    a = table[k, np.minimum(np.maximum(lo, 0), table.shape[1] - 1)]
-    b = table[k, np.minimum(np.maximum(hi - (1 << k) + 1, 0), table.shape[1] - 1)]
-    return np.where(valid, np.maximum(a, b), -np.inf)

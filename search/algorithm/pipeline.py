@@ -93,6 +93,7 @@ from search.algorithm.factor_graph import (
     weighed_like,
 )
 from search.algorithm.frontier import RTOL, Factor, Stats, assignments, join, least_memory, pareto_mask, select, staircase
+from search.algorithm.hull_bound import HullTest, weighted_least
 from search.algorithm.interleave import MAX_VIRTUAL_STAGES, sends, to_model_order
 from search.algorithm.results import PipeSolution, Split
 from search.models.graph import Op, OpGraph
@@ -239,6 +240,7 @@ class _Envelope:
         self.buffers = buffers
         self._floor = floor
         self.enabled = len(t) > 0
+        self._hull: HullTest | None = None
 
     def floor(self) -> tuple[float, float]:
         if callable(self._floor):
@@ -267,8 +269,7 @@ class _Envelope:
             # `admit` refuses (t, m) only if it refuses every costlier point: it bounds whole rows too
             return join(a, b, domain=domain, eps=eps, stats=stats, admit=lambda t, m, keys: self.admit(t, m),
                         bound=self.admit)
-        rest_t, rest_m = rest
-        least_t, least_m = float(rest_t.min()), float(rest_m.min())  # what any configuration adds at least
+        least_t, least_m = float(rest.t.min()), float(rest.m.min())  # what any configuration adds at least
         return join(a, b, domain=domain, eps=eps, stats=stats,
                     admit=lambda t, m, keys: self.admit_completed(t, m, keys[:, 0], rest),
                     bound=lambda t, m: self.admit((t + least_t) * _SHRINK, (m + least_m) * _SHRINK))
@@ -279,12 +280,31 @@ class _Envelope:
         time and the least memory of the parts still to add, `_Completion.rest`). Costs add up
         on one stage, so those plans lie above the sum: if the envelope beats the sum, it beats
         them all (exact; the sum pulled toward the origin by 2 RTOL, a margin for rounding)."""
-        return self.admit((t + rest[0][b]) * _SHRINK, (m + rest[1][b]) * _SHRINK)
+        return self.admit((t + rest.t[b]) * _SHRINK, (m + rest.m[b]) * _SHRINK)
+
+    def hull(self) -> HullTest:
+        """The convex-hull test against the known plans (hull_bound.py), made when first asked."""
+        if self._hull is None:
+            self._hull = HullTest(*self.stair)
+        return self._hull
 
     def prune_completed(self, f: Factor, rest: _Rest) -> Factor:
+        """f's points that `admit_completed` admits and whose completions - which also lie above
+        the parts' convex hulls (`rest.w`) - the known plans do not all beat (hull_bound.py):
+        after a join, where its pairs passed the cheaper corner test alone (exact)."""
         if not self.enabled:
             return f
-        return select(f, np.flatnonzero(self.admit_completed(f.t, f.m, f.keys[:, 0], rest)))
+        c = f.keys[:, 0]
+        keep = np.flatnonzero(self.admit_completed(f.t, f.m, c, rest))
+        lams = self.hull().lams
+        if len(lams) and len(keep):
+            t, m, c = f.t[keep], f.m[keep] + self.buffers, c[keep]
+            floor_t, floor_m = self.floor()
+            t0 = np.maximum(t + rest.t[c], floor_t) * _SHRINK
+            m0 = np.maximum(m + rest.m[c], floor_m) * _SHRINK
+            b = (t[:, None] + lams[None, :] * m[:, None] + rest.w[c]) * _SHRINK
+            keep = keep[~self.hull().beaten(t0, m0, b)]
+        return select(f, keep)
 
 
 def _steps(stair: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -297,8 +317,15 @@ def _steps(stair: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray
     return st[drops], sm[drops]
 
 
-# per boundary configuration, the least time and the least memory still to add to a partial plan
-_Rest = tuple[np.ndarray, np.ndarray]
+class _Rest(NamedTuple):
+    """Per boundary configuration (rows), what is still to add to a partial plan at least: its
+    least time, its least memory and, per slope of the known plans' hull test (columns of w),
+    its least t + lam m."""
+
+    t: np.ndarray
+    m: np.ndarray
+    w: np.ndarray
+
 _SHRINK = 1.0 - 2 * RTOL
 
 
@@ -306,33 +333,34 @@ class _Completion:
     """A one-stage shape's plans (gradient accumulation) are sums: the ops before the stack with
     layer 0 (the head), n - 1 more layers and the ops after the stack (the tail), under one
     weighting. So a partial sum in boundary configuration b ends in plans costing at least it
-    plus, per part still to add, that part's least time and least memory in b (a layer's once
-    per layer): far tighter than the stage alone, which is all a pipeline's stage tells."""
+    plus, per part still to add, that part's least time, least memory and least t + lam m for
+    each of the hull test's slopes `lams` in b (a layer's once per layer): far tighter than the
+    stage alone, which is all a pipeline's stage tells."""
 
-    def __init__(self, head: Factor, unit: Factor, tail: Factor, layers: int) -> None:
+    def __init__(self, head: Factor, unit: Factor, tail: Factor, layers: int, lams: np.ndarray) -> None:
         configs = 1 + int(max(f.keys[:, 0].max(initial=0) for f in (head, unit, tail)))
-        self.head, self.unit, self.tail = (self._least(f, configs) for f in (head, unit, tail))
+        self.head, self.unit, self.tail = (self._least(f, configs, lams) for f in (head, unit, tail))
         self.layers = layers  # after layer 0 (the head's)
 
     @staticmethod
-    def _least(f: Factor, configs: int) -> _Rest:
-        """Per boundary configuration, f's least time and least memory (inf where it has none)."""
+    def _least(f: Factor, configs: int, lams: np.ndarray) -> _Rest:
+        """Per boundary configuration, f's least time, least memory and least weighted sums (inf
+        where it has none)."""
         t, m = np.full(configs, np.inf), np.full(configs, np.inf)
         np.minimum.at(t, f.keys[:, 0], f.t)
         np.minimum.at(m, f.keys[:, 0], f.m)
-        return t, m
+        return _Rest(t, m, weighted_least(f.keys[:, 0], f.t, f.m, configs, lams))
 
     def rest(self, layers: int, head: bool = False, tail: bool = False) -> _Rest:
         """What completes a partial sum of `layers` of the n - 1 layers (and the head, the tail
         where it holds them): the least of each part still missing."""
         left = self.layers - layers
-        parts = [(left * self.unit[0], left * self.unit[1])] if left else []
+        parts = [_Rest(left * self.unit.t, left * self.unit.m, left * self.unit.w)] if left else []
         parts += [] if head else [self.head]
         parts += [] if tail else [self.tail]
         if not parts:
-            zero = np.zeros(len(self.unit[0]))
-            return zero, zero
-        return (np.sum([p[0] for p in parts], axis=0), np.sum([p[1] for p in parts], axis=0))
+            return _Rest(np.zeros_like(self.unit.t), np.zeros_like(self.unit.m), np.zeros_like(self.unit.w))
+        return _Rest(*(np.sum([p[i] for p in parts], axis=0) for i in range(3)))
 
 
 class _Powers:
@@ -351,6 +379,8 @@ class _Powers:
             half = self(k // 2)
             rest = self.completion.rest(k) if self.completion is not None else None
             f = self.env.join(half, self(k - k // 2), self.domain, self.eps, self.stats, rest)
+            if rest is not None:  # the pairs passed the corner test: now the hull's
+                f = self.env.prune_completed(f, rest)
             f.layers = k
             self.memo[k] = f
         return self.memo[k]
@@ -517,7 +547,7 @@ class _Stages:
                        middle if uses_middle else None, shape.virtual_stages, shape.spread)
         unit = ends[last].unit
         assert unit is not None
-        done = _Completion(head, unit, tail, len(chain.layers) - 1)
+        done = _Completion(head, unit, tail, len(chain.layers) - 1, env.hull().lams)
         return cls(weights, solve, ends, env.prune_completed(head, done.rest(0, head=True)),
                    env.prune_completed(tail, done.rest(0, tail=True)), domain, eps, Stats(), env,
                    middle if uses_middle else None, shape.virtual_stages, shape.spread, done)
@@ -576,6 +606,8 @@ class _Stages:
             rest = self.completion.rest(k - 1, head=True) if self.completion is not None else None
             f = self.head if k == 1 else env.join(self.head, self.power(w)(k - 1), self.domain, self.eps, self.stats,
                                                   rest)
+            if rest is not None and k > 1:
+                f = env.prune_completed(f, rest)
         else:
             f = self.power(w)(k)
         if s == len(self.weights) - 1:

@@ -351,7 +351,8 @@ def test_one_stage_partial_sums_pruned_by_their_completion_keep_every_point(monk
         pruned = solve_shape(mg, cm, sh, envelope=known, chain=chain, base=base)
         with monkeypatch.context() as mp:  # nothing left to add: the envelope's own test alone
             mp.setattr(pipeline._Completion, "rest",
-                       lambda self, *a, **k: (np.zeros(len(self.unit[0])), np.zeros(len(self.unit[0]))))
+                       lambda self, *a, **k: pipeline._Rest(np.zeros_like(self.unit.t), np.zeros_like(self.unit.m),
+                                                            np.zeros_like(self.unit.w)))
             plain = solve_shape(mg, cm, sh, envelope=known, chain=chain, base=base)
         assert (pruned is None) == (plain is None), sh.describe()
         if pruned is None or plain is None:
