@@ -499,7 +499,7 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
                  split_outside: tuple[bool, bool] | None = None, edge_weights: Weights | None = None,
                  known: tuple[Chain, set[str]] | None = None,
                  activations: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
-                 factors: MeshFactors | None = None, memo: JoinMemo | None = None) -> MeshProblem:
+                 factors: MeshFactors | None = None, memo: JoinMemo | None = None, unit: bool = True) -> MeshProblem:
     """Cost tables and factors of one mesh under ZeRO stage `zero`; with `recompute`, every
     layer of the block stack may also be recomputed. With a stack, the template layer and the
     rest of the graph are each solved twice, their layer recomputed or not, and the two
@@ -513,7 +513,9 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     micro-batch in flight, the edges' kept copies go there too): the pipeline's middle stages
     weigh one such layer frontier each (only the unit is solved then); `factors`: the factors
     `mesh_factors` made with these same arguments, shared with a bound taken from them; `memo`:
-    joins shared with the other problems of this mesh and eps (JoinMemo)."""
+    joins shared with the other problems of this mesh and eps (JoinMemo); `unit=False` with
+    `split_outside`: the caller has the layer's frontier from elsewhere (the stage search's
+    middle-stage elimination), only the head and tail are solved."""
     layer_of = layer_index(graph) if recompute else {}
     # a pipeline's stages cut the stack layer by layer: every layer, the last too, the template's
     # (the stage search passes its own such chain as `known`)
@@ -537,10 +539,11 @@ def prepare_mesh(graph: OpGraph, cm: CostModel, mesh: Mesh, reuse_blocks: bool =
     block_ops = [op for op in costed if op.name in template]
     rest_ops = [op for op in costed if op.name not in template]
     out_t = chain.template[-1]
-    prob.unit = fg.solved(block_ops, 1, (chain.boundary, out_t),
-                          lambda f: restrict_equal(f, chain.boundary, out_t, chain.boundary))
-    prob.unit.layer_leaf = True
-    prob.unit.layers = 1
+    if unit or split_outside is None:
+        prob.unit = fg.solved(block_ops, 1, (chain.boundary, out_t),
+                              lambda f: restrict_equal(f, chain.boundary, out_t, chain.boundary))
+        prob.unit.layer_leaf = True
+        prob.unit.layers = 1
     if split_outside is not None:
         want_head, want_tail = split_outside
         _, head_ops, tail_ops = stage_parts(graph, chain, op_costs, known[1] if known is not None else None)

@@ -471,10 +471,17 @@ class _Stages:
                     fgs[w] = mesh_factors(graph, cm, sub, eps, recompute, weighted, w, chain)
             return fgs[w]
 
+        uses_middle = all((w.slots, w.copies) == (bare.slots, bare.copies) for w in weights)
+        # with middle stages to solve (exactly), the end stages' layer is that one elimination
+        # weighed too: a reduction each instead of an elimination each, the same frontier
+        ends_from_middle = uses_middle and len(weights) > 2 and eps == 0.0
+
         def solve(w: Weights, head: bool = False) -> MeshProblem | None:
             prob = prepare_mesh(graph, cm, sub, True, eps, shape.zero, recompute,
                                 split_outside=(head or w == first, w == last), edge_weights=w, known=known,
-                                factors=factors(w))
+                                factors=factors(w), unit=not ends_from_middle)
+            if ends_from_middle:
+                prob.unit = middle(w)
             return prob if prob.unit is not None else None
 
         # The middle stages differ only in the micro-batches in flight: every stage's memory is
@@ -541,7 +548,6 @@ class _Stages:
         domain = ends[first].domain
         head, tail = ends[first].head, ends[last].tail
         assert head is not None and tail is not None
-        uses_middle = all((w.slots, w.copies) == (bare.slots, bare.copies) for w in weights)
         if len(weights) > 1 or not env.enabled:
             return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env,
                        middle if uses_middle else None, shape.virtual_stages, shape.spread)
