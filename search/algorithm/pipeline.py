@@ -379,9 +379,9 @@ class _Powers:
             half = self(k // 2)
             rest = self.completion.rest(k) if self.completion is not None else None
             f = self.env.join(half, self(k - k // 2), self.domain, self.eps, self.stats, rest)
+            f.layers = k  # before the pruning: the read-back splits the join's layers by it
             if rest is not None:  # the pairs passed the corner test: now the hull's
                 f = self.env.prune_completed(f, rest)
-            f.layers = k
             self.memo[k] = f
         return self.memo[k]
 

@@ -364,6 +364,42 @@ def test_one_stage_partial_sums_pruned_by_their_completion_keep_every_point(monk
     assert checked >= 4 and fewer >= 1
 
 
+def test_pruned_one_stage_points_read_back_every_layer_and_recost_to_themselves():
+    """A one-stage shape's layer powers pruned by the known plans (the corner and the hull tests
+    drop points of intermediate powers) still read back a configuration for every op of every
+    layer - the read-back splits each power's join by its layer count - and each point re-costs
+    to itself."""
+    from search.algorithm.chain import find_chain
+    from search.algorithm.evaluate import mesh_costs
+    from search.algorithm.pipeline import solve_shape
+    from search.prices.costmodel import CostModel
+    from search.prices.mesh import Mesh
+
+    g = stack(12, batch=32)
+    cl = make_cluster("h100-80gb", 8)
+    job = TrainingJob(global_batch=32, seq_len=None)
+    checked = 0
+    for sh in pipeline_shapes(cl, job, 12, (0, 3), accumulate=True, pipelines=False):
+        mg = micro_batch_graph(g, sh.micro_batches)
+        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
+        full = solve_shape(mg, cm, sh)
+        if full is None or len(full.root) < 4:
+            continue
+        chain = find_chain(mg)
+        base = mesh_costs(mg, cm, Mesh(pp=1, axes=sh.mesh.axes), sh.zero, chain)
+        o = np.argsort(full.root.t)[::3]  # known plans a little better than a third of its points
+        pruned = solve_shape(mg, cm, sh, envelope=(full.root.t[o] * (1 - 1e-3), full.root.m[o] * (1 - 1e-3)),
+                             chain=chain, base=base)
+        if pruned is None:
+            continue
+        assert {op.name for op in mg.ops} <= set(pruned.assigns), sh.describe()
+        again = pruned.recost(mg, pruned.assigns, list(pruned.partitions))
+        assert np.allclose(again["time"], pruned.root.t, rtol=1e-9), sh.describe()
+        assert np.allclose(again["memory"], pruned.root.m, rtol=1e-9), sh.describe()
+        checked += 1
+    assert checked >= 2
+
+
 def test_every_shape_lies_inside_its_end_stage_bounds():
     """`ends_bounds` holds every point of the shape's complete frontier through that boundary
     layout, whether its minima come from the first and last stage's frontiers, from the last
