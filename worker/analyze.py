@@ -718,7 +718,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     expected += _expert_comms(plan, graph, cfgs, _unit_namer(graph))
     expected += _context_comms(plan, graph, cfgs, _unit_namer(graph))
     ties = _ties(model)
-    _check_ties(ties, styles, graph, pipe.stages)
+    _check_ties(ties, styles, graph)
     mode, reshard, dp_notes = _data_parallel(plan, mesh, bool(tensor_axes), pipe)
     notes = (_tie_notes(ties, pipe) + _schedule_notes(pipe) + _cut_notes(spec, pipe) + dp_notes
              + _batchnorm_notes(plan, graph, cfgs, roles, modules, mesh))
@@ -917,8 +917,10 @@ def _unit_namer(graph: OpGraph) -> Callable[[str], str]:
     return unit
 
 
-def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph, stages: int = 1) -> None:
-    """A tied parameter must be placed alike by every module that holds it."""
+def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph) -> None:
+    """A tied parameter must be placed alike by every module that holds it. Pipelined, each stage
+    holding it keeps a copy placed so, whose gradients the executor sums across the stages
+    (worker/executor.py Runner._sum_tied_grads), split over the tensor axis or not."""
     placed = [st for st in styles if st.style == "placed"]
     called = {op.module for op in graph.ops}
     for group in ties:
@@ -930,15 +932,10 @@ def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph, 
         group = ([g for g in group if g.rpartition(".")[0] in reading]
                  or [g for g in group if g.rpartition(".")[0] in called] or group)
         if placed:
-            _check_placed_tie(group, placed, stages)
+            _check_placed_tie(group, placed)
             continue
         owners = [st for st in styles if st.style in ("colwise", "rowwise")
                   and any(g.rsplit(".", 1)[0] == st.module for g in group)]
-        if owners and stages > 1:
-            # its two copies on the first and last stage would sum sharded gradients across stages;
-            # the executor's exchange mismatches there (a collective of the wrong size), so refuse
-            raise Unsupported(f"tied parameter {' = '.join(group)} is split over the tensor axis and held by the "
-                              f"first and last of {stages} pipeline stages: the executor does not run that yet")
         if owners and len(owners) != len(group):
             raise Unsupported(f"tied parameter {' = '.join(group)} is sharded by one of its modules and replicated "
                               f"by another on the tensor axis")
@@ -947,7 +944,7 @@ def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph, 
                               f"{' and '.join(st.module for st in owners)}")
 
 
-def _check_placed_tie(group: list[str], placed: list[StyleSpec], stages: int) -> None:
+def _check_placed_tie(group: list[str], placed: list[StyleSpec]) -> None:
     """On two tensor axes: the placements every holder of the tied parameter gives it must agree
     (a module without a style holds it whole)."""
     whole = ",".join(["Replicate()"] * len(placed[0].axis_styles))
@@ -959,9 +956,6 @@ def _check_placed_tie(group: list[str], placed: list[StyleSpec], stages: int) ->
     if len(set(layouts)) > 1:
         raise Unsupported(f"tied parameter {' = '.join(group)} is placed differently by its modules on the tensor "
                           f"axes ({' and '.join(layouts)})")
-    if stages > 1 and layouts[0] != whole:
-        raise Unsupported(f"tied parameter {' = '.join(group)} is split over the tensor axes and held by the first "
-                          f"and last of {stages} pipeline stages: the executor does not run that yet")
 
 
 def _tie_notes(ties: list[list[str]], pipe: PipelineExec) -> list[str]:
@@ -969,7 +963,7 @@ def _tie_notes(ties: list[list[str]], pipe: PipelineExec) -> list[str]:
         return [f"tied parameters across pipeline stages ({'; '.join(' = '.join(g) for g in ties)}) are kept as a "
                 f"copy on each stage holding one (the first and last; an encoder-decoder's decoder embedding on "
                 f"its first decoder stage) whose gradients are all-reduced among them (as Megatron-LM does, and "
-                f"as the plan prices it: search/algorithm/pipeline.py _tied_copies)"]
+                f"as the plan prices it: search/algorithm/evaluate.py _tied_copies)"]
     return []
 
 
