@@ -9,6 +9,7 @@ import pytest
 
 from search.plans.api import SearchRequest, run_search
 from search.plans.plan import Plan
+from tests.worker.configs import GPT2
 from tests.worker.families import baseline, estimated, pipelined
 from worker.analyze import Unsupported, analyze
 from worker.launch import check_capacity
@@ -54,8 +55,7 @@ _TINY = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_att
 # head transform (a square weight a tie makes one label), Phi-3's fused gate_up read by the MLP's
 # product and by its activation module
 HF_CASES = {
-    "gpt2": ({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_inner": 128, "n_head": 4, "vocab_size": 256,
-              "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0}, 4),
+    "gpt2": (GPT2, 4),
     "gemma3_text": ({"model_type": "gemma3_text", **_TINY, "num_key_value_heads": 2, "head_dim": 16}, 4),
     "opt": ({"model_type": "opt", **_TINY, "ffn_dim": 128, "word_embed_proj_dim": 64}, 8),
     "bert": ({"model_type": "bert", **_TINY}, 8),
