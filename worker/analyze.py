@@ -624,11 +624,19 @@ class _TensorAxis:
                               f"partial sum may be reduced there, or a tensor the reader takes as it is sharded "
                               f"(other changes would reach that module's code in a shape it does not expect)")
         # converted as it leaves u's module, the tensor is dst for every consumer: all must want dst,
-        # and none may already have a conversion of its own that expects src
+        # and none may already have a conversion of its own that expects src. The search prices a
+        # reader entering a module of its own (BART's fc1 after a post-LN layer norm whose residual
+        # add, in the layer's own forward, reads it split) from src, apart from the exit; run here,
+        # it would receive dst and convert back, a collective the plan does not price. Only a rule
+        # on three ops' configurations (producer, exit reader, other reader) could keep the search
+        # from offering it, and its tables constrain pairs, so such a plan is refused here.
         for c, j in self.consumers[u.name]:
             if self.inp(self.ops[c], j) != dst or (u.name, c) in self.where:
                 raise Unsupported(f"the output of {u.name!r} is needed in two placements on tensor axis "
-                                  f"{self.axis!r} ({dst} by {v.name!r}, {self.inp(self.ops[c], j)} by {c!r})")
+                                  f"{self.axis!r} ({dst} by {v.name!r}, {self.inp(self.ops[c], j)} by {c!r}): "
+                                  f"{v.name!r} reads it in the forward of {v.module!r}, so it is converted where "
+                                  f"{u.module!r} ends, for every reader, and {c!r} would pay an unpriced conversion "
+                                  f"back")
         ust = self.styles.get(u.name)
         dims = u.output.dims
         if ust and ust.style in ("colwise", "rowwise", "placed"):
