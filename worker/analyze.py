@@ -624,11 +624,19 @@ class _TensorAxis:
                               f"partial sum may be reduced there, or a tensor the reader takes as it is sharded "
                               f"(other changes would reach that module's code in a shape it does not expect)")
         # converted as it leaves u's module, the tensor is dst for every consumer: all must want dst,
-        # and none may already have a conversion of its own that expects src
+        # and none may already have a conversion of its own that expects src. The search prices a
+        # reader entering a module of its own (BART's fc1 after a post-LN layer norm whose residual
+        # add, in the layer's own forward, reads it split) from src, apart from the exit; run here,
+        # it would receive dst and convert back, a collective the plan does not price. Only a rule
+        # on three ops' configurations (producer, exit reader, other reader) could keep the search
+        # from offering it, and its tables constrain pairs, so such a plan is refused here.
         for c, j in self.consumers[u.name]:
             if self.inp(self.ops[c], j) != dst or (u.name, c) in self.where:
                 raise Unsupported(f"the output of {u.name!r} is needed in two placements on tensor axis "
-                                  f"{self.axis!r} ({dst} by {v.name!r}, {self.inp(self.ops[c], j)} by {c!r})")
+                                  f"{self.axis!r} ({dst} by {v.name!r}, {self.inp(self.ops[c], j)} by {c!r}): "
+                                  f"{v.name!r} reads it in the forward of {v.module!r}, so it is converted where "
+                                  f"{u.module!r} ends, for every reader, and {c!r} would pay an unpriced conversion "
+                                  f"back")
         ust = self.styles.get(u.name)
         dims = u.output.dims
         if ust and ust.style in ("colwise", "rowwise", "placed"):
@@ -718,7 +726,7 @@ def analyze(plan: Plan, graph: OpGraph | None = None) -> ExecSpec:
     expected += _expert_comms(plan, graph, cfgs, _unit_namer(graph))
     expected += _context_comms(plan, graph, cfgs, _unit_namer(graph))
     ties = _ties(model)
-    _check_ties(ties, styles, graph, pipe.stages)
+    _check_ties(ties, styles, graph)
     mode, reshard, dp_notes = _data_parallel(plan, mesh, bool(tensor_axes), pipe)
     notes = (_tie_notes(ties, pipe) + _schedule_notes(pipe) + _cut_notes(spec, pipe) + dp_notes
              + _batchnorm_notes(plan, graph, cfgs, roles, modules, mesh))
@@ -917,8 +925,10 @@ def _unit_namer(graph: OpGraph) -> Callable[[str], str]:
     return unit
 
 
-def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph, stages: int = 1) -> None:
-    """A tied parameter must be placed alike by every module that holds it."""
+def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph) -> None:
+    """A tied parameter must be placed alike by every module that holds it. Pipelined, each stage
+    holding it keeps a copy placed so, whose gradients the executor sums across the stages
+    (worker/executor.py Runner._sum_tied_grads), split over the tensor axis or not."""
     placed = [st for st in styles if st.style == "placed"]
     called = {op.module for op in graph.ops}
     for group in ties:
@@ -930,15 +940,10 @@ def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph, 
         group = ([g for g in group if g.rpartition(".")[0] in reading]
                  or [g for g in group if g.rpartition(".")[0] in called] or group)
         if placed:
-            _check_placed_tie(group, placed, stages)
+            _check_placed_tie(group, placed)
             continue
         owners = [st for st in styles if st.style in ("colwise", "rowwise")
                   and any(g.rsplit(".", 1)[0] == st.module for g in group)]
-        if owners and stages > 1:
-            # its two copies on the first and last stage would sum sharded gradients across stages;
-            # the executor's exchange mismatches there (a collective of the wrong size), so refuse
-            raise Unsupported(f"tied parameter {' = '.join(group)} is split over the tensor axis and held by the "
-                              f"first and last of {stages} pipeline stages: the executor does not run that yet")
         if owners and len(owners) != len(group):
             raise Unsupported(f"tied parameter {' = '.join(group)} is sharded by one of its modules and replicated "
                               f"by another on the tensor axis")
@@ -947,7 +952,7 @@ def _check_ties(ties: list[list[str]], styles: list[StyleSpec], graph: OpGraph, 
                               f"{' and '.join(st.module for st in owners)}")
 
 
-def _check_placed_tie(group: list[str], placed: list[StyleSpec], stages: int) -> None:
+def _check_placed_tie(group: list[str], placed: list[StyleSpec]) -> None:
     """On two tensor axes: the placements every holder of the tied parameter gives it must agree
     (a module without a style holds it whole)."""
     whole = ",".join(["Replicate()"] * len(placed[0].axis_styles))
@@ -959,9 +964,6 @@ def _check_placed_tie(group: list[str], placed: list[StyleSpec], stages: int) ->
     if len(set(layouts)) > 1:
         raise Unsupported(f"tied parameter {' = '.join(group)} is placed differently by its modules on the tensor "
                           f"axes ({' and '.join(layouts)})")
-    if stages > 1 and layouts[0] != whole:
-        raise Unsupported(f"tied parameter {' = '.join(group)} is split over the tensor axes and held by the first "
-                          f"and last of {stages} pipeline stages: the executor does not run that yet")
 
 
 def _tie_notes(ties: list[list[str]], pipe: PipelineExec) -> list[str]:
@@ -969,7 +971,7 @@ def _tie_notes(ties: list[list[str]], pipe: PipelineExec) -> list[str]:
         return [f"tied parameters across pipeline stages ({'; '.join(' = '.join(g) for g in ties)}) are kept as a "
                 f"copy on each stage holding one (the first and last; an encoder-decoder's decoder embedding on "
                 f"its first decoder stage) whose gradients are all-reduced among them (as Megatron-LM does, and "
-                f"as the plan prices it: search/algorithm/pipeline.py _tied_copies)"]
+                f"as the plan prices it: search/algorithm/evaluate.py _tied_copies)"]
     return []
 
 

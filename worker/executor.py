@@ -309,14 +309,17 @@ class Runner:
             assert spec.seq_len is not None  # analyze refuses a context axis without a sequence
             self.ring = Ring(cp.get_group(), cp.get_local_rank(), cp.size(), spec.seq_len)
 
-    def _tie_groups(self) -> list[tuple[Any, nn.Parameter]]:
+    def _tie_groups(self) -> list[tuple[Any, list[nn.Parameter]]]:
         """Tied parameters split across pipeline stages (GPT's embedding and head on the first and
         last; T5's on the first and on the one holding the decoder's embedding) are a copy per
         stage; their gradients are summed over a group of those stages, as Megatron-LM does
-        (torch.distributed.pipelining has no tied-weight support)."""
+        (torch.distributed.pipelining has no tied-weight support). Per group, this rank's copies:
+        one per chunk holding it (interleaved 1F1B gives a rank several chunks, each parallelised
+        on its own), and the process group of the ranks holding it that share every other
+        coordinate (None when this rank's chunks are its only holders)."""
         if self.n_stages == 1 or not self.spec.ties:
             return []
-        out = []
+        out: list[tuple[Any, list[nn.Parameter]]] = []
         mesh = _made(self.mesh).mesh  # rank numbers by coordinate
         others = mesh.shape[1:]
         held = stage_params(self.spec)
@@ -325,11 +328,36 @@ class Runner:
             for idx in torch.cartesian_prod(*[torch.arange(s) for s in others]).reshape(-1, len(others)) if others else [()]:
                 idx = tuple(int(i) for i in idx)
                 ranks = sorted({int(mesh[(s, *idx)]) for s in holders})
-                pg = dist.new_group(ranks) if len(ranks) > 1 else None
-                if self.rank in ranks and pg is not None:
-                    for part in self.parts:
-                        out += [(pg, p) for n, p in part.named_parameters() if canonical(n) in group]
+                pg = dist.new_group(ranks) if len(ranks) > 1 else None  # every rank makes every group
+                if self.rank in ranks:
+                    copies = list({id(p): p for part in self.parts for n, p in part.named_parameters()
+                                   if canonical(n) in group}.values())
+                    if pg is not None or len(copies) > 1:
+                        out.append((pg, copies))
         return out
+
+    def _sum_tied_grads(self) -> None:
+        """Give every copy of a tied parameter the sum of all copies' gradients: this rank's
+        summed locally, then one all-reduce over the group's ranks, the same call with the same
+        shape on each. The gradient is first placed as its parameter: DTensor gives a
+        vocabulary-parallel embedding (weight Shard(0), ids replicated) a Replicate() gradient of
+        the whole table, while the head on the last stage has a Shard(0) one; all-reducing their
+        local tensors mismatched in size (the whole table against a shard). A copy that got no
+        gradient joins with zeros, so that every rank of the group calls the collective."""
+        for pg, copies in self.tie_groups:
+            local = []
+            for p in copies:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                elif isinstance(p.grad, DTensor) and isinstance(p, DTensor) and p.grad.placements != p.placements:
+                    p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+                local.append(p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad)
+            total = local[0].contiguous() if len(local) == 1 else torch.stack(local).sum(0)  # gloo: contiguous
+            if pg is not None:
+                dist.all_reduce(total, group=pg)
+            for g in local:
+                if g is not total:
+                    g.copy_(total)
 
     def batch(self, step: int) -> tuple[torch.Tensor, ...]:
         full = global_batch(self.zs, step, self.spec.global_batch, self.spec.seq_len, self.st.seed)
@@ -361,10 +389,7 @@ class Runner:
                 loss = torch.stack([x.detach() for x in losses]).mean()
             else:
                 self.schedule.step()
-        for pg, p in self.tie_groups:
-            if p.grad is not None:
-                g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                dist.all_reduce(g, group=pg)
+        self._sum_tied_grads()
         if self.scaler:
             self.scaler.step(self.opt)
             self.scaler.update()

@@ -56,8 +56,6 @@ def live_cpu_bytes() -> int:
     state, pipeline buffers, ...): what a step starts from."""
     import gc
 
-    from torch.distributed.tensor import DTensor
-
     seen: set[int] = set()
     total = 0
     for o in gc.get_objects():
@@ -66,16 +64,30 @@ def live_cpu_bytes() -> int:
                 continue
         except ReferenceError:
             continue
-        t = o._local_tensor if isinstance(o, DTensor) else o
-        if t.device.type != "cpu" or t.is_meta:
-            continue
-        st = t.untyped_storage()
-        ptr = st.data_ptr()
-        if ptr == 0 or ptr in seen:
-            continue
-        seen.add(ptr)
-        total += st.nbytes()
+        for t in _plain_tensors(o):
+            if t.device.type != "cpu" or t.is_meta:
+                continue
+            st = t.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr == 0 or ptr in seen:
+                continue
+            seen.add(ptr)
+            total += st.nbytes()
     return total
+
+
+def _plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding a tensor's data: itself, or those a wrapper subclass wraps
+    (a DTensor's local shard; the AsyncCollectiveTensor of a functional collective, which a
+    pipeline's last stage keeps from a step's row-parallel head among its outputs). A wrapper's
+    own storage is a placeholder that refuses data_ptr()."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    attrs, _ = t.__tensor_flatten__()
+    # (a DTensor names its device mesh among them too, no tensor)
+    return [x for a in attrs if torch.is_tensor(getattr(t, a)) for x in _plain_tensors(getattr(t, a))]
 
 
 def ddp_bucket_bytes() -> int:

@@ -343,20 +343,6 @@ def _launch_blockers(req: EstimateRequest, shape: Shape, schedule: str) -> list[
     return out
 
 
-def _tied_across_stages(plan: Plan) -> list[str]:
-    """A parameter shared by the first and last stage (GPT's embedding holding the LM head's
-    weight) and split over the tensor axis: the executor refuses it (worker/analyze.py: its
-    gradient exchange between the stages mismatches)."""
-    if plan.pipeline.stages < 2:
-        return []
-    tied = sorted({name for o in plan.ops for name, placements in o.params.items()
-                   if name.rpartition(".")[0] != o.module and any(pl.startswith("Shard") for pl in placements)})
-    if not tied:
-        return []
-    return [f"tied parameter {', '.join(tied)} is split over the tensor axis and held by the first and last pipeline "
-            "stage: the executor does not run that yet"]
-
-
 def compare(points: Sequence[Priced], est: Priced) -> AgainstFrontier:
     """Where `est` lands against frontier `points` (FrontierPoints, FrontierEntries, stored points)."""
     d = against_frontier(points, est)
@@ -450,7 +436,7 @@ def estimate(req: EstimateRequest, frontier: Sequence[Priced] | None = None,
     plan = with_source(mark_estimated(as_res, build_plans(as_res), profile), request_source(req, graph))[0]
     if req.recompute == "selective":
         plan.summary += " | selective recompute: attention core"
-    blockers = _launch_blockers(req, shape, schedule) + _tied_across_stages(plan)
+    blockers = _launch_blockers(req, shape, schedule)
     pred = plan.predicted
     out = Estimate(
         time_s=pred.time_s, memory_bytes=pred.memory_bytes, breakdown=pred.breakdown,

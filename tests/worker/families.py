@@ -44,6 +44,35 @@ def pipelined(plan: Plan, pp: int, schedule: str, micro_batches: int, layers: in
     })
 
 
+def pipeline_points(config: dict, name: str, stages: int) -> list[Plan]:
+    """Every point of the search's pipeline shapes of `stages` stages (not only the merged
+    frontier's: on 4 CPU devices a tiny model's pipelines are mostly beaten), fastest first."""
+    import numpy as np
+
+    from search.algorithm.ft import SearchOptions, search
+    from search.algorithm.results import FrontierPoint
+    from search.plans.api import request_source, resolve, with_source
+    from search.plans.plan import build_plans
+    from search.prices.mesh import Mesh, MeshAxis
+
+    req = SearchRequest(hf_config=config, name=name, device="cpu", devices=4, devices_per_node=4, global_batch=8,
+                        seq_len=16, precision="fp32", baselines=False)
+    graph, cluster, job, _ = resolve(req)
+    dp4 = Mesh(pp=1, axes=(MeshAxis("dp", 4, 1, "data"), MeshAxis("tp", 1, 1, "tensor")))
+    r = search(graph, cluster, job, SearchOptions(meshes=(dp4,), zero_stages=(0,), recompute=False, pipeline=True,
+                                                  accumulate=False))
+    points = []
+    for i, sol in enumerate(r.solutions):
+        if sol.pipeline is None or sol.pipeline.stages != stages:
+            continue
+        rows = np.arange(len(sol.root))
+        configs, splits = sol.read_back(rows)
+        points += [FrontierPoint(time_s=float(sol.root.t[j]), memory_bytes=float(sol.root.m[j]), mesh_index=i,
+                                 configs=configs, row=int(j), stages=splits[j]) for j in rows]
+    plans = with_source(build_plans(r, points), request_source(req, graph))
+    return sorted(plans, key=lambda p: p.predicted.time_s)
+
+
 def estimated(model: str, **shape: object) -> Plan:
     """The plan `paretoplan estimate` prices for 4 devices of this machine (Megatron-LM's terms)."""
     from search.plans.estimate import EstimateRequest, estimate

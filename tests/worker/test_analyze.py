@@ -9,6 +9,7 @@ import pytest
 
 from search.plans.api import SearchRequest, run_search
 from search.plans.plan import Plan
+from tests.worker.configs import GPT2
 from tests.worker.families import baseline, estimated, pipelined
 from worker.analyze import Unsupported, analyze
 from worker.launch import check_capacity
@@ -54,8 +55,7 @@ _TINY = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_att
 # head transform (a square weight a tie makes one label), Phi-3's fused gate_up read by the MLP's
 # product and by its activation module
 HF_CASES = {
-    "gpt2": ({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_inner": 128, "n_head": 4, "vocab_size": 256,
-              "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0}, 4),
+    "gpt2": (GPT2, 4),
     "gemma3_text": ({"model_type": "gemma3_text", **_TINY, "num_key_value_heads": 2, "head_dim": 16}, 4),
     "opt": ({"model_type": "opt", **_TINY, "ffn_dim": 128, "word_embed_proj_dim": 64}, 8),
     "bert": ({"model_type": "bert", **_TINY}, 8),
@@ -158,20 +158,23 @@ def test_too_much_memory_is_refused_before_launch():
         check_capacity(spec, "cpu")
 
 
-def test_a_tied_parameter_split_over_tp_across_pipeline_stages_is_refused():
-    """GPT's vocabulary-parallel head and embedding share a weight; pipelined, they are two copies
-    on the first and last stage, and the executor's exchange of their sharded gradients mismatches
-    (a collective of the wrong size): refused before launch, naming the parameter."""
+def test_a_tied_parameter_split_over_tp_across_pipeline_stages_is_accepted():
+    """GPT's vocabulary-parallel head and embedding share a weight; pipelined, they are a copy on
+    the first and on the last stage, each split along the vocabulary (the executor sums their
+    gradients as placed, worker/executor.py Runner._sum_tied_grads; launched in
+    tests/worker/test_tied_pipelines.py): accepted, and `paretoplan estimate` calls the same
+    layout launchable."""
 
     plan = pipelined(baseline("gpt2-tiny", "megatron-tp2-dp", 2), 2, "1f1b", 2)
-    with pytest.raises(Unsupported, match="tied parameter .*lm_head.weight.* pipeline stages"):
-        analyze(plan)
-    # and `paretoplan estimate` says so for the same layout
+    spec = analyze(plan)
+    tied = {st.module: st.style for st in spec.styles if st.module in ("tok_emb", "lm_head")}
+    assert tied == {"tok_emb": "rowwise", "lm_head": "colwise"}  # both shard the vocabulary (dim 0)
+    assert any("tied parameters across pipeline stages" in n for n in spec.notes)
     from search.plans.estimate import EstimateRequest, estimate
 
     e = estimate(EstimateRequest(model="gpt2-tiny", device="cpu", devices=4, global_batch=8, precision="fp32",
                                  tp=2, pp=2, micro_batch=2))
-    assert not e.launchable and "tied parameter lm_head.weight" in (e.not_launchable_reason or "")
+    assert e.launchable, e.not_launchable_reason
 
 
 def test_interleaved_1f1b_runs_the_plans_chunks():
@@ -232,11 +235,11 @@ def test_estimates_called_launchable_are_executable(tp, pp, micro_batch):
 def test_estimates_not_launchable_are_refused_by_the_worker_too():
     from search.plans.estimate import EstimateRequest, estimate
 
-    # GPT's tied head and embedding split over tp and cut apart by the pipeline
+    # 1F1B over 2 stages with one micro-batch per iteration
     e = estimate(EstimateRequest(model="gpt2-tiny", device="cpu", devices=4, global_batch=8, precision="fp32",
-                                 tp=2, pp=2, micro_batch=2))
-    assert not e.launchable and "tied" in (e.not_launchable_reason or "")
-    with pytest.raises(Unsupported, match="tied"):
+                                 pp=2, micro_batch=4))
+    assert not e.launchable and "1F1B needs at least as many micro-batches" in (e.not_launchable_reason or "")
+    with pytest.raises(Unsupported, match="1F1B needs at least as many micro-batches"):
         analyze(e.plan)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from search.plans.api import SearchOutcome, SearchRequest, run_search
 from search.plans.plan import Plan
+from tests.worker.configs import GPT2
 from tests.worker.parity import assert_losses_match, launch
 from tests.worker.shared import share
 from worker.reference import reference_losses
@@ -75,11 +76,6 @@ def _converts_a_layer_input(plan: Plan) -> bool:
 
     return any(st.style == "prepare_input" and re.search(r"\.layer\.\d+$", st.module)
                and st.input_layout != st.desired_input_layout for st in analyze(plan).styles)
-
-
-GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_inner": 128, "n_head": 4, "vocab_size": 256,
-        "n_positions": 128, "bos_token_id": 0, "eos_token_id": 0, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0}
 
 
 def _flattened_entry():

@@ -17,7 +17,8 @@ from search.models.pipelines import DECODER_PIPELINES
 from search.models.zoo import ModelSpec, get_model, spec_from_hf_config
 from search.plans.api import SearchRequest, run_search
 from search.plans.plan import Plan
-from tests.worker.families import pipelined
+from tests.worker.configs import T5
+from tests.worker.families import pipeline_points, pipelined
 from tests.worker.parity import assert_losses_match
 from tests.worker.shared import analyzed, share
 from worker.reference import reference_losses
@@ -25,8 +26,6 @@ from worker.stages import pipe_of
 
 STEPS = 3
 TOL = 2e-5  # fp32: the pipeline reorders nothing but the micro-batches' gradient sums
-T5 = {"model_type": "t5", "num_layers": 2, "d_model": 64, "d_ff": 128, "num_heads": 4, "vocab_size": 256,
-      "pad_token_id": 0, "dropout_rate": 0.0}
 BART = {"model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 128,
         "decoder_ffn_dim": 128, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "vocab_size": 256,
         "max_position_embeddings": 64, "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
@@ -146,38 +145,9 @@ def _piped(name: str, stages: int) -> Plan:
     return next(p for p in _frontier(name) if p.pipeline.stages == stages)
 
 
-def _shape_points(config: dict, name: str, stages: int) -> list[Plan]:
-    """Every point of the search's pipeline shapes of `stages` stages (not only the merged
-    frontier's: on 4 CPU devices a tiny model's pipelines are mostly beaten), fastest first."""
-    import numpy as np
-
-    from search.algorithm.ft import SearchOptions, search
-    from search.algorithm.results import FrontierPoint
-    from search.plans.api import request_source, resolve, with_source
-    from search.plans.plan import build_plans
-    from search.prices.mesh import Mesh, MeshAxis
-
-    req = SearchRequest(hf_config=config, name=name, device="cpu", devices=4, devices_per_node=4, global_batch=8,
-                        seq_len=16, precision="fp32", baselines=False)
-    graph, cluster, job, _ = resolve(req)
-    dp4 = Mesh(pp=1, axes=(MeshAxis("dp", 4, 1, "data"), MeshAxis("tp", 1, 1, "tensor")))
-    r = search(graph, cluster, job, SearchOptions(meshes=(dp4,), zero_stages=(0,), recompute=False, pipeline=True,
-                                                  accumulate=False))
-    points = []
-    for i, sol in enumerate(r.solutions):
-        if sol.pipeline is None or sol.pipeline.stages != stages:
-            continue
-        rows = np.arange(len(sol.root))
-        configs, splits = sol.read_back(rows)
-        points += [FrontierPoint(time_s=float(sol.root.t[j]), memory_bytes=float(sol.root.m[j]), mesh_index=i,
-                                 configs=configs, row=int(j), stages=splits[j]) for j in rows]
-    plans = with_source(build_plans(r, points), request_source(req, graph))
-    return sorted(plans, key=lambda p: p.predicted.time_s)
-
-
 def _pp2_tp2(config: dict, name: str) -> Plan:
     """Of the pp2 x tp2 points the executor runs, the one splitting the most modules on the tensor
-    axis inside each stage (points that split the tied embedding across the stages are refused)."""
+    axis inside each stage."""
     from worker.analyze import Unsupported, analyze
 
     def split(p: Plan) -> int:
@@ -189,7 +159,7 @@ def _pp2_tp2(config: dict, name: str) -> Plan:
             return 0
         return sum(st.style in ("colwise", "rowwise") for st in spec.styles)
 
-    return max(_shape_points(config, name, 2), key=split)
+    return max(pipeline_points(config, name, 2), key=split)
 
 
 def _hand_pp2(config: dict, name: str) -> Plan:
