@@ -186,23 +186,17 @@ def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
     if m == 1:
         return graph
     lab = graph.batch_label
-    # a deep stack repeats a few hundred (shape, dims) over thousands of tensors: each divided
-    # once; and a producer's output and its readers' inputs are mostly the same tensor, which
-    # (frozen) one scaled object serves
+    # a deep stack repeats a few hundred (shape, dims) over thousands of tensors: each divided once
     shapes: dict[tuple[tuple[int, ...], tuple[str, ...]], tuple[int, ...]] = {}
-    made: dict[tuple[str | None, tuple[int, ...], tuple[str, ...], str], TensorRef] = {}
 
     def scaled(t: TensorRef) -> TensorRef:
         if lab not in t.dims:
             return t
-        key = (t.source, t.shape, t.dims, t.dtype)
-        out = made.get(key)
-        if out is None:
-            shape = shapes.get(key[1:3])
-            if shape is None:
-                shape = shapes[key[1:3]] = tuple(s // m if d == lab else s for s, d in zip(t.shape, t.dims, strict=True))
-            out = made[key] = _updated(t, shape=shape)
-        return out
+        key = (t.shape, t.dims)
+        shape = shapes.get(key)
+        if shape is None:
+            shape = shapes[key] = tuple(s // m if d == lab else s for s, d in zip(t.shape, t.dims, strict=True))
+        return _updated(t, shape=shape)
 
     ops = []
     for op in graph.ops:
