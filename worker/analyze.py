@@ -611,6 +611,11 @@ class _TensorAxis:
                               f"({', '.join(sorted(map(repr, entering)))}) and the plan redistributes "
                               f"{pname!r} on tensor axis {self.axis!r}: PrepareModuleInput converts the first "
                               f"input only, which may be another")
+        # (a graph input has no edge the search prices, nor a rule of it)
+        if not pname.startswith("<input") and not self.bounds.enters_first(m_in, pname):
+            raise Unsupported(f"the plan redistributes {pname!r} on tensor axis {self.axis!r} where it enters module "
+                              f"{m_in!r}, whose first input is another tensor: PrepareModuleInput converts the first "
+                              f"input only")
 
     def convert_on_exit(self, u: Op, v: Op, i: int, src: Codes, dst: Codes, key: tuple[str, str]) -> None:
         """u's own style or PrepareModuleOutput on u's module, when v's modules all hold u too."""

@@ -186,7 +186,24 @@ class Boundaries:
     def _crossing(self, prod: Op, reader: Op) -> str:
         if not self.has_modules or set(_ancestors(reader.module)) - set(_ancestors(prod.module)):
             return "entry"
-        return "exit" if self.own_module(prod) else "none"
+        return "exit" if self.own_module(prod) and not self.read_elsewhere(prod) else "none"
+
+    def read_elsewhere(self, prod: Op) -> bool:
+        """Some reader of prod's output enters a module prod is not in. Converted where it leaves
+        prod's module, the tensor would be converted for every reader, that one too, which the
+        pricing of its own edge (from prod's placement) does not see: so such a tensor leaves
+        its module as prod made it, and each reader entering a module converts it there (T5's
+        position bias: made in layer 0's attention and read there, inside the attention's forward,
+        and by every later layer's attention, which it enters; gathered where it left the bias
+        embedding for layer 0, later layers reading it split received it whole). Read per module,
+        as `crossing` is: any op of prod's own module (its only op, or its calls of one op)."""
+        memo: dict[str, bool] = self.__dict__.setdefault("_elsewhere_memo", {})
+        if prod.module not in memo:
+            around = set(_ancestors(prod.module))
+            memo[prod.module] = any(set(_ancestors(self.graph.op(c).module)) - around
+                                    for op in self._ops_within.get(prod.module, [prod])
+                                    for c, _ in self.consumers.get(op.name, []))
+        return memo[prod.module]
 
     def convertible(self, prod: Op, reader: Op) -> bool:
         """Whether the edge may change placement at all (an entry, or a reduction at an exit)."""
@@ -212,7 +229,18 @@ class Boundaries:
         m = self.conversion_module(prod, reader)
         if m == reader.module and self.own_module(reader) and reader.params:
             return False
-        return self._entering(m, shape, self.graph if graph is None else graph) > 1
+        return (self._entering(m, shape, self.graph if graph is None else graph) > 1
+                or not self.enters_first(m, prod.name))
+
+    def enters_first(self, m: str, prod: str) -> bool:
+        """Whether prod's output is the first tensor entering module m, read first inside it (a
+        module called once per tensor: each call's). PrepareModuleInput converts the module's first
+        input: a later one, of any shape, is not what it converts (T5's position bias entering a
+        later layer's attention after its hidden states, BART's encoder output entering the
+        cross-attention after the decoder's stream)."""
+        self._entering(m, (), self.graph)  # finds the module's entering tensors
+        sources = self._entering_sources[m]
+        return sources is None or not sources or sources[0][2] == prod
 
     def _entering(self, m: str, shape: tuple[int, ...], graph: OpGraph) -> int:
         """How many distinct tensors of `shape` in `graph` enter module m (1 for a module called
