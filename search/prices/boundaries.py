@@ -21,9 +21,12 @@ search offers to run as priced (docs/design.md), three rules follow from the cap
   re-splitting there, or sharding a tensor the enclosing code then reshapes, would hand that code
   (attention's ``view(b, t, -1, head_dim)``) a shape it does not expect.
   Between two ops of one module's forward there is no boundary, so such an edge keeps its placement.
-  Nor does a tensor change placement where it enters a module that receives another tensor of its
-  shape (MPT's ``ffn(hidden, residual)``): ``PrepareModuleInput`` converts the module's first input,
-  which may be the other one (`Boundaries.ambiguous_entry`).
+  Nor does a tensor change placement where it leaves its module when a reader elsewhere enters a
+  module of its own (converted there, it would be converted for that reader too, unpriced:
+  `Boundaries.read_elsewhere`), nor where it enters a module that receives another tensor of its
+  shape (MPT's ``ffn(hidden, residual)``) or another tensor first (T5's position bias, entering a
+  later layer's attention after its hidden states): ``PrepareModuleInput`` converts the module's
+  first input, which may be the other one (`Boundaries.ambiguous_entry`).
 
 The rules bind on tensor axes only: a data axis splits the batch everywhere, and the gradients
 of what it replicates are reduced by DDP/FSDP over the parameters, not at module boundaries.
@@ -213,7 +216,7 @@ class Boundaries:
     def ambiguous_entry(self, prod: Op, reader: Op, shape: tuple[int, ...], graph: OpGraph | None = None) -> bool:
         """Whether converting prod's output where the reader enters its conversion module is
         ambiguous to torch: PrepareModuleInput converts a module's first input, right only when the
-        tensor is the one of its shape entering the module. MPT's MLP, `ffn(hidden, residual)`, takes
+        tensor is the one of its shape entering the module, and the first to enter it. MPT's MLP, `ffn(hidden, residual)`, takes
         two [batch, seq, hidden] tensors, so a plan converting one of them there cannot run (the
         executor refuses it, worker/analyze.py `refuse_ambiguous_entry`). Not ambiguous: a reader's
         own style's input layout (its own module, a Linear's), and a module called once per tensor
