@@ -734,6 +734,10 @@ class _Capture:
         mask = self.arg(raw, self.module_of(node)) if isinstance(raw, torch.fx.Node) else None
         if isinstance(mask, _Act) and len(mask.shape) == len(q.shape) == 4 and mask.shape[1] == h > 1:
             L.union(q.labels[1], mask.labels[1])
+            if mask.shape[0] == b:
+                # made per sample (T5's bias plus the padding mask, broadcast over the batch): split
+                # with the batch, as each data rank makes its own samples' mask
+                L.union(q.labels[0], mask.labels[0])
             inputs.append(mask)
         return self.emit(node, "attention", inputs, tuple(out_val.shape), out_labels, _dtype(out_val), [],
                          [q.labels[0], q.labels[1]], flops, "attention")
