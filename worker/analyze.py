@@ -632,9 +632,11 @@ class _TensorAxis:
         # and none may already have a conversion of its own that expects src. The search prices a
         # reader entering a module of its own (BART's fc1 after a post-LN layer norm whose residual
         # add, in the layer's own forward, reads it split) from src, apart from the exit; run here,
-        # it would receive dst and convert back, a collective the plan does not price. The search
-        # keeps such a tensor as made where it leaves its module (boundaries.py `read_elsewhere`);
-        # a plan from elsewhere converting it there is refused here.
+        # it would receive dst and convert back, a collective the plan does not price. Only a rule
+        # on three ops' configurations (producer, exit reader, other reader) could keep the search
+        # from offering it, and its tables constrain pairs, so such a plan is refused here (the
+        # search keeps a tensor handed on past that forward, T5's position bias, as made where it
+        # leaves its module: boundaries.py `read_elsewhere`).
         for c, j in self.consumers[u.name]:
             if self.inp(self.ops[c], j) != dst or (u.name, c) in self.where:
                 raise Unsupported(f"the output of {u.name!r} is needed in two placements on tensor axis "

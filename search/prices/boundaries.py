@@ -21,9 +21,9 @@ search offers to run as priced (docs/design.md), three rules follow from the cap
   re-splitting there, or sharding a tensor the enclosing code then reshapes, would hand that code
   (attention's ``view(b, t, -1, head_dim)``) a shape it does not expect.
   Between two ops of one module's forward there is no boundary, so such an edge keeps its placement.
-  Nor does a tensor change placement where it leaves its module when a reader elsewhere enters a
-  module of its own (converted there, it would be converted for that reader too, unpriced:
-  `Boundaries.read_elsewhere`), nor where it enters a module that receives another tensor of its
+  Nor does a tensor change placement where it leaves its module when it is handed on past the
+  forward that reads it there (converted there, it would reach its later readers converted too,
+  unpriced: `Boundaries.read_elsewhere`), nor where it enters a module that receives another tensor of its
   shape (MPT's ``ffn(hidden, residual)``) or another tensor first (T5's position bias, entering a
   later layer's attention after its hidden states): ``PrepareModuleInput`` converts the module's
   first input, which may be the other one (`Boundaries.ambiguous_entry`).
@@ -192,20 +192,26 @@ class Boundaries:
         return "exit" if self.own_module(prod) and not self.read_elsewhere(prod) else "none"
 
     def read_elsewhere(self, prod: Op) -> bool:
-        """Some reader of prod's output enters a module prod is not in. Converted where it leaves
-        prod's module, the tensor would be converted for every reader, that one too, which the
-        pricing of its own edge (from prod's placement) does not see: so such a tensor leaves
-        its module as prod made it, and each reader entering a module converts it there (T5's
-        position bias: made in layer 0's attention and read there, inside the attention's forward,
-        and by every later layer's attention, which it enters; gathered where it left the bias
-        embedding for layer 0, later layers reading it split received it whole). Read per module,
-        as `crossing` is: any op of prod's own module (its only op, or its calls of one op)."""
+        """Some reader of prod's output lies outside every module in whose forward a reader takes
+        it as prod's module leaves it: the tensor is handed on past that forward (T5's position
+        bias, made in layer 0's attention and read there, and returned to the layer stack for every
+        later layer's attention). Converted where it leaves prod's module, for layer 0's reader,
+        it would reach the later layers converted too, which the pricing of their own edges (from
+        prod's placement) does not see: such a tensor leaves its module as made, and each reader
+        converts it where it enters a module (gathered for layer 0, the bias reached later layers
+        reading it split whole). Readers inside the forward that reads it (Phi-3's activation
+        module beside the split of its fused gate_up) get the converted tensor alike, which
+        worker/analyze.py checks. Read per module, as `crossing` is: any op of prod's own module
+        (its only op, or its calls of one op)."""
         memo: dict[str, bool] = self.__dict__.setdefault("_elsewhere_memo", {})
         if prod.module not in memo:
             around = set(_ancestors(prod.module))
-            memo[prod.module] = any(set(_ancestors(self.graph.op(c).module)) - around
-                                    for op in self._ops_within.get(prod.module, [prod])
-                                    for c, _ in self.consumers.get(op.name, []))
+            readers = [self.graph.op(c).module for op in self._ops_within.get(prod.module, [prod])
+                       for c, _ in self.consumers.get(op.name, [])]
+            # the exit readers' modules, the root's included ('': Mamba's loss cast of the logits,
+            # beside the model's own), which holds every module
+            forwards = {m for m in readers if m in around or not m}
+            memo[prod.module] = bool(forwards) and any(not ({"", *_ancestors(m)} & forwards) for m in readers)
         return memo[prod.module]
 
     def convertible(self, prod: Op, reader: Op) -> bool:
