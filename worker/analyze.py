@@ -611,6 +611,11 @@ class _TensorAxis:
                               f"({', '.join(sorted(map(repr, entering)))}) and the plan redistributes "
                               f"{pname!r} on tensor axis {self.axis!r}: PrepareModuleInput converts the first "
                               f"input only, which may be another")
+        # (a graph input has no edge the search prices, nor a rule of it)
+        if not pname.startswith("<input") and not self.bounds.enters_first(m_in, pname):
+            raise Unsupported(f"the plan redistributes {pname!r} on tensor axis {self.axis!r} where it enters module "
+                              f"{m_in!r}, whose first input is another tensor: PrepareModuleInput converts the first "
+                              f"input only")
 
     def convert_on_exit(self, u: Op, v: Op, i: int, src: Codes, dst: Codes, key: tuple[str, str]) -> None:
         """u's own style or PrepareModuleOutput on u's module, when v's modules all hold u too."""
@@ -629,7 +634,9 @@ class _TensorAxis:
         # add, in the layer's own forward, reads it split) from src, apart from the exit; run here,
         # it would receive dst and convert back, a collective the plan does not price. Only a rule
         # on three ops' configurations (producer, exit reader, other reader) could keep the search
-        # from offering it, and its tables constrain pairs, so such a plan is refused here.
+        # from offering it, and its tables constrain pairs, so such a plan is refused here (the
+        # search keeps a tensor handed on past that forward, T5's position bias, as made where it
+        # leaves its module: boundaries.py `read_elsewhere`).
         for c, j in self.consumers[u.name]:
             if self.inp(self.ops[c], j) != dst or (u.name, c) in self.where:
                 raise Unsupported(f"the output of {u.name!r} is needed in two placements on tensor axis "

@@ -93,6 +93,13 @@ class _HFStage(nn.Module):
     def names(self, b: int) -> tuple[str, ...]:
         raise NotImplementedError
 
+    def held_calls(self, fqn: str) -> list[int] | None:
+        """Which calls of module `fqn`, counted in the whole model's forward, this stage makes (in
+        order); None: all of them. A module called once per tensor whose calls the plan converts
+        differently takes each call's layouts by its index (worker/parallelize.py PrepareFirstInput):
+        a stage holding one of its calls must not read that as the first."""
+        return None
+
     def start(self, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
@@ -156,6 +163,14 @@ class Seq2SeqStage(_HFStage):
         # mBART's stacks are BART's with a layer norm at each one's end
         post = {"t5": ("final_layer_norm", "dropout"), "bart": (), "mbart": ("layer_norm",)}
         self.post = post[family]
+        # T5's stack dropout is one module called twice per stack (after the embedding, after the
+        # final norm); a stage holding one end of a stack makes only that call
+        self._calls: dict[str, list[int]] = {}
+        if family == "t5":
+            self._calls[f"{self.enc_path}.dropout"] = [c for c, held in enumerate((first == 0, first < self.n_enc <= end))
+                                                       if held]
+            self._calls[f"{self.dec_path}.dropout"] = [c for c, held in enumerate((first <= self.n_enc < end, end == n))
+                                                       if held]
         if first == 0:
             for m in pre[family]:
                 hold(self, model, f"{self.enc_path}.{m}")
@@ -184,6 +199,9 @@ class Seq2SeqStage(_HFStage):
         if b == self.n_enc:
             return ("enc_out", "dec_ids")
         return ("enc_out", "dec_h") + (("dec_bias",) if t5 else ())
+
+    def held_calls(self, fqn: str) -> list[int] | None:
+        return self._calls.get(fqn)
 
     def start(self, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"ids": inputs, "dec_ids": shift_right(targets, self.start_token)}

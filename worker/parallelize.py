@@ -245,9 +245,13 @@ def apply_tensor_parallel(module: nn.Module, spec: ExecSpec, tp_mesh: DeviceMesh
     registers its hook before the module's own style), or on two tensor dimensions one `Placed`
     each; modules absent from this pipeline stage are skipped. Tied parameters that TP replaced
     separately are tied again."""
+    held_calls = getattr(module, "held_calls", None)  # a pipeline stage making some calls of a module
     for st in spec.styles:
         if not has_module(module, st.module):
             continue
+        held = held_calls(st.module) if callable(held_calls) and st.call_layouts else None
+        if held is not None:  # T5's encoder dropout on the stage of the final norm: its call 1 comes first
+            st = st.model_copy(update={"call_layouts": [st.call_layouts[c] for c in held]})
         if tp_mesh.ndim > 1:  # parallelize_module takes a 1-D mesh only
             Placed(st)._apply(module.get_submodule(st.module), tp_mesh)
         else:

@@ -726,7 +726,20 @@ class _Capture:
         sk, dv = k.shape[-2], v.shape[-1]
         flops = 2.0 * b * h * s * sk * (d + dv) * (0.5 if is_causal else 1.0)
         out_labels = list(q.labels[:-1]) + [v.labels[-1]]
-        return self.emit(node, "attention", [q, k, v], tuple(out_val.shape), out_labels, _dtype(out_val), [],
+        inputs = [q, k, v]
+        # a mask with a value per head (T5's position bias, added to each head's scores) is read with
+        # the heads: split where they are split, and gathered whole where the attention replicates
+        # them (the edge that prices it). A mask broadcast over the heads has nothing the heads split.
+        raw = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+        mask = self.arg(raw, self.module_of(node)) if isinstance(raw, torch.fx.Node) else None
+        if isinstance(mask, _Act) and len(mask.shape) == len(q.shape) == 4 and mask.shape[1] == h > 1:
+            L.union(q.labels[1], mask.labels[1])
+            if mask.shape[0] == b:
+                # made per sample (T5's bias plus the padding mask, broadcast over the batch): split
+                # with the batch, as each data rank makes its own samples' mask
+                L.union(q.labels[0], mask.labels[0])
+            inputs.append(mask)
+        return self.emit(node, "attention", inputs, tuple(out_val.shape), out_labels, _dtype(out_val), [],
                          [q.labels[0], q.labels[1]], flops, "attention")
 
     def embedding(self, node: torch.fx.Node, args: list[object]) -> _Act:

@@ -21,9 +21,12 @@ search offers to run as priced (docs/design.md), three rules follow from the cap
   re-splitting there, or sharding a tensor the enclosing code then reshapes, would hand that code
   (attention's ``view(b, t, -1, head_dim)``) a shape it does not expect.
   Between two ops of one module's forward there is no boundary, so such an edge keeps its placement.
-  Nor does a tensor change placement where it enters a module that receives another tensor of its
-  shape (MPT's ``ffn(hidden, residual)``): ``PrepareModuleInput`` converts the module's first input,
-  which may be the other one (`Boundaries.ambiguous_entry`).
+  Nor does a tensor change placement where it leaves its module when it is handed on past the
+  forward that reads it there (converted there, it would reach its later readers converted too,
+  unpriced: `Boundaries.read_elsewhere`), nor where it enters a module that receives another tensor of its
+  shape (MPT's ``ffn(hidden, residual)``) or another tensor first (T5's position bias, entering a
+  later layer's attention after its hidden states): ``PrepareModuleInput`` converts the module's
+  first input, which may be the other one (`Boundaries.ambiguous_entry`).
 
 The rules bind on tensor axes only: a data axis splits the batch everywhere, and the gradients
 of what it replicates are reduced by DDP/FSDP over the parameters, not at module boundaries.
@@ -186,7 +189,30 @@ class Boundaries:
     def _crossing(self, prod: Op, reader: Op) -> str:
         if not self.has_modules or set(_ancestors(reader.module)) - set(_ancestors(prod.module)):
             return "entry"
-        return "exit" if self.own_module(prod) else "none"
+        return "exit" if self.own_module(prod) and not self.read_elsewhere(prod) else "none"
+
+    def read_elsewhere(self, prod: Op) -> bool:
+        """Some reader of prod's output lies outside every module in whose forward a reader takes
+        it as prod's module leaves it: the tensor is handed on past that forward (T5's position
+        bias, made in layer 0's attention and read there, and returned to the layer stack for every
+        later layer's attention). Converted where it leaves prod's module, for layer 0's reader,
+        it would reach the later layers converted too, which the pricing of their own edges (from
+        prod's placement) does not see: such a tensor leaves its module as made, and each reader
+        converts it where it enters a module (gathered for layer 0, the bias reached later layers
+        reading it split whole). Readers inside the forward that reads it (Phi-3's activation
+        module beside the split of its fused gate_up) get the converted tensor alike, which
+        worker/analyze.py checks. Read per module, as `crossing` is: any op of prod's own module
+        (its only op, or its calls of one op)."""
+        memo: dict[str, bool] = self.__dict__.setdefault("_elsewhere_memo", {})
+        if prod.module not in memo:
+            around = set(_ancestors(prod.module))
+            readers = [self.graph.op(c).module for op in self._ops_within.get(prod.module, [prod])
+                       for c, _ in self.consumers.get(op.name, [])]
+            # the exit readers' modules, the root's included ('': Mamba's loss cast of the logits,
+            # beside the model's own), which holds every module
+            forwards = {m for m in readers if m in around or not m}
+            memo[prod.module] = bool(forwards) and any(not ({"", *_ancestors(m)} & forwards) for m in readers)
+        return memo[prod.module]
 
     def convertible(self, prod: Op, reader: Op) -> bool:
         """Whether the edge may change placement at all (an entry, or a reduction at an exit)."""
@@ -196,7 +222,7 @@ class Boundaries:
     def ambiguous_entry(self, prod: Op, reader: Op, shape: tuple[int, ...], graph: OpGraph | None = None) -> bool:
         """Whether converting prod's output where the reader enters its conversion module is
         ambiguous to torch: PrepareModuleInput converts a module's first input, right only when the
-        tensor is the one of its shape entering the module. MPT's MLP, `ffn(hidden, residual)`, takes
+        tensor is the one of its shape entering the module, and the first to enter it. MPT's MLP, `ffn(hidden, residual)`, takes
         two [batch, seq, hidden] tensors, so a plan converting one of them there cannot run (the
         executor refuses it, worker/analyze.py `refuse_ambiguous_entry`). Not ambiguous: a reader's
         own style's input layout (its own module, a Linear's), and a module called once per tensor
@@ -212,7 +238,18 @@ class Boundaries:
         m = self.conversion_module(prod, reader)
         if m == reader.module and self.own_module(reader) and reader.params:
             return False
-        return self._entering(m, shape, self.graph if graph is None else graph) > 1
+        return (self._entering(m, shape, self.graph if graph is None else graph) > 1
+                or not self.enters_first(m, prod.name))
+
+    def enters_first(self, m: str, prod: str) -> bool:
+        """Whether prod's output is the first tensor entering module m, read first inside it (a
+        module called once per tensor: each call's). PrepareModuleInput converts the module's first
+        input: a later one, of any shape, is not what it converts (T5's position bias entering a
+        later layer's attention after its hidden states, BART's encoder output entering the
+        cross-attention after the decoder's stream)."""
+        self._entering(m, (), self.graph)  # finds the module's entering tensors
+        sources = self._entering_sources[m]
+        return sources is None or not sources or sources[0][2] == prod
 
     def _entering(self, m: str, shape: tuple[int, ...], graph: OpGraph) -> int:
         """How many distinct tensors of `shape` in `graph` enter module m (1 for a module called
