@@ -78,6 +78,17 @@ def assert_losses_match(what: str, got: list[float], reference: list[float], ste
     assert max(diffs) < tol, f"{what}: losses {got} vs single-process {reference}"
 
 
+def assert_trains_as_one_process(what: str, job: Job, raw: dict[str, Any], steps: int, tol: float) -> None:
+    """`assert_losses_match` against the single process run of the job's own model (its source
+    too: an HF config rebuilt from the plan), seed and learning rate."""
+    from worker.reference import reference_losses
+
+    spec = job.spec
+    ref = reference_losses(spec.model, steps, spec.global_batch, spec.seq_len, seed=job.settings.seed,
+                           lr=job.settings.lr, source=spec.source)
+    assert_losses_match(f"{what} ({spec.summary})", raw["losses"], ref, steps, tol)
+
+
 def layer_all_to_alls(comm: dict[str, dict[str, dict[str, int]]]) -> Counter[tuple[str, str]]:
     """One rank's all-to-alls per (layer, phase), counted at the layers ("layers.N") themselves."""
     return Counter({(unit, phase): kinds["all_to_all"] for unit, phases in comm.items()

@@ -13,9 +13,8 @@ import pytest
 from search.plans.api import SearchOutcome, SearchRequest, run_search
 from search.plans.plan import Plan
 from tests.worker.configs import GPT2
-from tests.worker.parity import assert_losses_match, launch
+from tests.worker.parity import assert_trains_as_one_process, launch
 from tests.worker.shared import share
-from worker.reference import reference_losses
 
 STEPS = 3
 TOL = 2e-5  # fp32: collectives reorder float sums, nothing more
@@ -145,9 +144,7 @@ def test_a_plan_of_an_hf_config_trains_as_one_process_does(family, hf_runs):
     job, raw = hf_runs[family]
     spec = job.spec
     assert spec.source is not None and spec.source.kind == "hf_config" and spec.model == f"hf:{family}:{family}"
-    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
-                           lr=job.settings.lr, source=spec.source)
-    assert_losses_match(f"{family} ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+    assert_trains_as_one_process(f"{family}", job, raw, STEPS, TOL)
 
 
 @pytest.mark.processes
@@ -161,19 +158,14 @@ def test_a_tensor_parallel_plan_of_an_hf_config_trains_as_one_process_does(name,
     job, raw = hf_runs[name]
     spec = job.spec
     assert any(st.style == "rowwise" and "shared_expert" in st.module for st in spec.styles), spec.styles
-    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
-                           lr=job.settings.lr, source=spec.source)
-    assert_losses_match(f"{name} ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+    assert_trains_as_one_process(name, job, raw, STEPS, TOL)
 
 
 @pytest.mark.processes
 @pytest.mark.slow
 def test_a_module_flattening_its_input_receives_it_gathered_whole(hf_runs):
     job, raw = hf_runs["gpt2 flattened entry"]
-    spec = job.spec
-    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
-                           lr=job.settings.lr, source=spec.source)
-    assert_losses_match(f"gpt2 ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+    assert_trains_as_one_process("gpt2", job, raw, STEPS, TOL)
 
 
 @pytest.mark.processes
@@ -184,10 +176,7 @@ def test_vit_leanest_plan_trains_as_one_process_does(vit_run):
     call's input (analyze refused two conversions at one module), and its classifier's 2 rows,
     split over tp2 and then FSDP's dp2, are loaded without torch's padded scatter (which asserted)."""
     job, raw = vit_run
-    spec = job.spec
-    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
-                           lr=job.settings.lr, source=spec.source)
-    assert_losses_match(f"vit leanest ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+    assert_trains_as_one_process("vit leanest", job, raw, STEPS, TOL)
 
 
 T5 = {"model_type": "t5", "num_layers": 2, "d_model": 64, "d_ff": 128, "num_heads": 4, "vocab_size": 256,
@@ -236,10 +225,7 @@ def test_t5_leanest_plan_trains_as_one_process_does():
     from worker.analyze import analyze
 
     job, raw = launch({"leanest": analyze(_t5_leanest())}, STEPS)["leanest"]
-    spec = job.spec
-    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
-                           lr=job.settings.lr, source=spec.source)
-    assert_losses_match(f"t5 leanest ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+    assert_trains_as_one_process("t5 leanest", job, raw, STEPS, TOL)
 
 
 ON_MESH["t5 tp4"] = (T5, 1, 4, "layer input")
@@ -265,9 +251,7 @@ def test_t5_tensor_parallel_collectives_equal_the_plan(hf_runs):
     bad = [line for line in mismatches(spec.expected_comms, raw["ranks"][0]["comm"])
            if "backward all_reduce" not in line or "embed_tokens" not in line]
     assert not bad, f"t5 tp4 ({spec.summary}): " + "; ".join(bad)
-    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
-                           lr=job.settings.lr, source=spec.source)
-    assert_losses_match(f"t5 tp4 ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+    assert_trains_as_one_process("t5 tp4", job, raw, STEPS, TOL)
 
 
 WHISPER = {"model_type": "whisper", "d_model": 64, "vocab_size": 256, "encoder_layers": 2, "decoder_layers": 2,
@@ -300,6 +284,4 @@ def test_whisper_head_parallel_plan_trains_as_one_process_does():
     colwise = {st.module for st in spec.styles if st.style == "colwise"}
     assert {f"model.model.decoder.layers.0.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")} <= colwise
     job_, raw = launch({"tp4": spec}, STEPS)["tp4"]
-    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job_.settings.seed,
-                           lr=job_.settings.lr, source=spec.source)
-    assert_losses_match(f"whisper tp4 ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+    assert_trains_as_one_process("whisper tp4", job_, raw, STEPS, TOL)

@@ -19,9 +19,8 @@ from search.plans.api import SearchRequest, run_search
 from search.plans.plan import Plan
 from tests.worker.configs import T5
 from tests.worker.families import pipeline_points, pipelined
-from tests.worker.parity import assert_losses_match
+from tests.worker.parity import assert_trains_as_one_process
 from tests.worker.shared import analyzed, share
-from worker.reference import reference_losses
 from worker.stages import pipe_of
 
 STEPS = 3
@@ -214,9 +213,7 @@ def test_hf_pipeline_trains_as_one_process_does(name, runs):
     job, raw = runs[name]
     spec = job.spec
     assert spec.pipeline.stages > 1 and spec.source is not None and spec.source.kind == "hf_config"
-    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
-                           lr=job.settings.lr, source=spec.source)
-    assert_losses_match(f"{name} ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+    assert_trains_as_one_process(name, job, raw, STEPS, TOL)
 
 
 @pytest.mark.processes

@@ -11,10 +11,9 @@ import pytest
 
 from search.plans.api import SearchRequest, run_search
 from search.plans.plan import Plan
-from tests.worker.parity import assert_losses_match
+from tests.worker.parity import assert_trains_as_one_process
 from tests.worker.shared import share
 from worker.analyze import Unsupported, analyze
-from worker.reference import reference_losses
 
 STEPS = 3
 TOL = 2e-5  # fp32: collectives reorder float sums, nothing more
@@ -55,9 +54,7 @@ def test_mamba_trains_on_4_processes_as_one_process_does(end, runs):
     job, raw = runs[end]
     spec = job.spec
     assert spec.num_devices == 4
-    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
-                           lr=job.settings.lr, source=spec.source)
-    assert_losses_match(f"mamba {end} ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+    assert_trains_as_one_process(f"mamba {end}", job, raw, STEPS, TOL)
 
 
 @pytest.mark.slow

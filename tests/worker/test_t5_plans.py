@@ -24,9 +24,8 @@ import pytest
 from search.plans.plan import Plan
 from tests.worker.configs import T5
 from tests.worker.families import pipeline_points, uneven
-from tests.worker.parity import assert_losses_match
+from tests.worker.parity import assert_trains_as_one_process
 from tests.worker.shared import analyzed, share
-from worker.reference import reference_losses
 
 STEPS = 3
 TOL = 2e-5  # fp32, as every parity test of the executor
@@ -101,7 +100,4 @@ def test_the_position_bias_is_split_only_with_the_heads_that_read_it():
 @pytest.mark.parametrize("name", list(PLANS))
 def test_t5_plan_trains_as_one_process(name, runs):
     job, raw = runs[name]
-    spec = job.spec
-    ref = reference_losses(spec.model, STEPS, spec.global_batch, spec.seq_len, seed=job.settings.seed,
-                           lr=job.settings.lr, source=spec.source)
-    assert_losses_match(f"{name} ({spec.summary})", raw["losses"], ref, STEPS, TOL)
+    assert_trains_as_one_process(name, job, raw, STEPS, TOL)

@@ -321,30 +321,40 @@ def test_known_plans_reduced_to_their_steps_answer_every_query_alike():
         assert np.array_equal(least_memory(steps, q), least_memory(stair, q))
 
 
-def test_one_stage_partial_sums_pruned_by_their_completion_keep_every_point(monkeypatch: pytest.MonkeyPatch):
-    """Gradient accumulation (p = 1) prunes each partial sum of its one stage by the least of
-    the parts still to add (`_Completion`): against known plans that beat part of the shape's
-    frontier, it returns the points the same solve without that bound returns (every point the
-    known plans do not beat), and forms fewer pairs doing so."""
-    from search.algorithm import pipeline
+def _one_stage_shapes(layers: int, zeros: tuple[int, ...], least_points: int):
+    """Each gradient-accumulation shape of a stack of `layers` on 8 H100s (global batch 32) whose
+    complete frontier has at least `least_points` points: (shape, its micro-batch graph, cost
+    model, that frontier, the graph's stack, the shape's op tables), what a solve under known
+    plans takes."""
     from search.algorithm.chain import find_chain
     from search.algorithm.evaluate import mesh_costs
     from search.algorithm.pipeline import solve_shape
     from search.prices.costmodel import CostModel
     from search.prices.mesh import Mesh
 
-    g = stack(6, batch=32)
+    g = stack(layers, batch=32)
     cl = make_cluster("h100-80gb", 8)
     job = TrainingJob(global_batch=32, seq_len=None)
-    checked = fewer = 0
-    for sh in pipeline_shapes(cl, job, 6, (0, 1, 2, 3), accumulate=True, pipelines=False):
+    for sh in pipeline_shapes(cl, job, layers, zeros, accumulate=True, pipelines=False):
         mg = micro_batch_graph(g, sh.micro_batches)
         cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
         full = solve_shape(mg, cm, sh)
-        if full is None or len(full.root) < 2:
+        if full is None or len(full.root) < least_points:
             continue
         chain = find_chain(mg)
-        base = mesh_costs(mg, cm, Mesh(pp=1, axes=sh.mesh.axes), sh.zero, chain)
+        yield sh, mg, cm, full, chain, mesh_costs(mg, cm, Mesh(pp=1, axes=sh.mesh.axes), sh.zero, chain)
+
+
+def test_one_stage_partial_sums_pruned_by_their_completion_keep_every_point(monkeypatch: pytest.MonkeyPatch):
+    """Gradient accumulation (p = 1) prunes each partial sum of its one stage by the least of
+    the parts still to add (`_Completion`): against known plans that beat part of the shape's
+    frontier, it returns the points the same solve without that bound returns (every point the
+    known plans do not beat), and forms fewer pairs doing so."""
+    from search.algorithm import pipeline
+    from search.algorithm.pipeline import solve_shape
+
+    checked = fewer = 0
+    for sh, mg, cm, full, chain, base in _one_stage_shapes(6, (0, 1, 2, 3), 2):
         # known plans a little better than every other point of the shape's own frontier
         o = np.argsort(full.root.t)[::2]
         known = (full.root.t[o] * (1 - 1e-3), full.root.m[o] * (1 - 1e-3))
@@ -369,24 +379,10 @@ def test_pruned_one_stage_points_read_back_every_layer_and_recost_to_themselves(
     drop points of intermediate powers) still read back a configuration for every op of every
     layer - the read-back splits each power's join by its layer count - and each point re-costs
     to itself."""
-    from search.algorithm.chain import find_chain
-    from search.algorithm.evaluate import mesh_costs
     from search.algorithm.pipeline import solve_shape
-    from search.prices.costmodel import CostModel
-    from search.prices.mesh import Mesh
 
-    g = stack(12, batch=32)
-    cl = make_cluster("h100-80gb", 8)
-    job = TrainingJob(global_batch=32, seq_len=None)
     checked = 0
-    for sh in pipeline_shapes(cl, job, 12, (0, 3), accumulate=True, pipelines=False):
-        mg = micro_batch_graph(g, sh.micro_batches)
-        cm = CostModel(mg, cl, job.model_copy(update={"global_batch": job.global_batch // sh.micro_batches}))
-        full = solve_shape(mg, cm, sh)
-        if full is None or len(full.root) < 4:
-            continue
-        chain = find_chain(mg)
-        base = mesh_costs(mg, cm, Mesh(pp=1, axes=sh.mesh.axes), sh.zero, chain)
+    for sh, mg, cm, full, chain, base in _one_stage_shapes(12, (0, 3), 4):
         o = np.argsort(full.root.t)[::3]  # known plans a little better than a third of its points
         pruned = solve_shape(mg, cm, sh, envelope=(full.root.t[o] * (1 - 1e-3), full.root.m[o] * (1 - 1e-3)),
                              chain=chain, base=base)
