@@ -296,14 +296,15 @@ class _Envelope:
             return f
         c = f.keys[:, 0]
         keep = np.flatnonzero(self.admit_completed(f.t, f.m, c, rest))
-        lams = self.hull().lams
+        hull = self.hull()
+        lams = hull.lams
         if len(lams) and len(keep):
             t, m, c = f.t[keep], f.m[keep] + self.buffers, c[keep]
             floor_t, floor_m = self.floor()
             t0 = np.maximum(t + rest.t[c], floor_t) * _SHRINK
             m0 = np.maximum(m + rest.m[c], floor_m) * _SHRINK
             b = (t[:, None] + lams[None, :] * m[:, None] + rest.w[c]) * _SHRINK
-            keep = keep[~self.hull().beaten(t0, m0, b)]
+            keep = keep[~hull.beaten(t0, m0, b)]
         return select(f, keep)
 
 

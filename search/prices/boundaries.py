@@ -247,15 +247,12 @@ class Boundaries:
         input: a later one, of any shape, is not what it converts (T5's position bias entering a
         later layer's attention after its hidden states, BART's encoder output entering the
         cross-attention after the decoder's stream)."""
-        self._entering(m, (), self.graph)  # finds the module's entering tensors
-        sources = self._entering_sources[m]
+        sources = self._sources_entering(m)
         return sources is None or not sources or sources[0][2] == prod
 
-    def _entering(self, m: str, shape: tuple[int, ...], graph: OpGraph) -> int:
-        """How many distinct tensors of `shape` in `graph` enter module m (1 for a module called
-        once per tensor). Cached per graph, the graph kept alive in the entry so its id stays its own."""
-        held, cache = self._entering_cache.setdefault(id(graph), (graph, {}))
-        assert held is graph
+    def _sources_entering(self, m: str) -> list[tuple[str, int, str]] | None:
+        """Module m's entering inputs (reader, input index, source) read from outside it, in order
+        (None: a module called once per tensor); found once per module."""
         if m not in self._entering_sources:
             inside = self._ops_within.get(m, [])
             if (len(inside) > 1 and all(op.module == m for op in inside) and len({op.target for op in inside}) == 1
@@ -266,7 +263,14 @@ class Boundaries:
                 self._entering_sources[m] = [(op.name, i, t.source if t.source is not None else "<graph input>")
                                              for op in inside for i, t in enumerate(op.inputs)
                                              if t.source not in names]
-        sources = self._entering_sources[m]
+        return self._entering_sources[m]
+
+    def _entering(self, m: str, shape: tuple[int, ...], graph: OpGraph) -> int:
+        """How many distinct tensors of `shape` in `graph` enter module m (1 for a module called
+        once per tensor). Cached per graph, the graph kept alive in the entry so its id stays its own."""
+        held, cache = self._entering_cache.setdefault(id(graph), (graph, {}))
+        assert held is graph
+        sources = self._sources_entering(m)
         if sources is None:
             return 1
         if shape not in cache.setdefault(m, {}):
