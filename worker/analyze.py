@@ -390,7 +390,7 @@ class _TensorAxis:
         for v in self.g.ops:
             for i, t in enumerate(v.inputs):
                 # graph inputs: every rank loads them whole
-                src = self.out(self.ops[t.source]) if t.source else ("R",) * len(self.axes)
+                src = self.arrives(t.source, v) if t.source else ("R",) * len(self.axes)
                 dst = self.inp(v, i)
                 # several readers returning partial gradients (q, k, v reading ln1) convert where
                 # they enter together, so autograd sums them and reduces once, as the plan prices
@@ -432,27 +432,46 @@ class _TensorAxis:
                 spec.input_layout = "Replicate()"
         return spec
 
+    def arrives(self, prod: str, v: Op) -> Codes:
+        """The placement prod's output reaches reader v in: prod's own, or, for a reader entering a
+        module of its own beside a reader taking the tensor where prod's module ends, that exit
+        reader's (converted there or not, the tensor leaves the module so, for every reader;
+        search/prices/boundaries.py `exit_reader`)."""
+        x = self.bounds.converts_from_exit(prod, v.name)
+        if x is None:
+            return self.out(self.ops[prod])
+        xo = self.ops[x]
+        return self.inp(xo, next(j for j, t in enumerate(xo.inputs) if t.source == prod))
+
+    def gradient_wanted(self, prod: str, v: Op) -> tuple[str, ...]:
+        """The placement (on every mesh axis) the gradient v returns for prod's output must reach:
+        prod's output gradient's, or that of the exit reader v converts from (`arrives`)."""
+        x = self.bounds.converts_from_exit(prod, v.name)
+        if x is None:
+            return output_grad_placement(self.cfgs[prod], self.ops[prod])
+        return input_grad_placement(self.cfgs[x], next(t for t in self.ops[x].inputs if t.source == prod))
+
     def _shared_gradient(self, prod: str, v: Op, i: int) -> bool:
         """v is the first of several readers converting prod's output at one module, and the
         gradient needs a collective."""
         if v.name not in {self.bounds.first_reader.get((prod, c)) for c, _ in self.consumers[prod]}:
             return False
-        u = self.ops[prod]
-        got, want = input_grad_placement(self.cfgs[v.name], v.inputs[i]), output_grad_placement(self.cfgs[u.name], u)
+        got, want = input_grad_placement(self.cfgs[v.name], v.inputs[i]), self.gradient_wanted(prod, v)
         return any(forward_collective(got[a], want[a]) != NONE for a in self.axes)
 
     def redistribute(self, u: Op | None, v: Op, i: int, src: Codes, dst: Codes) -> None:
         """Carry the edge u -> v (input i) from placement src to dst at a module boundary: where
         it enters a module holding v but not u, else where it leaves u's own module."""
         key = (u.name if u else f"<input {i}>", v.name)
-        if u is not None and u.name in self.exits:  # already converted where it leaves its module
+        apart = u is not None and self.bounds.converts_from_exit(u.name, v.name) is not None
+        if u is not None and u.name in self.exits and not apart:  # already converted where it leaves its module
             if self.exits[u.name] != dst:
                 raise Unsupported(f"the output of {u.name!r} is needed in two placements on tensor axis "
                                   f"{self.axis!r} ({self.exits[u.name]} and {dst} by {v.name!r})")
             self.where[key] = u.module
             return
         entry = self._entry(u, v)
-        if entry and u is not None and self.reduces_on_exit(u, src, dst):
+        if entry and u is not None and not apart and self.reduces_on_exit(u, src, dst):
             self.convert_on_exit(u, v, i, src, dst, key)
         elif entry:
             self.convert_on_entry(u, v, i, src, dst, entry, key)
@@ -628,16 +647,14 @@ class _TensorAxis:
                               f"{self.axis!r} ({src} -> {dst}) as it leaves {u.module!r}, inside {v.module!r}: only a "
                               f"partial sum may be reduced there, or a tensor the reader takes as it is sharded "
                               f"(other changes would reach that module's code in a shape it does not expect)")
-        # converted as it leaves u's module, the tensor is dst for every consumer: all must want dst,
-        # and none may already have a conversion of its own that expects src. The search prices a
-        # reader entering a module of its own (BART's fc1 after a post-LN layer norm whose residual
-        # add, in the layer's own forward, reads it split) from src, apart from the exit; run here,
-        # it would receive dst and convert back, a collective the plan does not price. Only a rule
-        # on three ops' configurations (producer, exit reader, other reader) could keep the search
-        # from offering it, and its tables constrain pairs, so such a plan is refused here (the
-        # search keeps a tensor handed on past that forward, T5's position bias, as made where it
-        # leaves its module: boundaries.py `read_elsewhere`).
+        # converted as it leaves u's module, the tensor is dst for every consumer: the readers in
+        # the forward that reads it must want dst, and none may already have a conversion of its
+        # own that expects src. A reader entering a module of its own converts from dst there, as
+        # the plan prices it (BART's fc1 after a post-LN layer norm whose residual add, in the
+        # layer's own forward, reads it split: search/prices/boundaries.py `exit_reader`).
         for c, j in self.consumers[u.name]:
+            if self.bounds.converts_from_exit(u.name, c) is not None:
+                continue
             if self.inp(self.ops[c], j) != dst or (u.name, c) in self.where:
                 raise Unsupported(f"the output of {u.name!r} is needed in two placements on tensor axis "
                                   f"{self.axis!r} ({dst} by {v.name!r}, {self.inp(self.ops[c], j)} by {c!r}): "
@@ -674,13 +691,16 @@ class _TensorAxis:
         out: list[ExpectedComm] = []
         for v in self.g.ops:
             for i, t in enumerate(v.inputs):
-                if t.source is None or not self.bounds.pays(t.source, v.name):
+                x = None if t.source is None else self.bounds.exit_reader.get((t.source, v.name))
+                if t.source is None or (x is None and not self.bounds.pays(t.source, v.name)):
                     continue  # a tensor's other readers share its first reader's conversion
                 u = self.ops[t.source]
-                got, want = input_grad_placement(self.cfgs[v.name], t), output_grad_placement(self.cfgs[u.name], u)
+                # converted from prod's placement, or from the one its exit reader takes it in
+                got, want = input_grad_placement(self.cfgs[v.name], t), self.gradient_wanted(u.name, v)
+                src = self.arrives(u.name, v)
                 mod = self.where.get((u.name, v.name), v.module)
                 for k, a in enumerate(self.axes):
-                    fk = forward_collective(self.out(u)[k], self.inp(v, i)[k])
+                    fk = forward_collective(src[k], self.inp(v, i)[k])
                     bk = forward_collective(got[a], want[a])
                     for phase, c in (("forward", fk), ("backward", bk)):
                         if c != NONE:

@@ -216,7 +216,7 @@ def _uniform(graph: OpGraph, layers: list[tuple[str, ...]]) -> int:
             continue  # solved with the rest of the graph, real tables on both sides
         if la is None or lb is None or la[0] != lb[0]:
             return 0  # a constraint across a layer boundary: the template cannot carry it
-        tensor = _ref(layers, la[0], p.tensor) if p.kind == "reader" else \
+        tensor = _ref(layers, la[0], p.tensor) if p.kind != "tied" else \
             [q.name for q in graph.op(p.a).params].index(p.tensor)
         pairs.setdefault(p.b, []).append((p.kind, la[1], tensor))
 

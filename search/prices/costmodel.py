@@ -789,11 +789,28 @@ class CostModel:
         cost nothing and a pair constraint makes them read it alike. An edge with no module
         boundary to convert at is INFEASIBLE wherever the placement would change. The placement
         logic (`_edge_layout`) reads no shapes; here its terms meet the tensors' bytes."""
+        Cu, Cv = len(prod_cfgs), len(cons_cfgs)
+        if (prod.name, cons.name) in self.bounds.exit_reader:
+            # the reader converts the tensor from the exit reader's placement: priced on their pair
+            # (`pair_costs`), nothing between producer and reader
+            zero = np.zeros((Cu, Cv))
+            return EdgeCosts(src=prod.name, dst=cons.name, time=zero, mem=zero, comm=np.zeros((Cu, Cv, len(mesh.axes))),
+                             estimated=False)
         reads = [t for t in cons.inputs if t.source == prod.name]
         layout = self._edge_layout(prod, cons, mesh, prod_cfgs, cons_cfgs, reads)
         if layout.free is not None:
             return layout.free
-        Cu, Cv = len(prod_cfgs), len(cons_cfgs)
+        ec = self._layout_costs(prod, cons, mesh, reads, layout, Cu, Cv)
+        if not any(read.axes for read in layout.reads):
+            # no collective anywhere (so no kept copy either): the same table at every micro-batch
+            # count, kept with the layout (tables are read, never written, by their users)
+            layout.free = ec
+        return ec
+
+    def _layout_costs(self, prod: Op, cons: Op, mesh: Mesh, reads: list[TensorRef], layout: EdgeLayout,
+                      Cu: int, Cv: int) -> EdgeCosts:
+        """The tables of `cons` reading prod's output (`reads`) as `layout` converts it, from Cu
+        source placements (prod's, or an exit reader's) to cons's Cv configurations."""
         time = np.zeros((Cu, Cv))
         time_fwd = np.zeros((Cu, Cv))
         mem = np.zeros((Cu, Cv))
@@ -820,13 +837,8 @@ class CostModel:
             time = np.where(blocked, INFEASIBLE, time)
             time_rc = np.where(blocked, INFEASIBLE, time_rc)
             mem = np.where(blocked, INFEASIBLE, mem)
-        ec = EdgeCosts(src=prod.name, dst=cons.name, time=time, mem=mem, comm=comm,
-                       estimated=not self._comm_measured(mesh), time_rc=time_rc if time_fwd.any() else None)
-        if not any(read.axes for read in layout.reads):
-            # no collective anywhere (so no kept copy either): the same table at every micro-batch
-            # count, kept with the layout (tables are read, never written, by their users)
-            layout.free = ec
-        return ec
+        return EdgeCosts(src=prod.name, dst=cons.name, time=time, mem=mem, comm=comm,
+                         estimated=not self._comm_measured(mesh), time_rc=time_rc if time_fwd.any() else None)
 
     def _edge_layout(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config],
                      reads: list[TensorRef]) -> EdgeLayout:
@@ -870,12 +882,15 @@ class CostModel:
         return EdgeLayout(reads=logic.reads, blocked=logic.blocked, keeps=logic.keeps)
 
     def _priced_edge_layout(self, prod: Op, cons: Op, mesh: Mesh, prod_cfgs: list[Config], cons_cfgs: list[Config],
-                            reads: list[TensorRef], crossing: str, tests: list[tuple[bool, bool]]) -> EdgeLayout:
+                            reads: list[TensorRef], crossing: str, tests: list[tuple[bool, bool]],
+                            source: tuple[list[tuple[str, ...]], list[tuple[str, ...]]] | None = None) -> EdgeLayout:
         """`_edge_layout` found; `tests`: per tensor read, whether it has its producer's output's
-        shape and whether converting it where the reader enters its module is ambiguous."""
+        shape and whether converting it where the reader enters its module is ambiguous.
+        `source`: the placements (and gradients' placements) the tensor reaches the reader in, one
+        per row, where they are not prod's (its exit reader's, `pair_costs`): that edge pays."""
         n_axes = len(mesh.axes)
         Cu, Cv = len(prod_cfgs), len(cons_cfgs)
-        pays = self.bounds.pays(prod.name, cons.name)
+        pays = source is not None or self.bounds.pays(prod.name, cons.name)
         blocked = np.zeros((Cu, Cv), dtype=bool)
         # on a context axis the tokens flattened into the batch dimension (the loss's input) are
         # split as the sequence is: the same local tokens, no conversion between the two
@@ -885,8 +900,8 @@ class CostModel:
         def tokens(pl: tuple[str, ...]) -> tuple[str, ...]:
             return tuple(context_code(c, batch) if a in ctx else c for a, c in enumerate(pl)) if ctx else pl
 
-        out_pl = [tokens(output_placement(c, prod)) for c in prod_cfgs]
-        out_gpl = [tokens(output_grad_placement(c, prod)) for c in prod_cfgs]
+        made = source or ([output_placement(c, prod) for c in prod_cfgs], [output_grad_placement(c, prod) for c in prod_cfgs])
+        out_pl, out_gpl = [tokens(pl) for pl in made[0]], [tokens(pl) for pl in made[1]]
         out: list[ReadLayout] = []
         for t, (same_shape, ambiguous) in zip(reads, tests, strict=True):
             in_pl = [tokens(input_placement(c, t)) for c in cons_cfgs]
@@ -936,10 +951,34 @@ class CostModel:
             out.append(ReadLayout(axes=tuple(axes), changed=changed, in_shards=in_shards))
         return EdgeLayout(reads=tuple(out), blocked=blocked, keeps=pays and self.bounds.any_reader_keeps(prod.name))
 
+    def _exit_pair_costs(self, pair: Pair, mesh: Mesh, cfgs_a: list[Config], cfgs_b: list[Config]) -> EdgeCosts:
+        """A reader entering a module of its own converts prod's output from the placement its
+        exit reader takes it in (search/prices/boundaries.py `exit_reader`): priced as the edge
+        it is, with the exit reader's input placements in the producer's place."""
+        prod = self.graph.op(pair.tensor)
+        y_first = (pair.tensor, pair.a) in self.bounds.exit_reader
+        x, y = (self.graph.op(pair.b), self.graph.op(pair.a)) if y_first else (self.graph.op(pair.a), self.graph.op(pair.b))
+        cfgs_x, cfgs_y = (cfgs_b, cfgs_a) if y_first else (cfgs_a, cfgs_b)
+        tx = next(t for t in x.inputs if t.source == prod.name)
+        source = ([input_placement(c, tx) for c in cfgs_x], [input_grad_placement(c, tx) for c in cfgs_x])
+        reads = [t for t in y.inputs if t.source == prod.name]
+        tensor_axes = any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes)
+        tests = [(tuple(t.shape) == tuple(prod.output.shape),
+                  tensor_axes and self.bounds.ambiguous_entry(prod, y, tuple(t.shape), self.graph)) for t in reads]
+        layout = self._priced_edge_layout(prod, y, mesh, cfgs_x, cfgs_y, reads, "entry", tests, source=source)
+        ec = self._layout_costs(prod, y, mesh, reads, layout, len(cfgs_x), len(cfgs_y))
+        if not y_first:
+            return EdgeCosts(src=pair.a, dst=pair.b, time=ec.time, mem=ec.mem, comm=ec.comm, estimated=ec.estimated,
+                             time_rc=ec.time_rc)
+        return EdgeCosts(src=pair.a, dst=pair.b, time=ec.time.T, mem=ec.mem.T, comm=ec.comm.transpose(1, 0, 2),
+                         estimated=ec.estimated, time_rc=None if ec.time_rc is None else ec.time_rc.T)
+
     def pair_costs(self, pair: Pair, mesh: Mesh, cfgs_a: list[Config], cfgs_b: list[Config]) -> EdgeCosts:
         """A pair constraint as an edge between its two ops: free where they agree (the readers of
         one tensor read it and return its gradient alike; tied ops place the parameter alike),
-        INFEASIBLE elsewhere."""
+        INFEASIBLE elsewhere. An 'exit' pair is priced as the conversion it stands for."""
+        if pair.kind == "exit":
+            return self._exit_pair_costs(pair, mesh, cfgs_a, cfgs_b)
         a, b = self.graph.op(pair.a), self.graph.op(pair.b)
         ka: list[tuple[tuple[str, ...], ...]]  # per configuration: the placements that must agree
         kb: list[tuple[tuple[str, ...], ...]]

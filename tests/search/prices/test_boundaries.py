@@ -234,3 +234,63 @@ def test_readers_outside_a_producers_own_module_share_its_exit_conversion():
     b = Boundaries(g)
     assert b.conversion_module(head, out) == b.conversion_module(head, loss)
     assert [(p.a, p.b, p.tensor) for p in b.pairs if p.kind == "reader"] == [("out", "loss", "head")]
+
+
+def post_ln_graph(layers: int = 1) -> OpGraph:
+    """BART's post-LN layer: the layer norm ends the attention block (a module of its own) and its
+    output is read by fc1, entering its Linear, and by the residual add of the layer's own
+    forward, after the MLP."""
+    ops: list[Op] = []
+    src = None
+    for i in range(layers):
+        x = pointwise(f"x{i}", [act(src, ("batch", "seq", "h"))]).model_copy(update={"module": f"l{i}.attn"})
+        ln = norm(f"ln{i}", act(x.name, x.output.dims)).model_copy(update={"module": f"l{i}.ln"})
+        fc1 = linear(f"fc1_{i}", act(ln.name, x.output.dims), "f").model_copy(update={"module": f"l{i}.fc1"})
+        fc2 = linear(f"fc2_{i}", act(fc1.name, fc1.output.dims), "h").model_copy(update={"module": f"l{i}.fc2"})
+        add = pointwise(f"add{i}", [act(ln.name, x.output.dims), act(fc2.name, x.output.dims)]).model_copy(
+            update={"module": f"l{i}"})
+        ops += [x, ln, fc1, fc2, add]
+        src = add.name
+    return OpGraph(name="post-ln", ops=tuple(ops))
+
+
+def test_a_reader_entering_its_own_module_converts_from_what_the_exit_reader_takes():
+    """The norm's style converts its output where the norm ends for every reader (the add reads it
+    there, in the layer's forward), so fc1 receives it in the add's placement and its own entry
+    converts from there, not from the norm's: that conversion is priced on the pair (add, fc1),
+    and the edge norm -> fc1 carries nothing. (The search priced fc1 from the norm's placement: a
+    norm computed whole, split for the add where it ends, reached fc1 split, and fc1's gather back
+    was unpriced; the executor refused BART's two such pp4 plans.)"""
+    g = post_ln_graph()
+    b = Boundaries(g)
+    ln, fc1, add = g.op("ln0"), g.op("fc1_0"), g.op("add0")
+    assert b.crossing(ln, add) == "exit" and b.crossing(ln, fc1) == "entry"
+    assert b.exit_reader == {("ln0", "fc1_0"): "add0"} and not b.pays("ln0", "fc1_0") and b.pays("ln0", "add0")
+    (pair,) = [p for p in b.pairs if p.kind == "exit"]
+    assert (pair.a, pair.b, pair.tensor) == ("fc1_0", "add0", "ln0")
+    cm = model(g)
+    cln, cfc, cadd = (op_configs(op, TP4) for op in (ln, fc1, add))
+    assert not cm.edge_costs(ln, fc1, TP4, cln, cfc).comm.any()
+    pc = cm.pair_costs(pair, TP4, cfc, cadd)
+    col, rep = cfc.index((None, "f")), cfc.index((None, None))   # column-parallel fc1 reads the norm whole
+    seq, whole = cadd.index((None, "seq")), cadd.index((None, None))
+    assert pc.comm[col, seq].sum() > 0 and pc.time[col, seq] > 0   # the add took it split: fc1 gathers
+    assert pc.mem[col, seq] > 0                                     # and keeps the gathered copy
+    # taken whole: no forward conversion, no copy; a column-parallel fc1's partial input gradient
+    # is all-reduced back to the add's whole one (as a Linear reading the norm directly would)
+    assert pc.mem[col, whole] == 0.0 and 0 < pc.time[col, whole] <= pc.time[col, seq]
+    assert pc.time[rep, whole] == 0.0 and not pc.comm[rep, whole].any()
+    # the exit itself splitting a whole norm output for the add: allowed, and free (a slice)
+    ec = cm.edge_costs(ln, add, TP4, cln, cadd)
+    assert ec.time[cln.index((None, None)), seq] < INFEASIBLE
+
+
+def test_exit_pairs_keep_the_search_exact():
+    """FT against the exhaustive reference on post-LN stacks (1 and 3 layers), whose pairs are
+    priced conversions rather than constraints."""
+    from tests.search.algorithm.tied_exact import assert_ft_equals_exhaustive
+
+    for layers in (1, 3):
+        g = post_ln_graph(layers)
+        assert_ft_equals_exhaustive(g, make_cluster("h100-80gb", 4), TrainingJob(global_batch=8, seq_len=None),
+                                    (TP4,), recompute=layers > 1)
