@@ -434,10 +434,10 @@ class _TensorAxis:
 
     def arrives(self, prod: str, v: Op) -> Codes:
         """The placement prod's output reaches reader v in: prod's own, or, for a reader entering a
-        module of its own beside a reader taking the tensor where prod's module ends, that exit
-        reader's (converted there or not, the tensor leaves the module so, for every reader;
-        search/prices/boundaries.py `exit_reader`)."""
-        x = self.bounds.converts_from_exit(prod, v.name)
+        module of its own beside a reader taking the tensor where prod's module ends, or inside a
+        module another reader converts it at, that outer reader's (converted there or not, the
+        tensor reaches everything inside so; search/prices/boundaries.py `outer_reader`)."""
+        x = self.bounds.outer_reader_of(prod, v.name)
         if x is None:
             return self.out(self.ops[prod])
         xo = self.ops[x]
@@ -445,8 +445,8 @@ class _TensorAxis:
 
     def gradient_wanted(self, prod: str, v: Op) -> tuple[str, ...]:
         """The placement (on every mesh axis) the gradient v returns for prod's output must reach:
-        prod's output gradient's, or that of the exit reader v converts from (`arrives`)."""
-        x = self.bounds.converts_from_exit(prod, v.name)
+        prod's output gradient's, or that of the outer reader v converts from (`arrives`)."""
+        x = self.bounds.outer_reader_of(prod, v.name)
         if x is None:
             return output_grad_placement(self.cfgs[prod], self.ops[prod])
         return input_grad_placement(self.cfgs[x], next(t for t in self.ops[x].inputs if t.source == prod))
@@ -463,7 +463,7 @@ class _TensorAxis:
         """Carry the edge u -> v (input i) from placement src to dst at a module boundary: where
         it enters a module holding v but not u, else where it leaves u's own module."""
         key = (u.name if u else f"<input {i}>", v.name)
-        apart = u is not None and self.bounds.converts_from_exit(u.name, v.name) is not None
+        apart = u is not None and self.bounds.outer_reader_of(u.name, v.name) is not None
         if u is not None and u.name in self.exits and not apart:  # already converted where it leaves its module
             if self.exits[u.name] != dst:
                 raise Unsupported(f"the output of {u.name!r} is needed in two placements on tensor axis "
@@ -513,6 +513,8 @@ class _TensorAxis:
         def disagrees(m: str) -> Op | None:
             """A reader inside m that needs the tensor in another placement than dst."""
             for w in readers:
+                if u is not None and self.bounds.outer_reader_of(u.name, w.name) is not None:
+                    continue  # converts again where it enters a module inside, from what arrives
                 if m in self.mods.ancestors(w.module):
                     for j, tw in enumerate(w.inputs):
                         if (tw.source == (u.name if u else None)) and self.inp(w, j) != dst:
@@ -651,9 +653,9 @@ class _TensorAxis:
         # the forward that reads it must want dst, and none may already have a conversion of its
         # own that expects src. A reader entering a module of its own converts from dst there, as
         # the plan prices it (BART's fc1 after a post-LN layer norm whose residual add, in the
-        # layer's own forward, reads it split: search/prices/boundaries.py `exit_reader`).
+        # layer's own forward, reads it split: search/prices/boundaries.py `outer_reader`).
         for c, j in self.consumers[u.name]:
-            if self.bounds.converts_from_exit(u.name, c) is not None:
+            if self.bounds.outer_reader_of(u.name, c) is not None:
                 continue
             if self.inp(self.ops[c], j) != dst or (u.name, c) in self.where:
                 raise Unsupported(f"the output of {u.name!r} is needed in two placements on tensor axis "
@@ -691,11 +693,11 @@ class _TensorAxis:
         out: list[ExpectedComm] = []
         for v in self.g.ops:
             for i, t in enumerate(v.inputs):
-                x = None if t.source is None else self.bounds.exit_reader.get((t.source, v.name))
+                x = None if t.source is None else self.bounds.outer_reader.get((t.source, v.name))
                 if t.source is None or (x is None and not self.bounds.pays(t.source, v.name)):
                     continue  # a tensor's other readers share its first reader's conversion
                 u = self.ops[t.source]
-                # converted from prod's placement, or from the one its exit reader takes it in
+                # converted from prod's placement, or from the one its outer reader takes it in
                 got, want = input_grad_placement(self.cfgs[v.name], t), self.gradient_wanted(u.name, v)
                 src = self.arrives(u.name, v)
                 mod = self.where.get((u.name, v.name), v.module)

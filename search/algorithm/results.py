@@ -124,11 +124,11 @@ class MeshSolution:
                     (op_map.get(src, src), op_map.get(op.name, op.name)), (src, op_map.get(op.name, op.name))]
                 k = next((c for c in keys if c in self.edge_costs), (src, op.name))
                 edges[(src, op.name)] = self.edge_costs[k]
-        # a pair priced as a conversion (a reader converting from its exit reader's placement,
+        # a pair priced as a conversion (a reader converting from its outer reader's placement,
         # search/prices/boundaries.py) between ops no edge joins; the pairs that only constrain
         # cost nothing in any assignment the search returns
         for pair in Boundaries(graph).pairs:
-            if pair.kind == "exit" and (pair.a, pair.b) not in edges:
+            if pair.kind == "outer" and (pair.a, pair.b) not in edges:
                 mapped = (op_map.get(pair.a, pair.a), op_map.get(pair.b, pair.b))
                 edges[(pair.a, pair.b)] = self.edge_costs[mapped if mapped in self.edge_costs else (pair.a, pair.b)]
         return evaluate(ops, edges, self.buffers, remap, layer_of)

@@ -21,10 +21,12 @@ search offers to run as priced (docs/design.md), three rules follow from the cap
   re-splitting there, or sharding a tensor the enclosing code then reshapes, would hand that code
   (attention's ``view(b, t, -1, head_dim)``) a shape it does not expect.
   Between two ops of one module's forward there is no boundary, so such an edge keeps its placement.
-  What a producer's module does as it ends serves every reader: a reader entering a module of its
-  own beside a reader in the forward around it (BART's fc1 and residual add, both reading the
-  post-LN layer norm) receives the tensor in that exit reader's placement, converted or not, and
-  converts from there (`Boundaries.exit_reader`, priced on a pair between the two readers).
+  What a producer's module does as it ends, and what a module's input hook does, serves every
+  reader inside: a reader entering a module of its own beside a reader in the forward around it
+  (BART's fc1 and residual add, both reading the post-LN layer norm), or inside a module another
+  reader converts the tensor at (q, k and v inside the layer whose residual add reads its input),
+  receives the tensor in that outer reader's placement, converted or not, and converts from there
+  (`Boundaries.outer_reader`, priced on a pair between the two readers).
   Nor does a tensor change placement where it leaves its module when it is handed on past the
   forward that reads it there (converted there, it would reach its later readers converted too,
   unpriced: `Boundaries.read_elsewhere`), nor where it enters a module that receives another tensor of its
@@ -56,8 +58,9 @@ INFEASIBLE = 1e30  # seconds and bytes: beyond any real plan, still finite so su
 class Pair:
     """Two ops whose configurations must agree: `a` reads tensor `tensor` first and `b` reads it
     too (kind 'reader'), or both hold parameter `tensor` (kind 'tied'); or two readers of tensor
-    `tensor`, one taking it where its producer's module ends and one converting it from there
-    where it enters a module of its own (kind 'exit', priced: `Boundaries.exit_reader`)."""
+    `tensor`, one whose conversion serves the other (where the producer's module ends, or where a
+    module around the other's enters) and one converting it again from there (kind 'outer',
+    priced: `Boundaries.outer_reader`)."""
 
     a: str
     b: str
@@ -144,38 +147,47 @@ class Boundaries:
         return f"<exit {prod.module}>" if self.own_module(prod) else f"<inside {reader.module}>"
 
     @cached_property
-    def exit_reader(self) -> dict[tuple[str, str], str]:
-        """(producer, reader) -> the first reader taking prod's output where its module ends, for
-        each reader converting the tensor where it enters a module of its own (the first of its
-        group) beside such an exit reader (BART's post-LN layer norm: read by the residual add in
-        the layer's own forward and by fc1, entering its Linear). Whatever the exit does serves
-        every reader: the tensor leaves prod's module in the exit reader's placement (converted
-        there, or as made when that reader takes it so), and the entering reader converts it from
-        there. So its conversion is priced on a pair (kind 'exit') between the two readers, from
-        the exit reader's placement to its own, and its edge from prod carries none."""
+    def outer_reader(self) -> dict[tuple[str, str], str]:
+        """(producer, reader) -> the reader whose conversion of prod's output `reader` receives and
+        converts again, for the first reader of each group converting the tensor where it enters
+        a module: the first reader of the group converting it at the nearest module around this
+        group's (BART's residual add, converting the layer's input where the layer enters, around
+        q, k and v converting it where the attention enters), else the first reader taking it
+        where prod's module ends (BART's post-LN layer norm: read by the residual add in the
+        layer's own forward and by fc1, entering its Linear). An outer hook converts the tensor
+        for everything inside it, whatever the placement the reader then wants: the tensor
+        reaches the reader in the outer reader's placement (converted there, or as made when that
+        reader takes it so), and the reader converts it from there. So its conversion is priced
+        on a pair (kind 'outer') between the two readers, from the outer reader's placement to
+        its own, and its edge from prod carries none."""
         out: dict[tuple[str, str], str] = {}
         for prod, readers in self.consumers.items():
             p = self.graph.op(prod)
             names = list(dict.fromkeys(c for c, _ in readers))
             exits = [c for c in names if self.crossing(p, self.graph.op(c)) == "exit"]
-            if exits:
-                out.update({(prod, c): exits[0] for c in names
-                            if (prod, c) not in self.first_reader and self.crossing(p, self.graph.op(c)) == "entry"})
+            firsts = [c for c in names if (prod, c) not in self.first_reader and self.crossing(p, self.graph.op(c)) == "entry"]
+            at = {c: self.conversion_module(p, self.graph.op(c)) for c in firsts}
+            for c in firsts:
+                around = [o for o in firsts if o != c and at[o] in _ancestors(at[c])[:-1]]
+                if around:
+                    out[(prod, c)] = max(around, key=lambda o: len(_ancestors(at[o])))
+                elif exits:
+                    out[(prod, c)] = exits[0]
         return out
 
-    def converts_from_exit(self, prod: str, reader: str) -> str | None:
-        """The exit reader whose placement `reader` receives prod's output in and converts from
-        (`exit_reader`, for the first reader of its group and the others converting with it)."""
-        return self.exit_reader.get((prod, self.first_reader.get((prod, reader), reader)))
+    def outer_reader_of(self, prod: str, reader: str) -> str | None:
+        """The reader whose placement `reader` receives prod's output in and converts from
+        (`outer_reader`, for the first reader of its group and the others converting with it)."""
+        return self.outer_reader.get((prod, self.first_reader.get((prod, reader), reader)))
 
     @cached_property
     def pairs(self) -> list[Pair]:
         """Every constraint between two ops, the first-named op before the second in graph order."""
         out = [Pair(a=first, b=reader, kind="reader", tensor=prod) for (prod, reader), first in self.first_reader.items()]
         order = {op.name: i for i, op in enumerate(self.graph.ops)}
-        for (prod, reader), at_exit in self.exit_reader.items():
+        for (prod, reader), at_exit in self.outer_reader.items():
             a, b = sorted((reader, at_exit), key=order.__getitem__)
-            out.append(Pair(a=a, b=b, kind="exit", tensor=prod))
+            out.append(Pair(a=a, b=b, kind="outer", tensor=prod))
         holders: dict[str, list[str]] = {}
         for op in self.graph.ops:
             for p in op.params:
@@ -188,8 +200,8 @@ class Boundaries:
 
     def pays(self, prod: str, reader: str) -> bool:
         """Whether the edge prod -> reader carries the conversion of prod's output (first reader;
-        not one converting from an exit reader's placement, `exit_reader`)."""
-        return (prod, reader) not in self.first_reader and (prod, reader) not in self.exit_reader
+        not one converting from an outer reader's placement, `outer_reader`)."""
+        return (prod, reader) not in self.first_reader and (prod, reader) not in self.outer_reader
 
     def any_reader_keeps(self, prod: str) -> bool:
         """Whether some reader of prod's output keeps it for its backward."""

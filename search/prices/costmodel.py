@@ -790,8 +790,8 @@ class CostModel:
         boundary to convert at is INFEASIBLE wherever the placement would change. The placement
         logic (`_edge_layout`) reads no shapes; here its terms meet the tensors' bytes."""
         Cu, Cv = len(prod_cfgs), len(cons_cfgs)
-        if (prod.name, cons.name) in self.bounds.exit_reader:
-            # the reader converts the tensor from the exit reader's placement: priced on their pair
+        if (prod.name, cons.name) in self.bounds.outer_reader:
+            # the reader converts the tensor from the outer reader's placement: priced on their pair
             # (`pair_costs`), nothing between producer and reader
             zero = np.zeros((Cu, Cv))
             return EdgeCosts(src=prod.name, dst=cons.name, time=zero, mem=zero, comm=np.zeros((Cu, Cv, len(mesh.axes))),
@@ -810,7 +810,7 @@ class CostModel:
     def _layout_costs(self, prod: Op, cons: Op, mesh: Mesh, reads: list[TensorRef], layout: EdgeLayout,
                       Cu: int, Cv: int) -> EdgeCosts:
         """The tables of `cons` reading prod's output (`reads`) as `layout` converts it, from Cu
-        source placements (prod's, or an exit reader's) to cons's Cv configurations."""
+        source placements (prod's, or an outer reader's) to cons's Cv configurations."""
         time = np.zeros((Cu, Cv))
         time_fwd = np.zeros((Cu, Cv))
         mem = np.zeros((Cu, Cv))
@@ -887,7 +887,7 @@ class CostModel:
         """`_edge_layout` found; `tests`: per tensor read, whether it has its producer's output's
         shape and whether converting it where the reader enters its module is ambiguous.
         `source`: the placements (and gradients' placements) the tensor reaches the reader in, one
-        per row, where they are not prod's (its exit reader's, `pair_costs`): that edge pays."""
+        per row, where they are not prod's (its outer reader's, `pair_costs`): that edge pays."""
         n_axes = len(mesh.axes)
         Cu, Cv = len(prod_cfgs), len(cons_cfgs)
         pays = source is not None or self.bounds.pays(prod.name, cons.name)
@@ -951,12 +951,12 @@ class CostModel:
             out.append(ReadLayout(axes=tuple(axes), changed=changed, in_shards=in_shards))
         return EdgeLayout(reads=tuple(out), blocked=blocked, keeps=pays and self.bounds.any_reader_keeps(prod.name))
 
-    def _exit_pair_costs(self, pair: Pair, mesh: Mesh, cfgs_a: list[Config], cfgs_b: list[Config]) -> EdgeCosts:
+    def _outer_pair_costs(self, pair: Pair, mesh: Mesh, cfgs_a: list[Config], cfgs_b: list[Config]) -> EdgeCosts:
         """A reader entering a module of its own converts prod's output from the placement its
-        exit reader takes it in (search/prices/boundaries.py `exit_reader`): priced as the edge
-        it is, with the exit reader's input placements in the producer's place."""
+        outer reader takes it in (search/prices/boundaries.py `outer_reader`): priced as the edge
+        it is, with the outer reader's input placements in the producer's place."""
         prod = self.graph.op(pair.tensor)
-        y_first = (pair.tensor, pair.a) in self.bounds.exit_reader
+        y_first = (pair.tensor, pair.a) in self.bounds.outer_reader
         x, y = (self.graph.op(pair.b), self.graph.op(pair.a)) if y_first else (self.graph.op(pair.a), self.graph.op(pair.b))
         cfgs_x, cfgs_y = (cfgs_b, cfgs_a) if y_first else (cfgs_a, cfgs_b)
         tx = next(t for t in x.inputs if t.source == prod.name)
@@ -976,9 +976,9 @@ class CostModel:
     def pair_costs(self, pair: Pair, mesh: Mesh, cfgs_a: list[Config], cfgs_b: list[Config]) -> EdgeCosts:
         """A pair constraint as an edge between its two ops: free where they agree (the readers of
         one tensor read it and return its gradient alike; tied ops place the parameter alike),
-        INFEASIBLE elsewhere. An 'exit' pair is priced as the conversion it stands for."""
-        if pair.kind == "exit":
-            return self._exit_pair_costs(pair, mesh, cfgs_a, cfgs_b)
+        INFEASIBLE elsewhere. An 'outer' pair is priced as the conversion it stands for."""
+        if pair.kind == "outer":
+            return self._outer_pair_costs(pair, mesh, cfgs_a, cfgs_b)
         a, b = self.graph.op(pair.a), self.graph.op(pair.b)
         ka: list[tuple[tuple[str, ...], ...]]  # per configuration: the placements that must agree
         kb: list[tuple[tuple[str, ...], ...]]

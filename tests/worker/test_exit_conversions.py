@@ -8,7 +8,7 @@ it by sequence for the add (the norm's output hook, as the add reads it in the l
 hands fc1 the split tensor, which fc1's column-parallel style gathers back. The search priced fc1
 from the norm's placement (nothing to gather) and the executor refused two such pp4 plans of its
 8-device frontier; now that conversion is priced from the add's placement, on a pair between the
-two readers (search/prices/boundaries.py `exit_reader`), and the executor converts it there
+two readers (search/prices/boundaries.py `outer_reader`), and the executor converts it there
 (worker/analyze.py `arrives`).
 """
 
@@ -98,9 +98,9 @@ def runs(shared_launch):
     return shared_launch[(__name__, "runs")]
 
 
-def test_the_entering_reader_is_priced_from_the_exit_readers_placement():
+def test_the_entering_reader_is_priced_from_the_outer_readers_placement():
     """No launch: fc1 converts the norm's output from the placement the add takes it in, priced on
-    an 'exit' pair between the two readers; the edge norm -> fc1 carries nothing."""
+    an 'outer' pair between the two readers; the edge norm -> fc1 carries nothing."""
     from search.plans.api import SearchRequest, resolve
     from search.prices.boundaries import Boundaries
 
@@ -108,8 +108,8 @@ def test_the_entering_reader_is_priced_from_the_exit_readers_placement():
                                       global_batch=8, seq_len=16, precision="fp32", baselines=False))
     b = Boundaries(graph)
     norm = "model.model.encoder.layers.0.self_attn_layer_norm:layer_norm"
-    assert b.converts_from_exit(norm, "model.model.encoder.layers.0.fc1:linear") == "model.model.encoder.layers.0:add#1"
-    assert any(p.kind == "exit" and p.tensor == norm for p in b.pairs)
+    assert b.outer_reader_of(norm, "model.model.encoder.layers.0.fc1:linear") == "model.model.encoder.layers.0:add#1"
+    assert any(p.kind == "outer" and p.tensor == norm for p in b.pairs)
     assert not b.pays(norm, "model.model.encoder.layers.0.fc1:linear")
 
 

@@ -254,7 +254,7 @@ def post_ln_graph(layers: int = 1) -> OpGraph:
     return OpGraph(name="post-ln", ops=tuple(ops))
 
 
-def test_a_reader_entering_its_own_module_converts_from_what_the_exit_reader_takes():
+def test_a_reader_entering_its_own_module_converts_from_what_the_outer_reader_takes():
     """The norm's style converts its output where the norm ends for every reader (the add reads it
     there, in the layer's forward), so fc1 receives it in the add's placement and its own entry
     converts from there, not from the norm's: that conversion is priced on the pair (add, fc1),
@@ -265,8 +265,8 @@ def test_a_reader_entering_its_own_module_converts_from_what_the_exit_reader_tak
     b = Boundaries(g)
     ln, fc1, add = g.op("ln0"), g.op("fc1_0"), g.op("add0")
     assert b.crossing(ln, add) == "exit" and b.crossing(ln, fc1) == "entry"
-    assert b.exit_reader == {("ln0", "fc1_0"): "add0"} and not b.pays("ln0", "fc1_0") and b.pays("ln0", "add0")
-    (pair,) = [p for p in b.pairs if p.kind == "exit"]
+    assert b.outer_reader == {("ln0", "fc1_0"): "add0"} and not b.pays("ln0", "fc1_0") and b.pays("ln0", "add0")
+    (pair,) = [p for p in b.pairs if p.kind == "outer"]
     assert (pair.a, pair.b, pair.tensor) == ("fc1_0", "add0", "ln0")
     cm = model(g)
     cln, cfc, cadd = (op_configs(op, TP4) for op in (ln, fc1, add))
@@ -285,12 +285,45 @@ def test_a_reader_entering_its_own_module_converts_from_what_the_exit_reader_tak
     assert ec.time[cln.index((None, None)), seq] < INFEASIBLE
 
 
-def test_exit_pairs_keep_the_search_exact():
-    """FT against the exhaustive reference on post-LN stacks (1 and 3 layers), whose pairs are
-    priced conversions rather than constraints."""
+def test_outer_pairs_keep_the_search_exact():
+    """FT against the exhaustive reference on post-LN stacks (1 and 3 layers) and a layer whose q
+    converts inside its residual's conversion, whose pairs are priced conversions rather than
+    constraints."""
     from tests.search.algorithm.tied_exact import assert_ft_equals_exhaustive
 
-    for layers in (1, 3):
-        g = post_ln_graph(layers)
+    for g, recompute in ((post_ln_graph(1), False), (post_ln_graph(3), True), (nested_own_graph(), False)):
         assert_ft_equals_exhaustive(g, make_cluster("h100-80gb", 4), TrainingJob(global_batch=8, seq_len=None),
-                                    (TP4,), recompute=layers > 1)
+                                    (TP4,), recompute=recompute)
+
+
+def nested_own_graph() -> OpGraph:
+    """A layer whose residual add reads its input x, and whose attention's q (a Linear, a module
+    of its own) reads x too."""
+    x = pointwise("x", [act(None, ("batch", "seq", "h"))]).model_copy(update={"module": "prev"})
+    q = linear("q", act("x", x.output.dims), "f").model_copy(update={"module": "layer.attn.q"})
+    o = linear("o", act("q", q.output.dims), "h").model_copy(update={"module": "layer.attn.o"})
+    add = pointwise("add", [act("x", x.output.dims), act("o", x.output.dims)]).model_copy(update={"module": "layer"})
+    return OpGraph(name="nested-own", ops=(x, q, o, add))
+
+
+def test_a_reader_inside_a_module_another_reader_converts_at_converts_from_there():
+    """The layer's input hook (the residual add converts the layer's input where the layer
+    enters) converts the tensor for everything inside the layer: q, a Linear of the attention
+    inside it, receives it in the add's placement and converts it again where the attention
+    enters, from there. So q's conversion is priced on an 'outer' pair from the add's placement,
+    and the edge x -> q carries nothing. (It was priced from x's own placement, and the executor
+    refused the plans whose two placements differed.)"""
+    g = nested_own_graph()
+    x, q, add = g.op("x"), g.op("q"), g.op("add")
+    b = Boundaries(g)
+    assert b.conversion_module(x, add) == "layer" and b.conversion_module(x, q) == "layer.attn"
+    assert b.outer_reader == {("x", "q"): "add"} and not b.pays("x", "q") and b.pays("x", "add")
+    (pair,) = [p for p in b.pairs if p.kind == "outer"]
+    assert (pair.a, pair.b, pair.tensor) == ("q", "add", "x")
+    cm = model(g)
+    cx, cq, cadd = (op_configs(op, TP4) for op in (x, q, add))
+    assert not cm.edge_costs(x, q, TP4, cx, cq).comm.any()
+    pc = cm.pair_costs(pair, TP4, cq, cadd)
+    col, seq, whole = cq.index((None, "f")), cadd.index((None, "seq")), cadd.index((None, None))
+    assert pc.comm[col, seq].sum() > 0 and pc.mem[col, seq] > 0   # split for the add: q gathers it back
+    assert pc.mem[col, whole] == 0.0                                # whole for both: no copy
