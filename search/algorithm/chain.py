@@ -207,7 +207,7 @@ def _uniform(graph: OpGraph, layers: list[tuple[str, ...]]) -> int:
     (search/prices/boundaries.py). So each layer is spelled with names replaced by positions
     and compared; layer 0, priced with its own tables, need only configure alike (its output is
     the boundary whose layout every layer's output shares). Cost: one pass over the stack."""
-    bounds = Boundaries(graph)
+    bounds = Boundaries.of(graph)
     pos = {name: (i, j) for i, layer in enumerate(layers) for j, name in enumerate(layer)}
     pairs: dict[str, list[tuple[object, ...]]] = {}
     for p in bounds.pairs:

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from search.algorithm.chain import Chain, after_stack, carry_chains, find_chain, layer_index, layer_outputs, recompute_var
 from search.algorithm.interleave import device_layers, sends
 from search.errors import InputError
-from search.models.graph import Op, OpGraph, TensorRef
+from search.models.graph import Op, OpGraph, ParamRef, TensorRef
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, recomputed_mem
 from search.prices.mesh import (
     Config,
@@ -188,21 +188,30 @@ def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
     lab = graph.batch_label
     # a deep stack repeats a few hundred (shape, dims) over thousands of tensors: each divided once
     shapes: dict[tuple[tuple[int, ...], tuple[str, ...]], tuple[int, ...]] = {}
+    # the readers of one tensor see it alike (q, k and v read one norm's output): one frozen copy
+    # serves them all (the pipeline search builds a graph per micro-batch count, ~17 for GPT-3)
+    made: dict[tuple[str | None, tuple[int, ...], tuple[str, ...], str], TensorRef] = {}
 
     def scaled(t: TensorRef) -> TensorRef:
         if lab not in t.dims:
             return t
-        key = (t.shape, t.dims)
-        shape = shapes.get(key)
-        if shape is None:
-            shape = shapes[key] = tuple(s // m if d == lab else s for s, d in zip(t.shape, t.dims, strict=True))
-        return _updated(t, shape=shape)
+        key = (t.source, t.shape, t.dims, t.dtype)
+        out = made.get(key)
+        if out is None:
+            shape = shapes.get(key[1:3])
+            if shape is None:
+                shape = shapes[key[1:3]] = tuple(s // m if d == lab else s
+                                                 for s, d in zip(t.shape, t.dims, strict=True))
+            out = made[key] = _updated(t, shape=shape)
+        return out
 
     ops = []
     for op in graph.ops:
-        batched = lab in op.output.dims or any(lab in t.dims for t in op.inputs)
-        ops.append(_updated(op, inputs=tuple(scaled(t) for t in op.inputs), output=scaled(op.output),
-                            flops=op.flops / m if batched else op.flops))
+        inputs = tuple(scaled(t) for t in op.inputs)
+        output = scaled(op.output)
+        # an op is batched when one of its tensors is, i.e. when one of them was scaled
+        batched = output is not op.output or any(a is not b for a, b in zip(inputs, op.inputs, strict=True))
+        ops.append(_updated(op, inputs=inputs, output=output, flops=op.flops / m if batched else op.flops))
     meta = dict(graph.meta)
     if "global_batch" in meta:
         meta["global_batch"] = int(meta["global_batch"]) // m
@@ -221,14 +230,18 @@ def _updated(model: _M, **fields: object) -> _M:
     graph building. The same shallow copy (fields set, extras and private state shared), the
     updated fields replaced; like model_copy, nothing is validated (the values come from a
     validated graph, scaled)."""
-    new = model.__class__.__new__(model.__class__)
+    cls = model.__class__
+    new = cls.__new__(cls)
     state = model.__dict__.copy()
     state.update(fields)
-    object.__setattr__(new, "__dict__", state)
-    object.__setattr__(new, "__pydantic_fields_set__", model.__pydantic_fields_set__ | fields.keys())
-    object.__setattr__(new, "__pydantic_extra__", model.__pydantic_extra__)
-    object.__setattr__(new, "__pydantic_private__", model.__pydantic_private__)
+    _setattr(new, "__dict__", state)
+    _setattr(new, "__pydantic_fields_set__", model.__pydantic_fields_set__ | fields.keys())
+    _setattr(new, "__pydantic_extra__", model.__pydantic_extra__)
+    _setattr(new, "__pydantic_private__", model.__pydantic_private__)
     return new
+
+
+_setattr = object.__setattr__  # bypasses the frozen models' __setattr__, as pydantic's own copy does
 
 
 def unsupported(graph: OpGraph, chain: Chain | None, min_layers: int = 3) -> str | None:
@@ -358,9 +371,37 @@ def _tied_copies(graph: OpGraph, cm: CostModel, sub: Mesh, shape: PipeShape, cha
     """Ops after the stack that read a parameter owned before it (GPT's lm head and the token
     embedding) hold a copy of it on the last stage, as Megatron-LM does: its own gradients and
     optimizer state, and an all-reduce of the gradients with the first stage once per iteration."""
+    out: dict[str, OpCosts] = {}
+    for own, tied in _tail_owners(graph, chain):
+        oc = cm.op_costs(own, sub, shape.zero)
+        alpha, beta = cm.p2p_coefficients(shape.stages, sub.num_devices)
+        # an all-reduce of two ranks: each sends its gradient shard and receives the other's
+        grads = np.array([sum(p.numel / shard_factor(param_placement(c, p.dims), sub) for p in tied) * cm.bytes.grad
+                          for c in oc.configs])
+        t_tie = 2.0 * (alpha + beta * grads)
+        step = (oc.step if oc.step is not None else np.zeros_like(oc.time)) + t_tie
+        out[own.name] = OpCosts(configs=oc.configs, time=oc.time + t_tie, mem=oc.mem, parts=oc.parts, comm=oc.comm,
+                               time_rc=oc.time_rc + t_tie, mem_rc=oc.mem_rc, parts_rc=oc.parts_rc, step=step,
+                               estimated=oc.estimated)
+    return out
+
+
+# the tail's readers of a tied parameter, each as the op owning its copy, per (graph, stack): every
+# pipeline shape asks, and finding them walks every op. Kept as `_PRICED` is; one copy per op also
+# lets the cost model's memos (keyed by the op's identity) price it once per sub-mesh, not per shape
+_TAIL_OWNERS: dict[tuple[int, int], tuple[OpGraph, Chain, list[tuple[Op, list[ParamRef]]]]] = {}
+
+
+def _tail_owners(graph: OpGraph, chain: Chain) -> list[tuple[Op, list[ParamRef]]]:
+    """The ops after the stack that read a parameter owned before it, each made the owner of its
+    copy, with those parameters."""
+    key = (id(graph), id(chain))
+    hit = _TAIL_OWNERS.get(key)
+    if hit is not None and hit[0] is graph and hit[1] is chain:
+        return hit[2]
     tail = after_stack(graph, chain)
     owned_in_tail = {p.name for op in graph.ops if op.name in tail for p in op.params if p.owner}
-    out: dict[str, OpCosts] = {}
+    found: list[tuple[Op, list[ParamRef]]] = []
     for op in graph.ops:
         if op.name not in tail:  # tested first: a deep stack's ops are almost all before the tail
             continue
@@ -369,17 +410,11 @@ def _tied_copies(graph: OpGraph, cm: CostModel, sub: Mesh, shape: PipeShape, cha
             continue
         own = op.model_copy(update={"params": tuple(p.model_copy(update={"owner": True}) if p in tied else p
                                                     for p in op.params)})
-        oc = cm.op_costs(own, sub, shape.zero)
-        alpha, beta = cm.p2p_coefficients(shape.stages, sub.num_devices)
-        # an all-reduce of two ranks: each sends its gradient shard and receives the other's
-        grads = np.array([sum(p.numel / shard_factor(param_placement(c, p.dims), sub) for p in tied) * cm.bytes.grad
-                          for c in oc.configs])
-        t_tie = 2.0 * (alpha + beta * grads)
-        step = (oc.step if oc.step is not None else np.zeros_like(oc.time)) + t_tie
-        out[op.name] = OpCosts(configs=oc.configs, time=oc.time + t_tie, mem=oc.mem, parts=oc.parts, comm=oc.comm,
-                               time_rc=oc.time_rc + t_tie, mem_rc=oc.mem_rc, parts_rc=oc.parts_rc, step=step,
-                               estimated=oc.estimated)
-    return out
+        found.append((own, tied))
+    if len(_TAIL_OWNERS) >= _PRICED_MAX:
+        _TAIL_OWNERS.clear()
+    _TAIL_OWNERS[key] = (graph, chain, found)
+    return found
 
 
 def _all_edges(graph: OpGraph, cm: CostModel, mesh: Mesh, ops: dict[str, OpCosts], chain: Chain,

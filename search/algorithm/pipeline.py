@@ -898,10 +898,11 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     graphs: dict[int, tuple[OpGraph, CostModel, Chain | None]] = {}
     tails: dict[int, set[str]] = {}  # the ops after the stack, per micro-batch graph
     placeable: dict[tuple[int, tuple[MeshAxis, ...]], bool] = {}
+    tested: dict[int, list[Op]] = {}  # the ops whose placement stands for every op's, per micro-batch graph
     bases: dict[tuple[int, tuple[MeshAxis, ...], int], dict[str, OpCosts] | None] = {}
     # the micro-batch graphs differ from `graph` in shapes and FLOPs only: one Boundaries (its
     # pair constraints walk every op's modules) serves every micro-batch count's cost model
-    bounds = bounds if bounds is not None else Boundaries(graph)
+    bounds = bounds if bounds is not None else Boundaries.of(graph)
 
     def priced(shape: PipeShape) -> tuple[OpGraph, CostModel, Chain | None, dict[str, OpCosts] | None]:
         """The micro-batch graph, its cost model and stack, and the shape's op tables (None where
@@ -918,10 +919,11 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         if key not in bases:
             sub = Mesh(pp=1, axes=shape.mesh.axes)
             if (m, shape.mesh.axes) not in placeable:
-                # layers 2.. repeat the template's ops (the chain's premise, as their prices do)
-                covered = ch.copies if ch is not None else frozenset()
-                placeable[(m, shape.mesh.axes)] = ch is not None and unplaceable_op(
-                    [op for op in g.ops if op.name not in covered], sub, g.batch_label) is None
+                if m not in tested:
+                    # layers 2.. repeat the template's ops (the chain's premise, as their prices do)
+                    covered = ch.copies if ch is not None else frozenset()
+                    tested[m] = [op for op in g.ops if op.name not in covered]
+                placeable[(m, shape.mesh.axes)] = ch is not None and unplaceable_op(tested[m], sub, g.batch_label) is None
             ok = placeable[(m, shape.mesh.axes)]
             bases[key] = mesh_costs(g, cm, sub, shape.zero, ch) if ok else None
         return g, cm, ch, bases[key]
