@@ -168,12 +168,29 @@ def stage_weights(p: int, m: int, schedule: ScheduleName, virtual_stages: int = 
 
 
 def weigh_op(oc: OpCosts, w: Weights) -> OpCosts:
+    key = (id(oc), w)
+    hit = _WEIGHED.get(key)
+    if hit is not None and hit[0] is oc:
+        return hit[1]
     step = oc.step if oc.step is not None else np.zeros_like(oc.time)
     scale = np.array([w.copies, 1.0, 1.0, w.inflight])
     parts, parts_rc = oc.parts * scale, oc.parts_rc * scale
-    return OpCosts(configs=oc.configs, time=w.slots * (oc.time - step) + step, mem=parts.sum(axis=1), parts=parts,
-                   comm=oc.comm * w.slots, time_rc=w.slots * (oc.time_rc - step) + step, mem_rc=parts_rc.sum(axis=1),
-                   parts_rc=parts_rc, estimated=oc.estimated, step=step)
+    out = OpCosts(configs=oc.configs, time=w.slots * (oc.time - step) + step, mem=parts.sum(axis=1), parts=parts,
+                  comm=oc.comm * w.slots, time_rc=w.slots * (oc.time_rc - step) + step, mem_rc=parts_rc.sum(axis=1),
+                  parts_rc=parts_rc, estimated=oc.estimated, step=step)
+    if len(_WEIGHED) >= _WEIGHED_MAX:
+        _WEIGHED.clear()
+    _WEIGHED[key] = (oc, out)
+    return out
+
+
+# weighed tables by (table, weights): the stage search weighs each stage's tables once per shape,
+# and the shapes of one sub-mesh and micro-batch count that differ in the ZeRO stage alone share
+# the tables of the ops without parameters (one object, `CostModel.op_costs`): a third of GPT-3's
+# weighings. Keyed by the table's identity, kept alive in the entry (tables are read, never
+# written, by their users); bounded.
+_WEIGHED: dict[tuple[int, Weights], tuple[OpCosts, OpCosts]] = {}
+_WEIGHED_MAX = 8192
 
 
 def weigh_edge(ec: EdgeCosts, w: Weights) -> EdgeCosts:
@@ -186,39 +203,67 @@ def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
     if m == 1:
         return graph
     lab = graph.batch_label
+    tensors, recipe = _batched(graph)
     # a deep stack repeats a few hundred (shape, dims) over thousands of tensors: each divided once
     shapes: dict[tuple[tuple[int, ...], tuple[str, ...]], tuple[int, ...]] = {}
-    # the readers of one tensor see it alike (q, k and v read one norm's output): one frozen copy
-    # serves them all (the pipeline search builds a graph per micro-batch count, ~17 for GPT-3)
-    made: dict[tuple[str | None, tuple[int, ...], tuple[str, ...], str], TensorRef] = {}
 
     def scaled(t: TensorRef) -> TensorRef:
-        if lab not in t.dims:
-            return t
-        key = (t.source, t.shape, t.dims, t.dtype)
-        out = made.get(key)
-        if out is None:
-            shape = shapes.get(key[1:3])
-            if shape is None:
-                shape = shapes[key[1:3]] = tuple(s // m if d == lab else s
-                                                 for s, d in zip(t.shape, t.dims, strict=True))
-            out = made[key] = _updated(t, shape=shape)
-        return out
+        key = (t.shape, t.dims)
+        shape = shapes.get(key)
+        if shape is None:
+            shape = shapes[key] = tuple(s // m if d == lab else s for s, d in zip(t.shape, t.dims, strict=True))
+        return _updated(t, shape=shape)
 
+    made = [scaled(t) for t in tensors]
     ops = []
-    for op in graph.ops:
-        inputs = tuple(scaled(t) for t in op.inputs)
-        output = scaled(op.output)
-        # an op is batched when one of its tensors is, i.e. when one of them was scaled
-        batched = output is not op.output or any(a is not b for a, b in zip(inputs, op.inputs, strict=True))
-        ops.append(_updated(op, inputs=inputs, output=output, flops=op.flops / m if batched else op.flops))
+    for op, ins, out in recipe:
+        inputs = tuple(t if i < 0 else made[i] for t, i in zip(op.inputs, ins, strict=True)) if ins else op.inputs
+        batched = out >= 0 or bool(ins)
+        ops.append(_updated(op, inputs=inputs, output=op.output if out < 0 else made[out],
+                            flops=op.flops / m if batched else op.flops))
     meta = dict(graph.meta)
     if "global_batch" in meta:
         meta["global_batch"] = int(meta["global_batch"]) // m
-    out = graph.model_copy(update={"ops": tuple(ops), "meta": meta})
-    out.__dict__.pop("_op_index", None)  # model_copy copies the name -> op cache of the full-batch graph
-    carry_chains(graph, out)
-    return out
+    out_graph = graph.model_copy(update={"ops": tuple(ops), "meta": meta})
+    out_graph.__dict__.pop("_op_index", None)  # model_copy copies the name -> op cache of the full-batch graph
+    carry_chains(graph, out_graph)
+    return out_graph
+
+
+# per op: the op, each input's index among the distinct batched tensors (-1: not batched; empty:
+# none batched) and its output's
+_Recipe = list[tuple[Op, tuple[int, ...], int]]
+
+
+def _batched(graph: OpGraph) -> tuple[list[TensorRef], _Recipe]:
+    """The graph's distinct batched tensors (the readers of one tensor see it alike: q, k and v
+    read one norm's output, and one scaled copy serves them all) and where each op reads them,
+    found once per graph: the pipeline search builds a graph per micro-batch count (~17 for
+    GPT-3), each from this. Kept on the graph, keyed by its ops (as chain.after_stack keeps its
+    answers)."""
+    hit: tuple[object, list[TensorRef], _Recipe] | None = graph.__dict__.get("_batched")
+    if hit is not None and hit[0] is graph.ops:
+        return hit[1], hit[2]
+    lab = graph.batch_label
+    tensors: list[TensorRef] = []
+    index: dict[tuple[str | None, tuple[int, ...], tuple[str, ...], str], int] = {}
+
+    def at(t: TensorRef) -> int:
+        if lab not in t.dims:
+            return -1
+        key = (t.source, t.shape, t.dims, t.dtype)
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(tensors)
+            tensors.append(t)
+        return i
+
+    recipe: _Recipe = []
+    for op in graph.ops:
+        ins = tuple(at(t) for t in op.inputs)
+        recipe.append((op, ins if any(i >= 0 for i in ins) else (), at(op.output)))
+    object.__setattr__(graph, "_batched", (graph.ops, tensors, recipe))
+    return tensors, recipe
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -304,6 +349,13 @@ class PipeTables:
     def tail(self) -> set[str]:
         """The ops after the stack (on the last stage), found once per shape."""
         return after_stack(self.graph, self.chain)
+
+    @cached_property
+    def own_costs(self) -> dict[str, OpCosts]:
+        """The op tables but those of layers 2.. (priced through the template's): what the stage
+        problems weigh, found once per shape (`op_costs` holds every op of a deep stack)."""
+        covered = self.chain.copies
+        return {name: oc for name, oc in self.op_costs.items() if name not in covered}
 
     def describe(self) -> str:
         return self.shape.describe()

@@ -442,7 +442,6 @@ class _Stages:
         shape, chain = tables.shape, tables.chain
         weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages)
         sub = Mesh(pp=1, axes=shape.mesh.axes)
-        covered = chain.copies  # priced through the template
         first, last = weights[0], weights[-1]
         known = (chain, tables.tail)
         fgs: dict[Weights, MeshFactors] = {}
@@ -455,9 +454,8 @@ class _Stages:
             """The factors with no micro-batch in flight, activations apart, made once (eps as the
             stage solves'; the middle stages' layer, solved exactly, shares them when eps is 0)."""
             if not bare_fgs:
-                weighted = {name: weigh_op(oc, bare) for name, oc in tables.op_costs.items() if name not in covered}
-                act = {name: (oc.parts[:, 3], oc.parts_rc[:, 3]) for name, oc in tables.op_costs.items()
-                       if name not in covered}
+                weighted = {name: weigh_op(oc, bare) for name, oc in tables.own_costs.items()}
+                act = {name: (oc.parts[:, 3], oc.parts_rc[:, 3]) for name, oc in tables.own_costs.items()}
                 bare_fgs.append(MeshFactors(graph, cm, sub, weighted, layer_index(graph) if recompute else {}, chain,
                                             eps, bare, activations=act))
             return bare_fgs[0]
@@ -465,7 +463,7 @@ class _Stages:
         def factors(w: Weights) -> MeshFactors:
             """Stage weighting w's factors, made once for its bound and its solve."""
             if w not in fgs:
-                weighted = {name: weigh_op(oc, w) for name, oc in tables.op_costs.items() if name not in covered}
+                weighted = {name: weigh_op(oc, w) for name, oc in tables.own_costs.items()}
                 if len(weights) > 1 and (w.slots, w.copies) == (bare.slots, bare.copies) and w.inflight >= 1.0:
                     fgs[w] = weighed_like(bare_factors(), weighted, w)
                 else:
@@ -1087,7 +1085,7 @@ def _op_least(graph: OpGraph, tables: PipeTables, first: Weights, last: Weights,
     chain, tail, p = tables.chain, tables.tail, tables.shape.stages
     nb = len(tables.op_costs[chain.boundary].configs)
     # the stage problems' ops: layers 2.. are priced through the template (as `build` weighs them)
-    own = {name: oc for name, oc in tables.op_costs.items() if name not in chain.copies}
+    own = tables.own_costs
     block, head_ops, tail_ops = stage_parts(graph, chain, own, tail)
 
     def cheapest(ops: list[Op], w: Weights) -> np.ndarray:
