@@ -43,6 +43,12 @@ class Chain:
         Found once per chain (the search asks per shape and part; a deep stack has thousands)."""
         return frozenset(name for layer in self.layers[2:] for name in layer)
 
+    @cached_property
+    def copy_of(self) -> tuple[tuple[str, str], ...]:
+        """(op of layers 2.., the template op it copies), layer by layer: each pipeline shape
+        gives layers 2.. the template's tables, found once per chain."""
+        return tuple((b, a) for layer in self.layers[2:] for a, b in zip(self.template, layer, strict=True))
+
     @property
     def template(self) -> tuple[str, ...]:
         return self.layers[1]

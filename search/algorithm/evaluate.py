@@ -393,12 +393,12 @@ def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape, min_layers: int
     base = dict(base) if base is not None else mesh_costs(graph, cm, sub, shape.zero, chain)
     if shape.stages > 1:  # one stage (gradient accumulation) holds a tied parameter once
         base.update(_tied_copies(graph, cm, sub, shape, chain))
-    for i in range(2, len(chain.layers)):
-        for a, b in zip(chain.template, chain.layers[i], strict=True):
-            base[b] = base[a]
-    p2p, p2p_bytes = p2p_costs(graph, cm, shape, chain.boundary, base[chain.boundary].configs)
     covered = chain.copies
+    # the ops standing for the rest (layers 2.. not yet added: a walk of ~40 names, not thousands)
     buffers = cm.buffers(sub, [graph.op(n) for n in base if n not in covered], shape.zero)
+    for b, a in chain.copy_of:
+        base[b] = base[a]
+    p2p, p2p_bytes = p2p_costs(graph, cm, shape, chain.boundary, base[chain.boundary].configs)
     tabs = PipeTables(shape=shape, graph=graph, chain=chain, op_costs=base, edge_costs={},
                       buffers=buffers, p2p=p2p, p2p_bytes=p2p_bytes)
     return with_edges(tabs, cm) if edges else tabs

@@ -940,13 +940,15 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     # of the shape lies inside its bounds): exact.
     lams = envelope_slopes(envelope)
     bounded: list[tuple[ShapeBound, int, PipeShape]] = []
+    parts: _BoundParts = {}
     for shape in shapes:
         g, cm, ch, base = priced(shape)
         if ch is None or base is None or len(ch.layers) < shape.stages:
             continue
         if shape.micro_batches not in tails:
             tails[shape.micro_batches] = after_stack(g, ch)
-        bounded.append((shape_bound(g, cm, shape, ch, base, lams, tails[shape.micro_batches]), len(bounded), shape))
+        bounded.append((shape_bound(g, cm, shape, ch, base, lams, tails[shape.micro_batches], parts), len(bounded),
+                        shape))
     # one-stage shapes (accumulation: one solve each, no middle stages) first: they are cheap and
     # fill the known plans that bound the pipelines; then each kind fastest bound first
     bounded.sort(key=lambda x: (x[2].stages > 1, x[0].t, x[1]))
@@ -1330,26 +1332,39 @@ class _Cheapest:
         return np.add.accumulate(np.concatenate(cols, axis=1), axis=0)[-1]
 
 
+# per op tables (by identity, kept alive here): the buffers and the parts' stacked tables
+# `shape_bound` reads, the same for every shape priced from those tables
+_BoundParts = dict[int, tuple[dict[str, OpCosts], float, dict[str, _Cheapest]]]
+
+
 def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, base: dict[str, OpCosts],
-                lams: np.ndarray, tail: set[str] | None = None) -> ShapeBound:
+                lams: np.ndarray, tail: set[str] | None = None, parts: _BoundParts | None = None) -> ShapeBound:
     """Lower bounds on every plan of a shape from its op tables (`mesh_costs` on the stage
     sub-mesh) alone: edges, transfers and a tied parameter's second copy cost >= 0 and are left
     out, and each op is taken at its cheapest configuration (with or without recomputation) for
     each objective or weighted sum separately. A plan's time is at least the stages' average
     and at least its first or last stage's, and its memory at least its first stage's (the most
     micro-batches in flight), its last stage's and a middle stage's, each stage at its fewest
-    layers; so t + lam m is at least the best of those pairs."""
+    layers; so t + lam m is at least the best of those pairs. `parts`: where the caller keeps
+    them, what the shapes priced from one `base` share (the shapes of one micro-batch count,
+    sub-mesh and ZeRO stage: each schedule and stage count)."""
     p, n = shape.stages, len(chain.layers)
     weights = stage_weights(p, shape.micro_batches, shape.schedule, shape.virtual_stages)
-    sub = Mesh(pp=1, axes=shape.mesh.axes)
-    covered = chain.copies
-    buffers = cm.buffers(sub, [graph.op(name) for name in base if name not in covered], shape.zero)
-    template = list(chain.template)
-    tail = tail if tail is not None else after_stack(graph, chain)
-    head = [name for name in base if name not in covered and name not in chain.template and name not in tail]
-    tail_ops = [name for name in base if name in tail]
+    hit = parts.get(id(base)) if parts is not None else None
+    if hit is not None and hit[0] is base:
+        _, buffers, ops_of = hit
+    else:
+        sub = Mesh(pp=1, axes=shape.mesh.axes)
+        covered = chain.copies
+        buffers = cm.buffers(sub, [graph.op(name) for name in base if name not in covered], shape.zero)
+        tail = tail if tail is not None else after_stack(graph, chain)
+        head = [name for name in base if name not in covered and name not in chain.template and name not in tail]
+        tail_ops = [name for name in base if name in tail]
+        ops_of = {"head": _Cheapest(base, head), "template": _Cheapest(base, list(chain.template)),
+                  "tail": _Cheapest(base, tail_ops)}
+        if parts is not None:
+            parts[id(base)] = (base, buffers, ops_of)
     L = len(lams)
-    ops_of = {"head": _Cheapest(base, head), "template": _Cheapest(base, template), "tail": _Cheapest(base, tail_ops)}
     found: dict[tuple[Weights, str, float], np.ndarray] = {}  # the bounds below ask for most of these twice
 
     def least(w: Weights, part: str, time_scale: float = 1.0) -> np.ndarray:

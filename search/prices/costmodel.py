@@ -1047,12 +1047,15 @@ class CostModel:
         twice = 0.0
         logits = 0.0
         for op in ops:
-            cfgs = op_configs(op, mesh, self.graph.batch_label)
+            # asked for only where read: most ops hold no tied parameter and are no loss
+            cfgs: list[Config] | None = None
             for p in op.params:
                 if p.owner and len(readers[p.name]) > 1 and names.issuperset(readers[p.name]):
+                    cfgs = cfgs if cfgs is not None else op_configs(op, mesh, self.graph.batch_label)
                     lean = min(p.numel / shard_factor(param_placement(c, p.dims), mesh) for c in cfgs)
                     twice = max(twice, 2 * lean * self.bytes.held_grad)
             if op.kind == "loss" and op.inputs:
+                cfgs = cfgs if cfgs is not None else op_configs(op, mesh, self.graph.batch_label)
                 logits += LOSS_COPIES * LOSS_BYTES * min(op.inputs[0].numel / shard_factor(input_placement(c, op.inputs[0]), mesh)
                                                          for c in cfgs)
         return max(0.0, twice - logits)
