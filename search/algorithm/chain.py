@@ -43,6 +43,12 @@ class Chain:
         Found once per chain (the search asks per shape and part; a deep stack has thousands)."""
         return frozenset(name for layer in self.layers[2:] for name in layer)
 
+    @cached_property
+    def copy_of(self) -> tuple[tuple[str, str], ...]:
+        """(op of layers 2.., the template op it copies), layer by layer: each pipeline shape
+        gives layers 2.. the template's tables, found once per chain."""
+        return tuple((b, a) for layer in self.layers[2:] for a, b in zip(self.template, layer, strict=True))
+
     @property
     def template(self) -> tuple[str, ...]:
         return self.layers[1]
@@ -207,7 +213,7 @@ def _uniform(graph: OpGraph, layers: list[tuple[str, ...]]) -> int:
     (search/prices/boundaries.py). So each layer is spelled with names replaced by positions
     and compared; layer 0, priced with its own tables, need only configure alike (its output is
     the boundary whose layout every layer's output shares). Cost: one pass over the stack."""
-    bounds = Boundaries(graph)
+    bounds = Boundaries.of(graph)
     pos = {name: (i, j) for i, layer in enumerate(layers) for j, name in enumerate(layer)}
     pairs: dict[str, list[tuple[object, ...]]] = {}
     for p in bounds.pairs:

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from search.algorithm.chain import Chain, after_stack, carry_chains, find_chain, layer_index, layer_outputs, recompute_var
 from search.algorithm.interleave import device_layers, sends
 from search.errors import InputError
-from search.models.graph import Op, OpGraph, TensorRef
+from search.models.graph import Op, OpGraph, ParamRef, TensorRef
 from search.prices.costmodel import CostModel, EdgeCosts, OpCosts, recomputed_mem
 from search.prices.mesh import (
     Config,
@@ -168,12 +168,29 @@ def stage_weights(p: int, m: int, schedule: ScheduleName, virtual_stages: int = 
 
 
 def weigh_op(oc: OpCosts, w: Weights) -> OpCosts:
+    key = (id(oc), w)
+    hit = _WEIGHED.get(key)
+    if hit is not None and hit[0] is oc:
+        return hit[1]
     step = oc.step if oc.step is not None else np.zeros_like(oc.time)
     scale = np.array([w.copies, 1.0, 1.0, w.inflight])
     parts, parts_rc = oc.parts * scale, oc.parts_rc * scale
-    return OpCosts(configs=oc.configs, time=w.slots * (oc.time - step) + step, mem=parts.sum(axis=1), parts=parts,
-                   comm=oc.comm * w.slots, time_rc=w.slots * (oc.time_rc - step) + step, mem_rc=parts_rc.sum(axis=1),
-                   parts_rc=parts_rc, estimated=oc.estimated, step=step)
+    out = OpCosts(configs=oc.configs, time=w.slots * (oc.time - step) + step, mem=parts.sum(axis=1), parts=parts,
+                  comm=oc.comm * w.slots, time_rc=w.slots * (oc.time_rc - step) + step, mem_rc=parts_rc.sum(axis=1),
+                  parts_rc=parts_rc, estimated=oc.estimated, step=step)
+    if len(_WEIGHED) >= _WEIGHED_MAX:
+        _WEIGHED.clear()
+    _WEIGHED[key] = (oc, out)
+    return out
+
+
+# weighed tables by (table, weights): the stage search weighs each stage's tables once per shape,
+# and the shapes of one sub-mesh and micro-batch count that differ in the ZeRO stage alone share
+# the tables of the ops without parameters (one object, `CostModel.op_costs`): a third of GPT-3's
+# weighings. Keyed by the table's identity, kept alive in the entry (tables are read, never
+# written, by their users); bounded.
+_WEIGHED: dict[tuple[int, Weights], tuple[OpCosts, OpCosts]] = {}
+_WEIGHED_MAX = 8192
 
 
 def weigh_edge(ec: EdgeCosts, w: Weights) -> EdgeCosts:
@@ -186,30 +203,67 @@ def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
     if m == 1:
         return graph
     lab = graph.batch_label
+    tensors, recipe = _batched(graph)
     # a deep stack repeats a few hundred (shape, dims) over thousands of tensors: each divided once
     shapes: dict[tuple[tuple[int, ...], tuple[str, ...]], tuple[int, ...]] = {}
 
     def scaled(t: TensorRef) -> TensorRef:
-        if lab not in t.dims:
-            return t
         key = (t.shape, t.dims)
         shape = shapes.get(key)
         if shape is None:
             shape = shapes[key] = tuple(s // m if d == lab else s for s, d in zip(t.shape, t.dims, strict=True))
         return _updated(t, shape=shape)
 
+    made = [scaled(t) for t in tensors]
     ops = []
-    for op in graph.ops:
-        batched = lab in op.output.dims or any(lab in t.dims for t in op.inputs)
-        ops.append(_updated(op, inputs=tuple(scaled(t) for t in op.inputs), output=scaled(op.output),
+    for op, ins, out in recipe:
+        inputs = tuple(t if i < 0 else made[i] for t, i in zip(op.inputs, ins, strict=True)) if ins else op.inputs
+        batched = out >= 0 or bool(ins)
+        ops.append(_updated(op, inputs=inputs, output=op.output if out < 0 else made[out],
                             flops=op.flops / m if batched else op.flops))
     meta = dict(graph.meta)
     if "global_batch" in meta:
         meta["global_batch"] = int(meta["global_batch"]) // m
-    out = graph.model_copy(update={"ops": tuple(ops), "meta": meta})
-    out.__dict__.pop("_op_index", None)  # model_copy copies the name -> op cache of the full-batch graph
-    carry_chains(graph, out)
-    return out
+    out_graph = graph.model_copy(update={"ops": tuple(ops), "meta": meta})
+    out_graph.__dict__.pop("_op_index", None)  # model_copy copies the name -> op cache of the full-batch graph
+    carry_chains(graph, out_graph)
+    return out_graph
+
+
+# per op: the op, each input's index among the distinct batched tensors (-1: not batched; empty:
+# none batched) and its output's
+_Recipe = list[tuple[Op, tuple[int, ...], int]]
+
+
+def _batched(graph: OpGraph) -> tuple[list[TensorRef], _Recipe]:
+    """The graph's distinct batched tensors (the readers of one tensor see it alike: q, k and v
+    read one norm's output, and one scaled copy serves them all) and where each op reads them,
+    found once per graph: the pipeline search builds a graph per micro-batch count (~17 for
+    GPT-3), each from this. Kept on the graph, keyed by its ops (as chain.after_stack keeps its
+    answers)."""
+    hit: tuple[object, list[TensorRef], _Recipe] | None = graph.__dict__.get("_batched")
+    if hit is not None and hit[0] is graph.ops:
+        return hit[1], hit[2]
+    lab = graph.batch_label
+    tensors: list[TensorRef] = []
+    index: dict[tuple[str | None, tuple[int, ...], tuple[str, ...], str], int] = {}
+
+    def at(t: TensorRef) -> int:
+        if lab not in t.dims:
+            return -1
+        key = (t.source, t.shape, t.dims, t.dtype)
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(tensors)
+            tensors.append(t)
+        return i
+
+    recipe: _Recipe = []
+    for op in graph.ops:
+        ins = tuple(at(t) for t in op.inputs)
+        recipe.append((op, ins if any(i >= 0 for i in ins) else (), at(op.output)))
+    object.__setattr__(graph, "_batched", (graph.ops, tensors, recipe))
+    return tensors, recipe
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -221,14 +275,18 @@ def _updated(model: _M, **fields: object) -> _M:
     graph building. The same shallow copy (fields set, extras and private state shared), the
     updated fields replaced; like model_copy, nothing is validated (the values come from a
     validated graph, scaled)."""
-    new = model.__class__.__new__(model.__class__)
+    cls = model.__class__
+    new = cls.__new__(cls)
     state = model.__dict__.copy()
     state.update(fields)
-    object.__setattr__(new, "__dict__", state)
-    object.__setattr__(new, "__pydantic_fields_set__", model.__pydantic_fields_set__ | fields.keys())
-    object.__setattr__(new, "__pydantic_extra__", model.__pydantic_extra__)
-    object.__setattr__(new, "__pydantic_private__", model.__pydantic_private__)
+    _setattr(new, "__dict__", state)
+    _setattr(new, "__pydantic_fields_set__", model.__pydantic_fields_set__ | fields.keys())
+    _setattr(new, "__pydantic_extra__", model.__pydantic_extra__)
+    _setattr(new, "__pydantic_private__", model.__pydantic_private__)
     return new
+
+
+_setattr = object.__setattr__  # bypasses the frozen models' __setattr__, as pydantic's own copy does
 
 
 def unsupported(graph: OpGraph, chain: Chain | None, min_layers: int = 3) -> str | None:
@@ -292,6 +350,13 @@ class PipeTables:
         """The ops after the stack (on the last stage), found once per shape."""
         return after_stack(self.graph, self.chain)
 
+    @cached_property
+    def own_costs(self) -> dict[str, OpCosts]:
+        """The op tables but those of layers 2.. (priced through the template's): what the stage
+        problems weigh, found once per shape (`op_costs` holds every op of a deep stack)."""
+        covered = self.chain.copies
+        return {name: oc for name, oc in self.op_costs.items() if name not in covered}
+
     def describe(self) -> str:
         return self.shape.describe()
 
@@ -328,12 +393,12 @@ def pipe_tables(graph: OpGraph, cm: CostModel, shape: PipeShape, min_layers: int
     base = dict(base) if base is not None else mesh_costs(graph, cm, sub, shape.zero, chain)
     if shape.stages > 1:  # one stage (gradient accumulation) holds a tied parameter once
         base.update(_tied_copies(graph, cm, sub, shape, chain))
-    for i in range(2, len(chain.layers)):
-        for a, b in zip(chain.template, chain.layers[i], strict=True):
-            base[b] = base[a]
-    p2p, p2p_bytes = p2p_costs(graph, cm, shape, chain.boundary, base[chain.boundary].configs)
     covered = chain.copies
+    # the ops standing for the rest (layers 2.. not yet added: a walk of ~40 names, not thousands)
     buffers = cm.buffers(sub, [graph.op(n) for n in base if n not in covered], shape.zero)
+    for b, a in chain.copy_of:
+        base[b] = base[a]
+    p2p, p2p_bytes = p2p_costs(graph, cm, shape, chain.boundary, base[chain.boundary].configs)
     tabs = PipeTables(shape=shape, graph=graph, chain=chain, op_costs=base, edge_costs={},
                       buffers=buffers, p2p=p2p, p2p_bytes=p2p_bytes)
     return with_edges(tabs, cm) if edges else tabs
@@ -358,9 +423,37 @@ def _tied_copies(graph: OpGraph, cm: CostModel, sub: Mesh, shape: PipeShape, cha
     """Ops after the stack that read a parameter owned before it (GPT's lm head and the token
     embedding) hold a copy of it on the last stage, as Megatron-LM does: its own gradients and
     optimizer state, and an all-reduce of the gradients with the first stage once per iteration."""
+    out: dict[str, OpCosts] = {}
+    for own, tied in _tail_owners(graph, chain):
+        oc = cm.op_costs(own, sub, shape.zero)
+        alpha, beta = cm.p2p_coefficients(shape.stages, sub.num_devices)
+        # an all-reduce of two ranks: each sends its gradient shard and receives the other's
+        grads = np.array([sum(p.numel / shard_factor(param_placement(c, p.dims), sub) for p in tied) * cm.bytes.grad
+                          for c in oc.configs])
+        t_tie = 2.0 * (alpha + beta * grads)
+        step = (oc.step if oc.step is not None else np.zeros_like(oc.time)) + t_tie
+        out[own.name] = OpCosts(configs=oc.configs, time=oc.time + t_tie, mem=oc.mem, parts=oc.parts, comm=oc.comm,
+                               time_rc=oc.time_rc + t_tie, mem_rc=oc.mem_rc, parts_rc=oc.parts_rc, step=step,
+                               estimated=oc.estimated)
+    return out
+
+
+# the tail's readers of a tied parameter, each as the op owning its copy, per (graph, stack): every
+# pipeline shape asks, and finding them walks every op. Kept as `_PRICED` is; one copy per op also
+# lets the cost model's memos (keyed by the op's identity) price it once per sub-mesh, not per shape
+_TAIL_OWNERS: dict[tuple[int, int], tuple[OpGraph, Chain, list[tuple[Op, list[ParamRef]]]]] = {}
+
+
+def _tail_owners(graph: OpGraph, chain: Chain) -> list[tuple[Op, list[ParamRef]]]:
+    """The ops after the stack that read a parameter owned before it, each made the owner of its
+    copy, with those parameters."""
+    key = (id(graph), id(chain))
+    hit = _TAIL_OWNERS.get(key)
+    if hit is not None and hit[0] is graph and hit[1] is chain:
+        return hit[2]
     tail = after_stack(graph, chain)
     owned_in_tail = {p.name for op in graph.ops if op.name in tail for p in op.params if p.owner}
-    out: dict[str, OpCosts] = {}
+    found: list[tuple[Op, list[ParamRef]]] = []
     for op in graph.ops:
         if op.name not in tail:  # tested first: a deep stack's ops are almost all before the tail
             continue
@@ -369,17 +462,11 @@ def _tied_copies(graph: OpGraph, cm: CostModel, sub: Mesh, shape: PipeShape, cha
             continue
         own = op.model_copy(update={"params": tuple(p.model_copy(update={"owner": True}) if p in tied else p
                                                     for p in op.params)})
-        oc = cm.op_costs(own, sub, shape.zero)
-        alpha, beta = cm.p2p_coefficients(shape.stages, sub.num_devices)
-        # an all-reduce of two ranks: each sends its gradient shard and receives the other's
-        grads = np.array([sum(p.numel / shard_factor(param_placement(c, p.dims), sub) for p in tied) * cm.bytes.grad
-                          for c in oc.configs])
-        t_tie = 2.0 * (alpha + beta * grads)
-        step = (oc.step if oc.step is not None else np.zeros_like(oc.time)) + t_tie
-        out[op.name] = OpCosts(configs=oc.configs, time=oc.time + t_tie, mem=oc.mem, parts=oc.parts, comm=oc.comm,
-                               time_rc=oc.time_rc + t_tie, mem_rc=oc.mem_rc, parts_rc=oc.parts_rc, step=step,
-                               estimated=oc.estimated)
-    return out
+        found.append((own, tied))
+    if len(_TAIL_OWNERS) >= _PRICED_MAX:
+        _TAIL_OWNERS.clear()
+    _TAIL_OWNERS[key] = (graph, chain, found)
+    return found
 
 
 def _all_edges(graph: OpGraph, cm: CostModel, mesh: Mesh, ops: dict[str, OpCosts], chain: Chain,

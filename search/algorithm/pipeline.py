@@ -442,7 +442,6 @@ class _Stages:
         shape, chain = tables.shape, tables.chain
         weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages)
         sub = Mesh(pp=1, axes=shape.mesh.axes)
-        covered = chain.copies  # priced through the template
         first, last = weights[0], weights[-1]
         known = (chain, tables.tail)
         fgs: dict[Weights, MeshFactors] = {}
@@ -455,9 +454,8 @@ class _Stages:
             """The factors with no micro-batch in flight, activations apart, made once (eps as the
             stage solves'; the middle stages' layer, solved exactly, shares them when eps is 0)."""
             if not bare_fgs:
-                weighted = {name: weigh_op(oc, bare) for name, oc in tables.op_costs.items() if name not in covered}
-                act = {name: (oc.parts[:, 3], oc.parts_rc[:, 3]) for name, oc in tables.op_costs.items()
-                       if name not in covered}
+                weighted = {name: weigh_op(oc, bare) for name, oc in tables.own_costs.items()}
+                act = {name: (oc.parts[:, 3], oc.parts_rc[:, 3]) for name, oc in tables.own_costs.items()}
                 bare_fgs.append(MeshFactors(graph, cm, sub, weighted, layer_index(graph) if recompute else {}, chain,
                                             eps, bare, activations=act))
             return bare_fgs[0]
@@ -465,7 +463,7 @@ class _Stages:
         def factors(w: Weights) -> MeshFactors:
             """Stage weighting w's factors, made once for its bound and its solve."""
             if w not in fgs:
-                weighted = {name: weigh_op(oc, w) for name, oc in tables.op_costs.items() if name not in covered}
+                weighted = {name: weigh_op(oc, w) for name, oc in tables.own_costs.items()}
                 if len(weights) > 1 and (w.slots, w.copies) == (bare.slots, bare.copies) and w.inflight >= 1.0:
                     fgs[w] = weighed_like(bare_factors(), weighted, w)
                 else:
@@ -898,10 +896,11 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     graphs: dict[int, tuple[OpGraph, CostModel, Chain | None]] = {}
     tails: dict[int, set[str]] = {}  # the ops after the stack, per micro-batch graph
     placeable: dict[tuple[int, tuple[MeshAxis, ...]], bool] = {}
+    tested: dict[int, list[Op]] = {}  # the ops whose placement stands for every op's, per micro-batch graph
     bases: dict[tuple[int, tuple[MeshAxis, ...], int], dict[str, OpCosts] | None] = {}
     # the micro-batch graphs differ from `graph` in shapes and FLOPs only: one Boundaries (its
     # pair constraints walk every op's modules) serves every micro-batch count's cost model
-    bounds = bounds if bounds is not None else Boundaries(graph)
+    bounds = bounds if bounds is not None else Boundaries.of(graph)
 
     def priced(shape: PipeShape) -> tuple[OpGraph, CostModel, Chain | None, dict[str, OpCosts] | None]:
         """The micro-batch graph, its cost model and stack, and the shape's op tables (None where
@@ -918,10 +917,11 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
         if key not in bases:
             sub = Mesh(pp=1, axes=shape.mesh.axes)
             if (m, shape.mesh.axes) not in placeable:
-                # layers 2.. repeat the template's ops (the chain's premise, as their prices do)
-                covered = ch.copies if ch is not None else frozenset()
-                placeable[(m, shape.mesh.axes)] = ch is not None and unplaceable_op(
-                    [op for op in g.ops if op.name not in covered], sub, g.batch_label) is None
+                if m not in tested:
+                    # layers 2.. repeat the template's ops (the chain's premise, as their prices do)
+                    covered = ch.copies if ch is not None else frozenset()
+                    tested[m] = [op for op in g.ops if op.name not in covered]
+                placeable[(m, shape.mesh.axes)] = ch is not None and unplaceable_op(tested[m], sub, g.batch_label) is None
             ok = placeable[(m, shape.mesh.axes)]
             bases[key] = mesh_costs(g, cm, sub, shape.zero, ch) if ok else None
         return g, cm, ch, bases[key]
@@ -940,13 +940,15 @@ def search_pipelines(graph: OpGraph, cluster: Cluster, job: TrainingJob, zero_st
     # of the shape lies inside its bounds): exact.
     lams = envelope_slopes(envelope)
     bounded: list[tuple[ShapeBound, int, PipeShape]] = []
+    parts: _BoundParts = {}
     for shape in shapes:
         g, cm, ch, base = priced(shape)
         if ch is None or base is None or len(ch.layers) < shape.stages:
             continue
         if shape.micro_batches not in tails:
             tails[shape.micro_batches] = after_stack(g, ch)
-        bounded.append((shape_bound(g, cm, shape, ch, base, lams, tails[shape.micro_batches]), len(bounded), shape))
+        bounded.append((shape_bound(g, cm, shape, ch, base, lams, tails[shape.micro_batches], parts), len(bounded),
+                        shape))
     # one-stage shapes (accumulation: one solve each, no middle stages) first: they are cheap and
     # fill the known plans that bound the pipelines; then each kind fastest bound first
     bounded.sort(key=lambda x: (x[2].stages > 1, x[0].t, x[1]))
@@ -1085,7 +1087,7 @@ def _op_least(graph: OpGraph, tables: PipeTables, first: Weights, last: Weights,
     chain, tail, p = tables.chain, tables.tail, tables.shape.stages
     nb = len(tables.op_costs[chain.boundary].configs)
     # the stage problems' ops: layers 2.. are priced through the template (as `build` weighs them)
-    own = {name: oc for name, oc in tables.op_costs.items() if name not in chain.copies}
+    own = tables.own_costs
     block, head_ops, tail_ops = stage_parts(graph, chain, own, tail)
 
     def cheapest(ops: list[Op], w: Weights) -> np.ndarray:
@@ -1330,26 +1332,39 @@ class _Cheapest:
         return np.add.accumulate(np.concatenate(cols, axis=1), axis=0)[-1]
 
 
+# per op tables (by identity, kept alive here): the buffers and the parts' stacked tables
+# `shape_bound` reads, the same for every shape priced from those tables
+_BoundParts = dict[int, tuple[dict[str, OpCosts], float, dict[str, _Cheapest]]]
+
+
 def shape_bound(graph: OpGraph, cm: CostModel, shape: PipeShape, chain: Chain, base: dict[str, OpCosts],
-                lams: np.ndarray, tail: set[str] | None = None) -> ShapeBound:
+                lams: np.ndarray, tail: set[str] | None = None, parts: _BoundParts | None = None) -> ShapeBound:
     """Lower bounds on every plan of a shape from its op tables (`mesh_costs` on the stage
     sub-mesh) alone: edges, transfers and a tied parameter's second copy cost >= 0 and are left
     out, and each op is taken at its cheapest configuration (with or without recomputation) for
     each objective or weighted sum separately. A plan's time is at least the stages' average
     and at least its first or last stage's, and its memory at least its first stage's (the most
     micro-batches in flight), its last stage's and a middle stage's, each stage at its fewest
-    layers; so t + lam m is at least the best of those pairs."""
+    layers; so t + lam m is at least the best of those pairs. `parts`: where the caller keeps
+    them, what the shapes priced from one `base` share (the shapes of one micro-batch count,
+    sub-mesh and ZeRO stage: each schedule and stage count)."""
     p, n = shape.stages, len(chain.layers)
     weights = stage_weights(p, shape.micro_batches, shape.schedule, shape.virtual_stages)
-    sub = Mesh(pp=1, axes=shape.mesh.axes)
-    covered = chain.copies
-    buffers = cm.buffers(sub, [graph.op(name) for name in base if name not in covered], shape.zero)
-    template = list(chain.template)
-    tail = tail if tail is not None else after_stack(graph, chain)
-    head = [name for name in base if name not in covered and name not in chain.template and name not in tail]
-    tail_ops = [name for name in base if name in tail]
+    hit = parts.get(id(base)) if parts is not None else None
+    if hit is not None and hit[0] is base:
+        _, buffers, ops_of = hit
+    else:
+        sub = Mesh(pp=1, axes=shape.mesh.axes)
+        covered = chain.copies
+        buffers = cm.buffers(sub, [graph.op(name) for name in base if name not in covered], shape.zero)
+        tail = tail if tail is not None else after_stack(graph, chain)
+        head = [name for name in base if name not in covered and name not in chain.template and name not in tail]
+        tail_ops = [name for name in base if name in tail]
+        ops_of = {"head": _Cheapest(base, head), "template": _Cheapest(base, list(chain.template)),
+                  "tail": _Cheapest(base, tail_ops)}
+        if parts is not None:
+            parts[id(base)] = (base, buffers, ops_of)
     L = len(lams)
-    ops_of = {"head": _Cheapest(base, head), "template": _Cheapest(base, template), "tail": _Cheapest(base, tail_ops)}
     found: dict[tuple[Weights, str, float], np.ndarray] = {}  # the bounds below ask for most of these twice
 
     def least(w: Weights, part: str, time_scale: float = 1.0) -> np.ndarray:

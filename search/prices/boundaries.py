@@ -72,6 +72,17 @@ class Pair:
 class Boundaries:
     graph: OpGraph
 
+    @classmethod
+    def of(cls, graph: OpGraph) -> Boundaries:
+        """The graph's Boundaries, made once: the stack proof (chain.py) and the search's cost
+        model both read its pair constraints, a walk of every op's modules. Kept on the graph,
+        keyed by its ops (as chain.after_stack keeps its answers)."""
+        hit: tuple[object, Boundaries] | None = graph.__dict__.get("_boundaries")
+        if hit is None or hit[0] is not graph.ops:
+            hit = (graph.ops, cls(graph))
+            object.__setattr__(graph, "_boundaries", hit)
+        return hit[1]
+
     @cached_property
     def consumers(self) -> dict[str, list[tuple[str, int]]]:
         return self.graph.consumers()

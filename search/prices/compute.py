@@ -52,29 +52,42 @@ class OpTime:
 def gemm_efficiency(device: DeviceSpec, k: Kernel) -> float:
     """Fraction of peak a GEMM of this shape reaches: the large-GEMM figure, times the share of
     the last wave's SMs that work, times the short-reduction penalty."""
+    return _gemm_efficiency(device, k.flops, k.rows, k.cols)
+
+
+def _gemm_efficiency(device: DeviceSpec, flops: float, rows: float, cols: float) -> float:
     eff = device.gemm_efficiency
-    if device.sm_count and k.rows > 0 and k.cols > 0:
-        tiles = math.ceil(k.rows / TILE) * math.ceil(k.cols / TILE)
+    if device.sm_count and rows > 0 and cols > 0:
+        tiles = math.ceil(rows / TILE) * math.ceil(cols / TILE)
         waves = math.ceil(tiles / device.sm_count)
         eff *= tiles / (waves * device.sm_count)
-    if k.rows > 0 and k.cols > 0 and k.flops > 0:
-        reduction = k.flops / (2.0 * k.rows * k.cols)
+    if rows > 0 and cols > 0 and flops > 0:
+        reduction = flops / (2.0 * rows * cols)
         eff *= reduction / (reduction + K_HALF)
     return eff
 
 
 def op_time(op: Op, k: Kernel, device: DeviceSpec, peak: float) -> OpTime:
     """Forward and backward seconds of one op on one rank at the device's achievable speed."""
-    stream = k.bytes / (device.memory_bandwidth * device.memory_efficiency)
+    fwd, bwd = kernel_seconds(op.kind, k.flops, k.bytes, k.rows, k.cols, device, peak)
+    return OpTime(forward=fwd, backward=bwd)
+
+
+def kernel_seconds(kind: str, flops: float, nbytes: float, rows: float, cols: float, device: DeviceSpec,
+                   peak: float) -> tuple[float, float]:
+    """`op_time` of an op of this kind from its Kernel's fields, as (forward, backward): the cost
+    model prices thousands of configurations, a Kernel and an OpTime made for each cost more
+    than the arithmetic."""
+    stream = nbytes / (device.memory_bandwidth * device.memory_efficiency)
     launch = device.kernel_overhead
-    if op.kind in GEMM_KINDS and k.flops > 0:
-        fwd = max(k.flops / (gemm_efficiency(device, k) * peak), stream)
-        return OpTime(forward=fwd + launch, backward=2.0 * (fwd + launch))
-    if op.kind == "attention" and k.flops > 0:
-        fwd = max(k.flops / (device.attention_efficiency * peak), stream)
-        return OpTime(forward=fwd + launch, backward=ATTENTION_BACKWARD * fwd + 2.0 * launch)
-    fwd = max(k.flops / peak, stream)
-    return OpTime(forward=fwd + launch, backward=2.0 * fwd + launch)
+    if kind in GEMM_KINDS and flops > 0:
+        fwd = max(flops / (_gemm_efficiency(device, flops, rows, cols) * peak), stream)
+        return fwd + launch, 2.0 * (fwd + launch)
+    if kind == "attention" and flops > 0:
+        fwd = max(flops / (device.attention_efficiency * peak), stream)
+        return fwd + launch, ATTENTION_BACKWARD * fwd + 2.0 * launch
+    fwd = max(flops / peak, stream)
+    return fwd + launch, 2.0 * fwd + launch
 
 
 def gemm_shape(out_local: float, out_cols: float) -> tuple[float, float]:

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from search.models.graph import Op, OpGraph, ParamRef, TensorRef
 from search.prices.boundaries import INFEASIBLE, Boundaries, Pair, exit_allowed
 from search.prices.cluster import Cluster
-from search.prices.compute import Kernel, gemm_shape, op_time
+from search.prices.compute import gemm_shape, kernel_seconds
 from search.prices.mesh import (
     CONTEXT,
     DATA,
@@ -274,12 +274,14 @@ class CostModel:
             self._held, self._cast_params = like._held, like._cast_params
             self._dtypes: dict[str, int] = like._dtypes
             self._shared_memos = like._shared_memos
+            # read by name only, and the names are the same: walks of every op, made once
+            self.__dict__["_param_readers"], self.__dict__["_layer_of"] = like._param_readers, like._layer_of
             return
         self.profile = as_lookup(profile, job.precision)
         self.contention = self.profile.contention(cluster.devices_per_node) if self.profile is not None else 1.0
         self._coef = {}
         consumers = graph.consumers()
-        self.bounds = bounds if bounds is not None else Boundaries(graph)
+        self.bounds = bounds if bounds is not None else Boundaries.of(graph)
         self._unit_share = sync_unit_shares(graph)
         self._unit_share_ep = sync_unit_shares(graph, experts_apart=True)
         self._grad_bytes = graph.param_count() * self.bytes.grad  # what DDP's buckets hold
@@ -539,10 +541,10 @@ class CostModel:
             cols = op.output.shape[-1] / pt.col_shards if op.output.shape else 1.0
             rows, cols = gemm_shape(out_local, cols)
             moved += 2.0 * op.workspace * out_local * 4.0  # a scan's states: written, then read back
-            kt = op_time(op, Kernel(flops=op.flops / shards, bytes=moved, rows=rows, cols=cols), self.device, self.peak)
+            t_fwd, t_bwd = kernel_seconds(op.kind, op.flops / shards, moved, rows, cols, self.device, self.peak)
             updated = parts[ci, 2] / b.held_optimizer  # parameters this rank's optimizer step updates
             t_opt = updated * 2 * (b.param + b.grad + b.optimizer) / self.mem_bw
-            t_fwd, t_fb = kt.forward, kt.forward + kt.backward
+            t_fb = t_fwd + t_bwd
             if self.profile is not None:  # measured forward and forward + backward, optimizer step, calibrated
                 m_fwd, m_fb, ok = self.profile.compute(op, mesh, cfg, t_fwd)
                 if ok:
@@ -1084,12 +1086,15 @@ class CostModel:
         twice = 0.0
         logits = 0.0
         for op in ops:
-            cfgs = op_configs(op, mesh, self.graph.batch_label)
+            # asked for only where read: most ops hold no tied parameter and are no loss
+            cfgs: list[Config] | None = None
             for p in op.params:
                 if p.owner and len(readers[p.name]) > 1 and names.issuperset(readers[p.name]):
+                    cfgs = cfgs if cfgs is not None else op_configs(op, mesh, self.graph.batch_label)
                     lean = min(p.numel / shard_factor(param_placement(c, p.dims), mesh) for c in cfgs)
                     twice = max(twice, 2 * lean * self.bytes.held_grad)
             if op.kind == "loss" and op.inputs:
+                cfgs = cfgs if cfgs is not None else op_configs(op, mesh, self.graph.batch_label)
                 logits += LOSS_COPIES * LOSS_BYTES * min(op.inputs[0].numel / shard_factor(input_placement(c, op.inputs[0]), mesh)
                                                          for c in cfgs)
         return max(0.0, twice - logits)
