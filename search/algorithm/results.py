@@ -127,7 +127,7 @@ class MeshSolution:
         # a pair priced as a conversion (a reader converting from its outer reader's placement,
         # search/prices/boundaries.py) between ops no edge joins; the pairs that only constrain
         # cost nothing in any assignment the search returns
-        for pair in Boundaries(graph).pairs:
+        for pair in Boundaries.of(graph).pairs:
             if pair.kind == "outer" and (pair.a, pair.b) not in edges:
                 mapped = (op_map.get(pair.a, pair.a), op_map.get(pair.b, pair.b))
                 edges[(pair.a, pair.b)] = self.edge_costs[mapped if mapped in self.edge_costs else (pair.a, pair.b)]

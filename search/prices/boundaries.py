@@ -39,7 +39,7 @@ of what it replicates are reduced by DDP/FSDP over the parameters, not at module
 Graphs without module names (hand-written or random test graphs) get the first two rules only.
 A pair that breaks a rule is priced INFEASIBLE in both objectives: it is dominated by every real
 plan (replicating everywhere always satisfies all three), so it never reaches a frontier, and
-the tables stay plain sums over ops and edges (an exit pair being one more edge), which keeps FT
+the tables stay plain sums over ops and edges (an outer pair being one more edge), which keeps FT
 exact.
 """
 
@@ -196,8 +196,8 @@ class Boundaries:
         """Every constraint between two ops, the first-named op before the second in graph order."""
         out = [Pair(a=first, b=reader, kind="reader", tensor=prod) for (prod, reader), first in self.first_reader.items()]
         order = {op.name: i for i, op in enumerate(self.graph.ops)}
-        for (prod, reader), at_exit in self.outer_reader.items():
-            a, b = sorted((reader, at_exit), key=order.__getitem__)
+        for (prod, reader), outer in self.outer_reader.items():
+            a, b = sorted((reader, outer), key=order.__getitem__)
             out.append(Pair(a=a, b=b, kind="outer", tensor=prod))
         holders: dict[str, list[str]] = {}
         for op in self.graph.ops:
