@@ -9,7 +9,7 @@ import numpy as np
 from search.models.graph import Op, OpGraph, ParamRef
 from search.prices.boundaries import INFEASIBLE, Boundaries
 from search.prices.cluster import make_cluster
-from search.prices.costmodel import CostModel, TrainingJob
+from search.prices.costmodel import CostModel, EdgeCosts, TrainingJob
 from search.prices.mesh import Mesh, MeshAxis, op_configs
 from tests.search.graphs import act, linear, norm, pointwise
 
@@ -254,6 +254,20 @@ def post_ln_graph(layers: int = 1) -> OpGraph:
     return OpGraph(name="post-ln", ops=tuple(ops))
 
 
+def outer_pair_costs(g: OpGraph, prod: str, reader: str, outer: str) -> tuple[CostModel, EdgeCosts]:
+    """Checks that `reader` converts prod's output from `outer`'s placement (the graph's one
+    'outer' pair, the reader's edge from prod paying nothing) and returns the cost model and the
+    pair's tables, indexed [reader's configuration, outer's]."""
+    b = Boundaries(g)
+    assert b.outer_reader == {(prod, reader): outer} and not b.pays(prod, reader) and b.pays(prod, outer)
+    (pair,) = [p for p in b.pairs if p.kind == "outer"]
+    assert (pair.a, pair.b, pair.tensor) == (reader, outer, prod)
+    cm = model(g)
+    cp, cr, co = (op_configs(g.op(n), TP4) for n in (prod, reader, outer))
+    assert not cm.edge_costs(g.op(prod), g.op(reader), TP4, cp, cr).comm.any()
+    return cm, cm.pair_costs(pair, TP4, cr, co)
+
+
 def test_a_reader_entering_its_own_module_converts_from_what_the_outer_reader_takes():
     """The norm's style converts its output where the norm ends for every reader (the add reads it
     there, in the layer's forward), so fc1 receives it in the add's placement and its own entry
@@ -262,16 +276,11 @@ def test_a_reader_entering_its_own_module_converts_from_what_the_outer_reader_ta
     norm computed whole, split for the add where it ends, reached fc1 split, and fc1's gather back
     was unpriced; the executor refused BART's two such pp4 plans.)"""
     g = post_ln_graph()
-    b = Boundaries(g)
     ln, fc1, add = g.op("ln0"), g.op("fc1_0"), g.op("add0")
+    b = Boundaries(g)
     assert b.crossing(ln, add) == "exit" and b.crossing(ln, fc1) == "entry"
-    assert b.outer_reader == {("ln0", "fc1_0"): "add0"} and not b.pays("ln0", "fc1_0") and b.pays("ln0", "add0")
-    (pair,) = [p for p in b.pairs if p.kind == "outer"]
-    assert (pair.a, pair.b, pair.tensor) == ("fc1_0", "add0", "ln0")
-    cm = model(g)
+    cm, pc = outer_pair_costs(g, "ln0", "fc1_0", "add0")
     cln, cfc, cadd = (op_configs(op, TP4) for op in (ln, fc1, add))
-    assert not cm.edge_costs(ln, fc1, TP4, cln, cfc).comm.any()
-    pc = cm.pair_costs(pair, TP4, cfc, cadd)
     col, rep = cfc.index((None, "f")), cfc.index((None, None))   # column-parallel fc1 reads the norm whole
     seq, whole = cadd.index((None, "seq")), cadd.index((None, None))
     assert pc.comm[col, seq].sum() > 0 and pc.time[col, seq] > 0   # the add took it split: fc1 gathers
@@ -317,13 +326,8 @@ def test_a_reader_inside_a_module_another_reader_converts_at_converts_from_there
     x, q, add = g.op("x"), g.op("q"), g.op("add")
     b = Boundaries(g)
     assert b.conversion_module(x, add) == "layer" and b.conversion_module(x, q) == "layer.attn"
-    assert b.outer_reader == {("x", "q"): "add"} and not b.pays("x", "q") and b.pays("x", "add")
-    (pair,) = [p for p in b.pairs if p.kind == "outer"]
-    assert (pair.a, pair.b, pair.tensor) == ("q", "add", "x")
-    cm = model(g)
-    cx, cq, cadd = (op_configs(op, TP4) for op in (x, q, add))
-    assert not cm.edge_costs(x, q, TP4, cx, cq).comm.any()
-    pc = cm.pair_costs(pair, TP4, cq, cadd)
+    _, pc = outer_pair_costs(g, "x", "q", "add")
+    cq, cadd = op_configs(q, TP4), op_configs(add, TP4)
     col, seq, whole = cq.index((None, "f")), cadd.index((None, "seq")), cadd.index((None, None))
     assert pc.comm[col, seq].sum() > 0 and pc.mem[col, seq] > 0   # split for the add: q gathers it back
     assert pc.mem[col, whole] == 0.0                                # whole for both: no copy
