@@ -411,10 +411,13 @@ class _Stages:
     """S(s, k): stage s holding k consecutive layers, as a factor over the boundary
     configuration - the layer frontier under stage s's weights to the k-th Minkowski power, with
     the ops before the stack (and layer 0) on stage 0 and those after it on the last stage.
-    Built on demand and memoised; every join drops what the envelope proves cannot win."""
+    Built on demand and memoised; every join drops what the envelope proves cannot win. The
+    end stages' problems (`ends`, `head`, `tail`) may come after the middle stages' powers
+    (`set_ends`): `build` first tries the middle stages against the end stages' least costs."""
 
     def __init__(self, weights: list[Weights], solve: Callable[[Weights], MeshProblem | None],
-                 ends: dict[Weights, MeshProblem], head: Factor, tail: Factor, domain: dict[str, int], eps: float,
+                 ends: dict[Weights, MeshProblem], head: Factor | None, tail: Factor | None, domain: dict[str, int],
+                 eps: float,
                  stats: Stats, env: _Envelope, middle: Callable[[Weights], Factor] | None = None, virtual: int = 1,
                  spread: int = STAGE_BAND, completion: _Completion | None = None) -> None:
         self.weights, self.solve, self.ends, self.head, self.tail = weights, solve, ends, head, tail
@@ -426,6 +429,13 @@ class _Stages:
         self.spread = spread  # a stage holds within this many layers of n / p
         self.virtual = virtual  # virtual stages (interleaved 1F1B), and the boundaries each stage sends across
         self.sends = [sends(s, len(weights), virtual) for s in range(len(weights))]
+        # the boundary configurations not yet proven dead (`build`'s test with the end stages at
+        # their least costs); None: every one
+        self.live: list[int] | None = None
+
+    def set_ends(self, ends: dict[Weights, MeshProblem], head: Factor, tail: Factor) -> None:
+        """The end stages' problems and their parts before and after the stack, solved."""
+        self.ends, self.head, self.tail = ends, head, tail
 
     @classmethod
     def build(cls, graph: OpGraph, cm: CostModel, tables: PipeTables, eps: float, recompute: bool,
@@ -520,6 +530,7 @@ class _Stages:
         elif plans is None:
             plans = _known(envelope)
         layer_units: list[tuple[np.ndarray, np.ndarray]] = []
+        end_leasts: list[EndLeast] = []  # the third test's minima, for the test after it
 
         def units(lams: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             """The layer's minima at the known plans' slopes, found once for the last two tests."""
@@ -527,14 +538,30 @@ class _Stages:
                 layer_units.append(_layer_units(graph, tables, factors(first), factors(last), lams))
             return layer_units[0]
 
+        def end_least(lams: np.ndarray) -> EndLeast:
+            end_leasts.append(_end_least(graph, tables, factors(first), factors(last), lams, units(lams)))
+            return end_leasts[-1]
+
         if envelope is not None and plans is not None and (
                 _ends_beaten(tables, weights, lambda lams: _op_least(graph, tables, first, last, lams), envelope, plans)
                 or _ends_beaten(tables, weights, lambda lams: _layer_least(graph, tables, (factors(first), first),
                                                                         (factors(last), last), lams, units(lams)),
                                 envelope, plans)
-                or _ends_beaten(tables, weights, lambda lams: _end_least(graph, tables, factors(first), factors(last),
-                                                                         lams, units(lams)), envelope, plans)):
+                or _ends_beaten(tables, weights, lambda lams: end_least(lams), envelope, plans)):
             return None
+        probe: _Stages | None = None
+        if end_leasts and env.enabled and len(weights) > 3:
+            # a deeper test before the end stages are solved: the lower DP (`_split_layers`) with
+            # the middle stages at their ladder's powers and the end stages at their least costs
+            # (the third test's minima, summed); a boundary layout it proves dead stays dead
+            probe = cls(weights, solve, {}, None, None, factors(first).domain, eps, Stats(), env,
+                        middle if uses_middle else None, shape.virtual_stages, shape.spread)
+            least = end_leasts[0]
+            probe.live = [b for b in np.flatnonzero(np.isfinite(least.head[:, 0])).tolist()
+                          if _split_layers(probe, b, len(chain.layers), tables.p2p, eps, lower=True,
+                                           corners=least) is not None]
+            if not probe.live:
+                return None
         lp = solve(last)
         if lp is None:
             return None
@@ -547,6 +574,10 @@ class _Stages:
         domain = ends[first].domain
         head, tail = ends[first].head, ends[last].tail
         assert head is not None and tail is not None
+        if probe is not None:  # its middle stages' powers kept
+            assert probe.domain is domain
+            probe.set_ends(ends, env.prune(head), env.prune(tail))
+            return probe
         if len(weights) > 1 or not env.enabled:
             return cls(weights, solve, ends, env.prune(head), env.prune(tail), domain, eps, Stats(), env,
                        middle if uses_middle else None, shape.virtual_stages, shape.spread)
@@ -607,6 +638,7 @@ class _Stages:
         """Stage s holding k layers (stage 0 counts layer 0, which the head carries)."""
         w, env = self.weights[s], self.env
         if s == 0:
+            assert self.head is not None
             # one stage holds every layer: the head and the n - 1 others still miss the tail
             rest = self.completion.rest(k - 1, head=True) if self.completion is not None else None
             f = self.head if k == 1 else env.join(self.head, self.power(w)(k - 1), self.domain, self.eps, self.stats,
@@ -616,11 +648,13 @@ class _Stages:
         else:
             f = self.power(w)(k)
         if s == len(self.weights) - 1:
+            assert self.tail is not None
             f = env.join(f, self.tail, self.domain, self.eps, self.stats)
         return f
 
     def boundary_configs(self) -> list[int]:
-        return [int(b) for b in np.unique(self.head.keys[:, 0])]
+        assert self.head is not None
+        return [int(b) for b in np.unique(self.head.keys[:, 0]) if self.live is None or b in self.live]
 
 
 # the DP's answer: the points of every split (time, memory, per point the (layers, index in
@@ -649,7 +683,8 @@ class _OnGrid:
         self.which = idx[by_m[best[np.searchsorted(best, np.maximum(at, 0), side="right") - 1]]]
 
 
-def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower: bool = False) -> _State | None:
+def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower: bool = False,
+                  corners: EndLeast | None = None) -> _State | None:
     """The frontier of (max stage time, max stage memory) over every split of the n layers into
     the stages, the boundary in configuration b: F_i(j) = Pareto(union over k of
     max(F_{i-1}(j - k), S(s_i, k))), states j = layers covered by the first i stages taken. The
@@ -663,7 +698,12 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     With `lower`, the middle stages are priced by their lower bounds (`_Stages.lower`): few
     middle stages are solved, and every split's true point is weakly dominated by a point of
     the result, so None proves that no split through b survives the envelope (the indices
-    returned then point into the bounds, not into the stages)."""
+    returned then point into the bounds, not into the stages).
+
+    With `corners` (and `lower`), the end stages too are priced by lower bounds: stage s holding
+    k layers by one point, the least time and the least memory of its parts summed (EndLeast:
+    every point of the stage costs at least that in both), pulled toward the origin by 2 RTOL
+    for the order of float sums - no end stage need be solved, and None proves as above."""
     weights = S.weights
     p = len(weights)
     band = stage_band(n, p, S.virtual, S.spread)
@@ -679,7 +719,10 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     steps: list[tuple[np.ndarray, np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]] = []
     # a layer's least time and least memory (under any stage's weights: the last stage's holds
     # the fewest micro-batches), and what a middle stage sends: bounds on the stages not yet taken
-    layer_t, layer_m = S.layer_floor(b)
+    if corners is None:
+        layer_t, layer_m = S.layer_floor(b)
+    else:
+        layer_t, layer_m = float(corners.ul[b, 0]) * _SHRINK, float(corners.ul[b, 1]) * _SHRINK
     rows = np.arange(n + 1)
     seen: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     # stages alike (the middle stages at one rung of `_Stages.lower`'s ladder: one factor, one
@@ -690,6 +733,14 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     def points(s: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Stage s's points holding k layers as the DP sees them (its transfer added), found once
         for the DP and the read-back of every split."""
+        if (s, k) not in seen and corners is not None and s in (0, p - 1):
+            extra_t = weights[s].slots * S.sends[s] * p2p[b]
+            part, unit, layers = (corners.head, corners.u0, k - 1) if s == 0 else (corners.tail, corners.ul, k)
+            # (a layer's inf times 0 layers would be nan)
+            st = np.array([(part[b, 0] + (layers * unit[b, 0] if layers else 0.0) + extra_t) * _SHRINK])
+            sm = np.array([(part[b, 1] + (layers * unit[b, 1] if layers else 0.0)) * _SHRINK])
+            ok = S.env.admit(st, sm)
+            seen[(s, k)] = (st[ok], sm[ok], np.zeros(int(ok.sum()), dtype=np.int64))
         if (s, k) not in seen:
             f = S.lower(s, k) if lower else S(s, k)  # kept alive by S's memos: its id stays its own
             extra_t = weights[s].slots * S.sends[s] * p2p[b]
