@@ -432,6 +432,9 @@ class _Stages:
         # the boundary configurations not yet proven dead (`build`'s test with the end stages at
         # their least costs); None: every one
         self.live: list[int] | None = None
+        # `_split_layers`' admitted points of a stage factor (by identity: kept alive by the memos
+        # above) per boundary configuration and transfer, shared by its passes over a layout
+        self.admitted: dict[tuple[int, int, float], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def set_ends(self, ends: dict[Weights, MeshProblem], head: Factor, tail: Factor) -> None:
         """The end stages' problems and their parts before and after the stack, solved."""
@@ -725,9 +728,10 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         layer_t, layer_m = float(corners.ul[b, 0]) * _SHRINK, float(corners.ul[b, 1]) * _SHRINK
     rows = np.arange(n + 1)
     seen: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    by_factor = S.admitted
     # stages alike (the middle stages at one rung of `_Stages.lower`'s ladder: one factor, one
-    # transfer) share their points, and those points' staircase on a grid the DP has not grown
-    by_factor: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    # transfer) share their points (`S.admitted`: the lower and the full pass too), and those
+    # points' staircase on a grid the DP has not grown
     on_grid: dict[tuple[int, int], _OnGrid] = {}
 
     def points(s: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -744,7 +748,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         if (s, k) not in seen:
             f = S.lower(s, k) if lower else S(s, k)  # kept alive by S's memos: its id stays its own
             extra_t = weights[s].slots * S.sends[s] * p2p[b]
-            key = (id(f), float(extra_t))
+            key = (b, id(f), float(extra_t))
             if key not in by_factor:
                 by_factor[key] = _admitted_points(f, S.env, b, extra_t)
             seen[(s, k)] = by_factor[key]
