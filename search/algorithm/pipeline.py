@@ -1244,14 +1244,22 @@ class Regions:
         if np.any(st[0] > t0) or np.any(m0 < sm[-1]):
             return False  # a region starts faster than every known plan, or is leaner than all
         i0 = np.searchsorted(st, t0, side="right") - 1
+        # of a run of steps with one memory only the last needs checking: g does not rise with
+        # time (nor its float arithmetic), so it holds at every step of the run if at the last
+        # one; the known plans' staircase drops at a few of its hundreds of points
+        # (and no region needs a step before the earliest it starts in)
+        steps = (np.flatnonzero(np.r_[sm[1:-1] != sm[:-2], True]) if len(st) > 1
+                 else np.zeros(0, dtype=np.int64))
+        steps = steps[steps >= i0.min()]
         pos = self.lams > 0
-        g = np.broadcast_to(m0[:, None], (len(t0), len(st) - 1))
+        g = np.broadcast_to(m0[:, None], (len(t0), len(steps)))
         if pos.any():
             b = self.b[:, pos] * margin
-            g = np.maximum(g, np.max((b[:, :, None] - st[None, None, 1:]) / self.lams[pos][None, :, None], axis=1))
+            g = np.maximum(g, np.max((b[:, :, None] - st[None, None, steps + 1]) / self.lams[pos][None, :, None],
+                                     axis=1))
         # region r needs g(right end of step i) >= the step's memory for every step i >= i0[r]
-        need = np.arange(len(st) - 1)[None, :] >= i0[:, None]
-        return bool(np.all(~need | (g >= sm[None, :-1])))
+        need = steps[None, :] >= i0[:, None]
+        return bool(np.all(~need | (g >= sm[None, steps])))
 
 
 def ends_bounds(tables: PipeTables, weights: list[Weights], ends: EndLeast, lams: np.ndarray) -> dict[int, Regions]:
