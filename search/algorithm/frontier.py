@@ -416,16 +416,25 @@ def _join_small(a: Factor, b: Factor, drop: tuple[str, ...], domain: dict[str, i
     a_keys, b_keys = a.keys.tolist(), b.keys.tolist()
     at, am, bt, bm = a.t.tolist(), a.m.tolist(), b.t.tolist(), b.m.tolist()
     by_key: dict[tuple[int, ...], list[int]] = {}
+    # a side whose every variable is shared, in scope order (a stack's powers: the boundary
+    # alone), keys its rows by the whole row
+    whole_b = shared_b == list(range(len(b_scope)))
     for j, k in enumerate(b_keys):
-        by_key.setdefault(tuple(k[c] for c in shared_b), []).append(j)
+        by_key.setdefault(tuple(k) if whole_b else tuple(k[c] for c in shared_b), []).append(j)
+    whole_a = shared_a == list(range(len(a_scope)))
     # (out keys, time, memory, i, j); out keys order as their group ids do (each key < its domain)
-    pairs = []
+    pairs: list[tuple[tuple[int, ...], float, float, int, int]] = []
     for i, k in enumerate(a_keys):
-        js = by_key.get(tuple(k[c] for c in shared_a))
+        js = by_key.get(tuple(k) if whole_a else tuple(k[c] for c in shared_a))
         if not js:
             continue
         ka = [k[c] for c in take_a]
         ti, mi = at[i], am[i]
+        if not take_b:  # every pair of row i has its out key
+            out = tuple(ka)
+            for j in js:
+                pairs.append((out, ti + bt[j], mi + bm[j], i, j))
+            continue
         for j in js:
             kb = b_keys[j]
             pairs.append((tuple(ka + [kb[c] for c in take_b]), ti + bt[j], mi + bm[j], i, j))
