@@ -241,6 +241,7 @@ class _Envelope:
         self._floor = floor
         self.enabled = len(t) > 0
         self._hull: HullTest | None = None
+        self._floored: tuple[tuple[np.ndarray, np.ndarray], float] | None = None
 
     def floor(self) -> tuple[float, float]:
         if callable(self._floor):
@@ -250,9 +251,15 @@ class _Envelope:
     def admit(self, t: np.ndarray, m: np.ndarray) -> np.ndarray:
         if not self.enabled:
             return np.ones(len(t), dtype=bool)
-        floor_t, floor_m = self.floor()
-        return (least_memory(self.stair, np.maximum(t, floor_t))
-                > np.maximum(m + self.buffers, floor_m) * (1.0 + RTOL))
+        if self._floored is None:
+            # the staircase looked up at max(t, floor time) without the max: its steps before the
+            # floor time folded into one from -inf (the same step for every query)
+            floor_t, floor_m = self.floor()
+            st, sm = self.stair
+            i = int(np.searchsorted(st, floor_t, side="right"))
+            self._floored = ((np.r_[-np.inf, st[i:]], sm[i - 1:]) if i else (st, sm)), floor_m
+        stair, floor_m = self._floored
+        return least_memory(stair, t) > np.maximum(m + self.buffers, floor_m) * (1.0 + RTOL)
 
     def prune(self, f: Factor) -> Factor:
         if not self.enabled:
