@@ -57,7 +57,9 @@ least time, memory and weighted sums of the first and last stage's parts, found 
 eliminations of their factors (minsum.py) before any frontier is built, one region per split
 of the band's layers between the two ends. Inside a shape, partial stages beaten by a known plan are dropped (`_Envelope`),
 and a boundary layout whose DP with the middle stages at their lower bounds (`_Stages.lower`)
-finds nothing unbeaten is dropped before the middle stages are weighed.
+finds nothing unbeaten is dropped before the middle stages are weighed - tried first with the
+end stages too at lower bounds (their parts' least costs summed, from `ends_bounds`' minima),
+so that a shape whose middle stages lose already is dropped before its end stages are solved.
 """
 
 from __future__ import annotations
@@ -457,7 +459,10 @@ class _Stages:
         or, with an `envelope` of known plans, if they beat every plan of the shape judged from
         its end stages (`_ends_beaten`). That judgement needs only the least time, memory and
         weighted sums of the end stages' parts (min-sum eliminations, `MeshFactors.least`), so a
-        losing shape is dropped before any frontier of it is built. `plans`: `_known(envelope)`,
+        losing shape is dropped before any frontier of it is built. Then, with more than three
+        stages, the lower DP of every boundary layout with the end stages at those least costs
+        (`_split_layers`' corners): the layouts it leaves are the returned stages' `live`, and
+        none left drops the shape before its end stages are solved. `plans`: `_known(envelope)`,
         where the caller has it."""
         shape, chain = tables.shape, tables.chain
         weights = stage_weights(shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages)
