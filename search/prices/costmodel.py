@@ -1105,12 +1105,13 @@ def effective_zero(op: Op, mesh: Mesh, zero: int) -> int:
     if zero == 1 and any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes):
         # ZeroRedundancyOptimizer needs plain tensors and tensor parallelism makes parameters
         # DTensors: the executor runs ZeRO-1 there as ZeRO-2 (worker/analyze.py); price that
-        return 2
+        zero = 2
     if not op.params and zero != 1:
         # an op without parameters sees the ZeRO stage only through the mixed precision that
         # runs it (FSDP2's policy unless ZeRO-1: `fsdp_cast` in `_op_costs`); stages 0, 2 and
         # 3 price it alike, so its table is made once for them (the accumulation shapes ask
-        # for all four stages of every sub-mesh)
+        # for all four stages of every sub-mesh; ZeRO-1 on a tensor-parallel mesh, run as
+        # ZeRO-2, is one of them)
         return 0
     return zero
 
