@@ -208,6 +208,11 @@ class ParamTerms:
     comm: np.ndarray                  # [n_axes] bytes of those collectives (read, never written)
 
 
+# `CostModel._compute_terms`: per configuration (each input's local elements, forward seconds,
+# backward seconds), and the saved and kept activation bytes per configuration (read, never written)
+_ComputeTerms = tuple[list[tuple[list[float], float, float]], np.ndarray, np.ndarray]
+
+
 @dataclass(frozen=True)
 class ReadLayout:
     """One tensor an edge reads, as `CostModel._edge_layout` finds it: per axis it pays
@@ -434,7 +439,7 @@ class CostModel:
         key = (sig, mesh, zero, checkpoint, renamed)
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = self._op_costs(op, mesh, zero, checkpoint)
+            hit = memo[key] = self._op_costs(op, mesh, zero, checkpoint, alike=(sig, mesh, checkpoint, renamed))
         if hit.configs == cfgs:
             return hit
         # the same arrays under this op's own labels: a shallow copy (as copy.copy makes it, at a
@@ -497,8 +502,11 @@ class CostModel:
         return (op.kind, op.target, op.flops, op.saves, op.workspace, dims(op.splittable),
                 (out.shape, dims(out.dims), out.dtype), inputs, params, graph_wide)
 
-    def _op_costs(self, op: Op, mesh: Mesh, zero: int, checkpoint: bool) -> OpCosts:
-        """`op_costs` priced, ZeRO-1 on a tensor-parallel mesh already read as ZeRO-2."""
+    def _op_costs(self, op: Op, mesh: Mesh, zero: int, checkpoint: bool, alike: tuple | None = None) -> OpCosts:
+        """`op_costs` priced, ZeRO-1 on a tensor-parallel mesh already read as ZeRO-2. `alike`: the
+        op's key among the ops that price alike but for the ZeRO stage (`_alike_op_costs`'s, the
+        stage left out), under which the parts of the table no stage changes (`_compute_terms`)
+        are found once for every stage; None: found for this table alone."""
         cfgs = op_configs(op, mesh, self.graph.batch_label)
         n_axes = len(mesh.axes)
         C = len(cfgs)
@@ -507,9 +515,7 @@ class CostModel:
         step = np.zeros(C)
         parts = np.zeros((C, 4))
         comm = np.zeros((C, n_axes))
-        kept = np.zeros(C)  # recomputed: a checkpoint's output, as the next layer's checkpoint holds it
         b = self.bytes
-        out_numel = op.output.numel
         measured, comm_ok = self.profile is not None, self._comm_measured(mesh)
         # recomputing an op also pays the checkpoint's own work (profile; host contention as ops)
         rc_extra = self.profile.recompute_op() * self.contention if self.profile is not None else 0.0
@@ -523,25 +529,21 @@ class CostModel:
         autocast = bool(b.cast) and not fsdp_cast
         r_opt = math.prod(ax.size for ax in mesh.axes if ax.role in BATCH_ROLES)
         terms = self._param_terms(op, mesh, zero, cfgs)
-        # what every configuration reads alike, found once (the same values, summed as before)
-        out_size = self.esize(op.output)
-        in_numels = [t.numel for t in op.inputs]
-        in_sizes = [self.esize(t) for t in op.inputs]
+        # the parts no ZeRO stage changes, shared by the stages of one (op, mesh) alike
+        ckey = None if alike is None else (alike, autocast)
+        memo: dict[tuple, _ComputeTerms] = self.__dict__.setdefault("_compute_memo", {})
+        compute = memo.get(ckey) if ckey is not None else None
+        if compute is None:
+            compute = self._compute_terms(op, cfgs, terms, autocast, checkpoint, mesh)
+            if ckey is not None:
+                memo[ckey] = compute
+        per_cfg, saved, kept = compute
         for ci, cfg in enumerate(cfgs):
             pt = terms[ci]
-            shards = pt.shards
-            out_local = out_numel / pt.out_shards
-            in_locals = [n / f for n, f in zip(in_numels, pt.in_shards, strict=True)]
-            moved = out_local * out_size + sum(n * e for n, e in zip(in_locals, in_sizes, strict=True))
-            for x in pt.param_moved:  # each parameter's local bytes, read in the order priced
-                moved += x
+            in_locals, t_fwd, t_bwd = per_cfg[ci]
             t_sync, t_once, t_gather, t_after = pt.t_sync, pt.t_once, pt.t_gather, pt.t_after
             parts[ci, :3] = pt.held
             comm[ci] = pt.comm
-            cols = op.output.shape[-1] / pt.col_shards if op.output.shape else 1.0
-            rows, cols = gemm_shape(out_local, cols)
-            moved += 2.0 * op.workspace * out_local * 4.0  # a scan's states: written, then read back
-            t_fwd, t_bwd = kernel_seconds(op.kind, op.flops / shards, moved, rows, cols, self.device, self.peak)
             updated = parts[ci, 2] / b.held_optimizer  # parameters this rank's optimizer step updates
             t_opt = updated * 2 * (b.param + b.grad + b.optimizer) / self.mem_bw
             t_fb = t_fwd + t_bwd
@@ -589,17 +591,47 @@ class CostModel:
             time[ci] = t_fb + per_mb + once + t_opt
             step[ci] = once + t_opt
             fwd[ci] = t_fwd + rc_extra
-            parts[ci, 3] = self._saved_bytes(op, cfg, mesh, out_local, in_locals, autocast)
-            if checkpoint:
-                # the next layer's checkpoint holds this output as its input, whether or not a
-                # consumer's backward would save it (HF's RMSNorm reads it through a cast); what
-                # the op itself saves for its backward is recomputed
-                kept[ci] = out_local * (self._dtypes[op.name] if autocast else out_size)
+        parts[:, 3] = saved
         parts_rc = parts.copy()
         parts_rc[:, 3] = kept
         return OpCosts(configs=cfgs, time=time, mem=parts.sum(axis=1), parts=parts, comm=comm,
                        time_rc=time + fwd, mem_rc=parts_rc.sum(axis=1), parts_rc=parts_rc, step=step,
                        estimated=not measured)
+
+    def _compute_terms(self, op: Op, cfgs: list[Config], terms: list[ParamTerms], autocast: bool, checkpoint: bool,
+                       mesh: Mesh) -> _ComputeTerms:
+        """The parts of `_op_costs` the ZeRO stage does not change but through the mixed precision
+        (`autocast`): per configuration each input's local elements and the kernels' forward and
+        backward seconds; the activation bytes saved for backward, and (under `checkpoint`) the
+        output's bytes kept for the next layer's recomputation, per configuration. `terms`: the
+        op's `_param_terms` under any ZeRO stage (their shard factors and parameters' local
+        bytes are the same under all of them)."""
+        per_cfg: list[tuple[list[float], float, float]] = []
+        saved = np.zeros(len(cfgs))
+        kept = np.zeros(len(cfgs))
+        # what every configuration reads alike, found once (the same values, summed as before)
+        out_numel = op.output.numel
+        out_size = self.esize(op.output)
+        in_numels = [t.numel for t in op.inputs]
+        in_sizes = [self.esize(t) for t in op.inputs]
+        for ci, (cfg, pt) in enumerate(zip(cfgs, terms, strict=True)):
+            out_local = out_numel / pt.out_shards
+            in_locals = [n / f for n, f in zip(in_numels, pt.in_shards, strict=True)]
+            moved = out_local * out_size + sum(n * e for n, e in zip(in_locals, in_sizes, strict=True))
+            for x in pt.param_moved:  # each parameter's local bytes, read in the order priced
+                moved += x
+            cols = op.output.shape[-1] / pt.col_shards if op.output.shape else 1.0
+            rows, cols = gemm_shape(out_local, cols)
+            moved += 2.0 * op.workspace * out_local * 4.0  # a scan's states: written, then read back
+            t_fwd, t_bwd = kernel_seconds(op.kind, op.flops / pt.shards, moved, rows, cols, self.device, self.peak)
+            saved[ci] = self._saved_bytes(op, cfg, mesh, out_local, in_locals, autocast)
+            if checkpoint:
+                # the next layer's checkpoint holds this output as its input, whether or not a
+                # consumer's backward would save it (HF's RMSNorm reads it through a cast); what
+                # the op itself saves for its backward is recomputed
+                kept[ci] = out_local * (self._dtypes[op.name] if autocast else out_size)
+            per_cfg.append((in_locals, t_fwd, t_bwd))
+        return per_cfg, saved, kept
 
     def _param_terms(self, op: Op, mesh: Mesh, zero: int, cfgs: list[Config]) -> list[ParamTerms]:
         """Per configuration, the parts of `_op_costs` that read neither shapes nor FLOPs: the
