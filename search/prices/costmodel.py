@@ -299,7 +299,8 @@ class CostModel:
         self._dtypes = autocast_dtypes(graph) if self.bytes.cast else {}
         # weights autocast casts (each once, cached): those an op of a CAST_KINDS kind reads
         self._cast_params = {p.name for op in graph.ops if op.kind in CAST_KINDS for p in op.params}
-        self._shared_memos = {"param_terms": {}, "edge_layout": {}, "edge_logic": {}}
+        self._shared_memos = {"param_terms": {}, "param_terms_alike": {}, "param_signatures": {}, "edge_layout": {},
+                              "edge_logic": {}}
 
     # ---- element sizes ----------------------------------------------------------------------
     def esize(self, t: TensorRef) -> int:
@@ -528,7 +529,7 @@ class CostModel:
         fsdp_cast = bool(b.cast) and data_parallel and zero != 1
         autocast = bool(b.cast) and not fsdp_cast
         r_opt = math.prod(ax.size for ax in mesh.axes if ax.role in BATCH_ROLES)
-        terms = self._param_terms(op, mesh, zero, cfgs)
+        terms = self._param_terms(op, mesh, zero, cfgs, None if alike is None else alike[3])
         # the parts no ZeRO stage changes, shared by the stages of one (op, mesh) alike
         ckey = None if alike is None else (alike, autocast)
         memo: dict[tuple, _ComputeTerms] = self.__dict__.setdefault("_compute_memo", {})
@@ -633,18 +634,50 @@ class CostModel:
             per_cfg.append((in_locals, t_fwd, t_bwd))
         return per_cfg, saved, kept
 
-    def _param_terms(self, op: Op, mesh: Mesh, zero: int, cfgs: list[Config]) -> list[ParamTerms]:
+    def _param_terms(self, op: Op, mesh: Mesh, zero: int, cfgs: list[Config],
+                     renamed: tuple[tuple[str | int | None, ...], ...] | None = None) -> list[ParamTerms]:
         """Per configuration, the parts of `_op_costs` that read neither shapes nor FLOPs: the
         shard factors, and everything its parameters cost (the same at every micro-batch count).
-        Found once per (op's name, dimensions and parameters, mesh, ZeRO stage, configurations) and
-        shared by every cost model made `like` this one."""
-        key = (op.name, op.output.dims, tuple(t.dims for t in op.inputs),
-               tuple((p.name, p.numel, p.dims, p.owner) for p in op.params), mesh, zero, tuple(cfgs))
-        memo: dict[tuple, list[ParamTerms]] = self._shared_memos["param_terms"]
+        Found once per (what they read of the op, mesh, ZeRO stage, configurations) and shared by
+        every cost model made `like` this one: with `renamed` (the configurations with the op's
+        labels renamed as `_pricing_signature` renames them), once for every op alike under that
+        renaming (`_param_signature`: the layers of a stack, and ops alike within one); without,
+        once per op name."""
+        if renamed is not None:
+            key: tuple = (self._param_signature(op), mesh, zero, renamed)
+            memo: dict[tuple, list[ParamTerms]] = self._shared_memos["param_terms_alike"]
+        else:
+            key = (op.name, op.output.dims, tuple(t.dims for t in op.inputs),
+                   tuple((p.name, p.numel, p.dims, p.owner) for p in op.params), mesh, zero, tuple(cfgs))
+            memo = self._shared_memos["param_terms"]
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = [self._priced_param_terms(op, mesh, zero, cfg) for cfg in cfgs]
         return hit
+
+    def _param_signature(self, op: Op) -> int:
+        """Everything `_priced_param_terms` reads of `op` (its output's and inputs' dimension
+        labels, each parameter's size, labels and ownership, and the values the graph-wide
+        analyses hold under its name), labels renamed as `_pricing_signature` renames them: no
+        shapes, so equal at every micro-batch count. As a number, shared by the cost models made
+        `like` one another; found once per op, keyed by its identity, the op kept alive in the
+        entry."""
+        memo: dict[int, tuple[Op, int]] = self.__dict__.setdefault("_param_sig_memo", {})
+        hit = memo.get(id(op))
+        if hit is not None and hit[0] is op:
+            return hit[1]
+        rename = self._pricing_signature(op)[1]
+
+        def dims(ds: tuple[str, ...]) -> tuple[str | int, ...]:
+            return tuple(rename.get(d, d) for d in ds)
+
+        sig = (dims(op.output.dims), tuple(dims(t.dims) for t in op.inputs),
+               tuple((p.numel, dims(p.dims), p.owner, p.name in self._cast_params, self._unit_share.get(p.name),
+                      self._unit_share_ep.get(p.name)) for p in op.params))
+        numbers: dict[tuple, int] = self._shared_memos["param_signatures"]
+        number = numbers.setdefault(sig, len(numbers))
+        memo[id(op)] = (op, number)
+        return number
 
     def _priced_param_terms(self, op: Op, mesh: Mesh, zero: int, cfg: Config) -> ParamTerms:
         """`_param_terms` of one configuration, summed in the order `_op_costs` always has."""
