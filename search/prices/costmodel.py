@@ -440,7 +440,7 @@ class CostModel:
         key = (sig, mesh, zero, checkpoint, renamed)
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = self._op_costs(op, mesh, zero, checkpoint, alike=(sig, mesh, checkpoint, renamed))
+            hit = memo[key] = self._op_costs(op, mesh, zero, checkpoint, alike=(sig, mesh, checkpoint, renamed), cfgs=cfgs)
         if hit.configs == cfgs:
             return hit
         # the same arrays under this op's own labels: a shallow copy (as copy.copy makes it, at a
@@ -503,12 +503,15 @@ class CostModel:
         return (op.kind, op.target, op.flops, op.saves, op.workspace, dims(op.splittable),
                 (out.shape, dims(out.dims), out.dtype), inputs, params, graph_wide)
 
-    def _op_costs(self, op: Op, mesh: Mesh, zero: int, checkpoint: bool, alike: tuple | None = None) -> OpCosts:
+    def _op_costs(self, op: Op, mesh: Mesh, zero: int, checkpoint: bool, alike: tuple | None = None,
+                  cfgs: list[Config] | None = None) -> OpCosts:
         """`op_costs` priced, ZeRO-1 on a tensor-parallel mesh already read as ZeRO-2. `alike`: the
         op's key among the ops that price alike but for the ZeRO stage (`_alike_op_costs`'s, the
         stage left out), under which the parts of the table no stage changes (`_compute_terms`)
-        are found once for every stage; None: found for this table alone."""
-        cfgs = op_configs(op, mesh, self.graph.batch_label)
+        are found once for every stage; None: found for this table alone. `cfgs`: the op's
+        `op_configs` on `mesh`, where the caller has them."""
+        if cfgs is None:
+            cfgs = op_configs(op, mesh, self.graph.batch_label)
         n_axes = len(mesh.axes)
         C = len(cfgs)
         time = np.zeros(C)
