@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TypeVar
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
@@ -198,29 +198,50 @@ def weigh_edge(ec: EdgeCosts, w: Weights) -> EdgeCosts:
                      time_rc=None if ec.time_rc is None else ec.time_rc * w.slots)
 
 
+_setattr = object.__setattr__  # bypasses the frozen models' __setattr__, as pydantic's own copy does
+
+
 def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
     """The graph of one micro-batch: every batch dimension divided by m (FLOPs scale with it)."""
     if m == 1:
         return graph
     lab = graph.batch_label
-    tensors, recipe = _batched(graph)
+    recipe = _batched(graph)
     # a deep stack repeats a few hundred (shape, dims) over thousands of tensors: each divided once
-    shapes: dict[tuple[tuple[int, ...], tuple[str, ...]], tuple[int, ...]] = {}
-
-    def scaled(t: TensorRef) -> TensorRef:
-        key = (t.shape, t.dims)
-        shape = shapes.get(key)
-        if shape is None:
-            shape = shapes[key] = tuple(s // m if d == lab else s for s, d in zip(t.shape, t.dims, strict=True))
-        return _updated(t, shape=shape)
-
-    made = [scaled(t) for t in tensors]
+    shapes = [tuple(s // m if d == lab else s for s, d in zip(shape, dims, strict=True)) for shape, dims in recipe.shapes]
+    # each tensor and op as `model.model_copy(update=...)` would copy it, without its generic
+    # machinery: the same shallow copy, the scaled fields replaced, nothing validated (the values
+    # come from a validated graph, scaled), from the recipe's snapshot of the model's state. A
+    # micro-batch graph copies thousands of tensors and ops, and the pipeline search builds one
+    # per micro-batch count (~17 for GPT-3)
+    made = []
+    for t_cls, state, fields_set, si in recipe.tensors:
+        t = t_cls.__new__(t_cls)
+        st = state.copy()
+        st["shape"] = shapes[si]
+        _setattr(t, "__dict__", st)
+        _setattr(t, "__pydantic_fields_set__", fields_set)
+        _setattr(t, "__pydantic_extra__", None)
+        _setattr(t, "__pydantic_private__", None)
+        made.append(t)
     ops = []
-    for op, ins, out in recipe:
-        inputs = tuple(t if i < 0 else made[i] for t, i in zip(op.inputs, ins, strict=True)) if ins else op.inputs
-        batched = out >= 0 or bool(ins)
-        ops.append(_updated(op, inputs=inputs, output=op.output if out < 0 else made[out],
-                            flops=op.flops / m if batched else op.flops))
+    for op, op_cls, state, fields_set, ins, out in recipe.ops:
+        new = op_cls.__new__(op_cls)
+        st = state.copy()
+        if ins:
+            inputs = list(op.inputs)
+            for pos, i in ins:
+                inputs[pos] = made[i]
+            st["inputs"] = tuple(inputs)
+        if out >= 0:
+            st["output"] = made[out]
+        if ins or out >= 0:
+            st["flops"] = op.flops / m
+        _setattr(new, "__dict__", st)
+        _setattr(new, "__pydantic_fields_set__", fields_set)
+        _setattr(new, "__pydantic_extra__", None)
+        _setattr(new, "__pydantic_private__", None)
+        ops.append(new)
     meta = dict(graph.meta)
     if "global_batch" in meta:
         meta["global_batch"] = int(meta["global_batch"]) // m
@@ -230,23 +251,39 @@ def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
     return out_graph
 
 
-# per op: the op, each input's index among the distinct batched tensors (-1: not batched; empty:
-# none batched) and its output's
-_Recipe = list[tuple[Op, tuple[int, ...], int]]
+@dataclass(frozen=True)
+class _Recipe:
+    """How `micro_batch_graph` makes a graph's micro-batch copies, found once per graph.
+
+    `shapes`: the distinct (shape, dims) of the batched tensors. `tensors`: the graph's distinct
+    batched tensors (the readers of one tensor see it alike: q, k and v read one norm's output,
+    and one scaled copy serves them all), each as (class, its state, its fields set with
+    `shape`, index into `shapes`). `ops`: per op, (op, class, state, fields set with the scaled
+    fields, (input position, index into `tensors`) per batched input, its output's index or -1).
+    A copy's fields set is one set shared by every copy of a model (frozen models: pydantic
+    copies the set before it changes one); none of these models carries extras or private
+    state, which `_batched` checks."""
+
+    shapes: list[tuple[tuple[int, ...], tuple[str, ...]]]
+    tensors: list[tuple[type[TensorRef], dict[str, Any], set[str], int]]
+    ops: list[tuple[Op, type[Op], dict[str, Any], set[str], tuple[tuple[int, int], ...], int]]
 
 
-def _batched(graph: OpGraph) -> tuple[list[TensorRef], _Recipe]:
-    """The graph's distinct batched tensors (the readers of one tensor see it alike: q, k and v
-    read one norm's output, and one scaled copy serves them all) and where each op reads them,
-    found once per graph: the pipeline search builds a graph per micro-batch count (~17 for
-    GPT-3), each from this. Kept on the graph, keyed by its ops (as chain.after_stack keeps its
-    answers)."""
-    hit: tuple[object, list[TensorRef], _Recipe] | None = graph.__dict__.get("_batched")
+def _batched(graph: OpGraph) -> _Recipe:
+    """The graph's `_Recipe`, found once per graph: the pipeline search builds a graph per
+    micro-batch count (~17 for GPT-3), each from this. Kept on the graph, keyed by its ops (as
+    chain.after_stack keeps its answers)."""
+    hit: tuple[object, _Recipe] | None = graph.__dict__.get("_batched")
     if hit is not None and hit[0] is graph.ops:
-        return hit[1], hit[2]
+        return hit[1]
     lab = graph.batch_label
-    tensors: list[TensorRef] = []
+    shape_index: dict[tuple[tuple[int, ...], tuple[str, ...]], int] = {}
+    recipe = _Recipe(shapes=[], tensors=[], ops=[])
     index: dict[tuple[str | None, tuple[int, ...], tuple[str, ...], str], int] = {}
+
+    def plain(model: BaseModel) -> None:
+        # the copies set no extras nor private state: none of the graph's models has any
+        assert model.__pydantic_extra__ is None and model.__pydantic_private__ is None, model
 
     def at(t: TensorRef) -> int:
         if lab not in t.dims:
@@ -254,39 +291,23 @@ def _batched(graph: OpGraph) -> tuple[list[TensorRef], _Recipe]:
         key = (t.source, t.shape, t.dims, t.dtype)
         i = index.get(key)
         if i is None:
-            i = index[key] = len(tensors)
-            tensors.append(t)
+            plain(t)
+            si = shape_index.setdefault((t.shape, t.dims), len(shape_index))
+            if si == len(recipe.shapes):
+                recipe.shapes.append((t.shape, t.dims))
+            i = index[key] = len(recipe.tensors)
+            recipe.tensors.append((type(t), dict(t.__dict__), t.__pydantic_fields_set__ | {"shape"}, si))
         return i
 
-    recipe: _Recipe = []
     for op in graph.ops:
-        ins = tuple(at(t) for t in op.inputs)
-        recipe.append((op, ins if any(i >= 0 for i in ins) else (), at(op.output)))
-    object.__setattr__(graph, "_batched", (graph.ops, tensors, recipe))
-    return tensors, recipe
+        ins = tuple((pos, i) for pos, i in enumerate(at(t) for t in op.inputs) if i >= 0)
+        out = at(op.output)
+        plain(op)
+        recipe.ops.append((op, type(op), dict(op.__dict__), op.__pydantic_fields_set__ | {"inputs", "output", "flops"},
+                           ins, out))
+    object.__setattr__(graph, "_batched", (graph.ops, recipe))
+    return recipe
 
-
-_M = TypeVar("_M", bound=BaseModel)
-
-
-def _updated(model: _M, **fields: object) -> _M:
-    """`model.model_copy(update=fields)` without its generic machinery: a micro-batch graph
-    copies thousands of tensors and ops, and pydantic's copy took most of the pipeline search's
-    graph building. The same shallow copy (fields set, extras and private state shared), the
-    updated fields replaced; like model_copy, nothing is validated (the values come from a
-    validated graph, scaled)."""
-    cls = model.__class__
-    new = cls.__new__(cls)
-    state = model.__dict__.copy()
-    state.update(fields)
-    _setattr(new, "__dict__", state)
-    _setattr(new, "__pydantic_fields_set__", model.__pydantic_fields_set__ | fields.keys())
-    _setattr(new, "__pydantic_extra__", model.__pydantic_extra__)
-    _setattr(new, "__pydantic_private__", model.__pydantic_private__)
-    return new
-
-
-_setattr = object.__setattr__  # bypasses the frozen models' __setattr__, as pydantic's own copy does
 
 
 def unsupported(graph: OpGraph, chain: Chain | None, min_layers: int = 3) -> str | None:

@@ -208,6 +208,11 @@ class ParamTerms:
     comm: np.ndarray                  # [n_axes] bytes of those collectives (read, never written)
 
 
+# `CostModel._compute_terms`: per configuration (each input's local elements, forward seconds,
+# backward seconds), and the saved and kept activation bytes per configuration (read, never written)
+_ComputeTerms = tuple[list[tuple[list[float], float, float]], np.ndarray, np.ndarray]
+
+
 @dataclass(frozen=True)
 class ReadLayout:
     """One tensor an edge reads, as `CostModel._edge_layout` finds it: per axis it pays
@@ -294,7 +299,8 @@ class CostModel:
         self._dtypes = autocast_dtypes(graph) if self.bytes.cast else {}
         # weights autocast casts (each once, cached): those an op of a CAST_KINDS kind reads
         self._cast_params = {p.name for op in graph.ops if op.kind in CAST_KINDS for p in op.params}
-        self._shared_memos = {"param_terms": {}, "edge_layout": {}, "edge_logic": {}}
+        self._shared_memos = {"param_terms": {}, "param_terms_alike": {}, "param_signatures": {}, "edge_layout": {},
+                              "edge_logic": {}}
 
     # ---- element sizes ----------------------------------------------------------------------
     def esize(self, t: TensorRef) -> int:
@@ -434,7 +440,7 @@ class CostModel:
         key = (sig, mesh, zero, checkpoint, renamed)
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = self._op_costs(op, mesh, zero, checkpoint)
+            hit = memo[key] = self._op_costs(op, mesh, zero, checkpoint, alike=(sig, mesh, checkpoint, renamed), cfgs=cfgs)
         if hit.configs == cfgs:
             return hit
         # the same arrays under this op's own labels: a shallow copy (as copy.copy makes it, at a
@@ -497,9 +503,15 @@ class CostModel:
         return (op.kind, op.target, op.flops, op.saves, op.workspace, dims(op.splittable),
                 (out.shape, dims(out.dims), out.dtype), inputs, params, graph_wide)
 
-    def _op_costs(self, op: Op, mesh: Mesh, zero: int, checkpoint: bool) -> OpCosts:
-        """`op_costs` priced, ZeRO-1 on a tensor-parallel mesh already read as ZeRO-2."""
-        cfgs = op_configs(op, mesh, self.graph.batch_label)
+    def _op_costs(self, op: Op, mesh: Mesh, zero: int, checkpoint: bool, alike: tuple | None = None,
+                  cfgs: list[Config] | None = None) -> OpCosts:
+        """`op_costs` priced, ZeRO-1 on a tensor-parallel mesh already read as ZeRO-2. `alike`: the
+        op's key among the ops that price alike but for the ZeRO stage (`_alike_op_costs`'s, the
+        stage left out), under which the parts of the table no stage changes (`_compute_terms`)
+        are found once for every stage; None: found for this table alone. `cfgs`: the op's
+        `op_configs` on `mesh`, where the caller has them."""
+        if cfgs is None:
+            cfgs = op_configs(op, mesh, self.graph.batch_label)
         n_axes = len(mesh.axes)
         C = len(cfgs)
         time = np.zeros(C)
@@ -507,9 +519,7 @@ class CostModel:
         step = np.zeros(C)
         parts = np.zeros((C, 4))
         comm = np.zeros((C, n_axes))
-        kept = np.zeros(C)  # recomputed: a checkpoint's output, as the next layer's checkpoint holds it
         b = self.bytes
-        out_numel = op.output.numel
         measured, comm_ok = self.profile is not None, self._comm_measured(mesh)
         # recomputing an op also pays the checkpoint's own work (profile; host contention as ops)
         rc_extra = self.profile.recompute_op() * self.contention if self.profile is not None else 0.0
@@ -522,26 +532,22 @@ class CostModel:
         fsdp_cast = bool(b.cast) and data_parallel and zero != 1
         autocast = bool(b.cast) and not fsdp_cast
         r_opt = math.prod(ax.size for ax in mesh.axes if ax.role in BATCH_ROLES)
-        terms = self._param_terms(op, mesh, zero, cfgs)
-        # what every configuration reads alike, found once (the same values, summed as before)
-        out_size = self.esize(op.output)
-        in_numels = [t.numel for t in op.inputs]
-        in_sizes = [self.esize(t) for t in op.inputs]
+        terms = self._param_terms(op, mesh, zero, cfgs, None if alike is None else alike[3])
+        # the parts no ZeRO stage changes, shared by the stages of one (op, mesh) alike
+        ckey = None if alike is None else (alike, autocast)
+        memo: dict[tuple, _ComputeTerms] = self.__dict__.setdefault("_compute_memo", {})
+        compute = memo.get(ckey) if ckey is not None else None
+        if compute is None:
+            compute = self._compute_terms(op, cfgs, terms, autocast, checkpoint, mesh)
+            if ckey is not None:
+                memo[ckey] = compute
+        per_cfg, saved, kept = compute
         for ci, cfg in enumerate(cfgs):
             pt = terms[ci]
-            shards = pt.shards
-            out_local = out_numel / pt.out_shards
-            in_locals = [n / f for n, f in zip(in_numels, pt.in_shards, strict=True)]
-            moved = out_local * out_size + sum(n * e for n, e in zip(in_locals, in_sizes, strict=True))
-            for x in pt.param_moved:  # each parameter's local bytes, read in the order priced
-                moved += x
+            in_locals, t_fwd, t_bwd = per_cfg[ci]
             t_sync, t_once, t_gather, t_after = pt.t_sync, pt.t_once, pt.t_gather, pt.t_after
             parts[ci, :3] = pt.held
             comm[ci] = pt.comm
-            cols = op.output.shape[-1] / pt.col_shards if op.output.shape else 1.0
-            rows, cols = gemm_shape(out_local, cols)
-            moved += 2.0 * op.workspace * out_local * 4.0  # a scan's states: written, then read back
-            t_fwd, t_bwd = kernel_seconds(op.kind, op.flops / shards, moved, rows, cols, self.device, self.peak)
             updated = parts[ci, 2] / b.held_optimizer  # parameters this rank's optimizer step updates
             t_opt = updated * 2 * (b.param + b.grad + b.optimizer) / self.mem_bw
             t_fb = t_fwd + t_bwd
@@ -589,30 +595,92 @@ class CostModel:
             time[ci] = t_fb + per_mb + once + t_opt
             step[ci] = once + t_opt
             fwd[ci] = t_fwd + rc_extra
-            parts[ci, 3] = self._saved_bytes(op, cfg, mesh, out_local, in_locals, autocast)
-            if checkpoint:
-                # the next layer's checkpoint holds this output as its input, whether or not a
-                # consumer's backward would save it (HF's RMSNorm reads it through a cast); what
-                # the op itself saves for its backward is recomputed
-                kept[ci] = out_local * (self._dtypes[op.name] if autocast else out_size)
+        parts[:, 3] = saved
         parts_rc = parts.copy()
         parts_rc[:, 3] = kept
         return OpCosts(configs=cfgs, time=time, mem=parts.sum(axis=1), parts=parts, comm=comm,
                        time_rc=time + fwd, mem_rc=parts_rc.sum(axis=1), parts_rc=parts_rc, step=step,
                        estimated=not measured)
 
-    def _param_terms(self, op: Op, mesh: Mesh, zero: int, cfgs: list[Config]) -> list[ParamTerms]:
+    def _compute_terms(self, op: Op, cfgs: list[Config], terms: list[ParamTerms], autocast: bool, checkpoint: bool,
+                       mesh: Mesh) -> _ComputeTerms:
+        """The parts of `_op_costs` the ZeRO stage does not change but through the mixed precision
+        (`autocast`): per configuration each input's local elements and the kernels' forward and
+        backward seconds; the activation bytes saved for backward, and (under `checkpoint`) the
+        output's bytes kept for the next layer's recomputation, per configuration. `terms`: the
+        op's `_param_terms` under any ZeRO stage (their shard factors and parameters' local
+        bytes are the same under all of them)."""
+        per_cfg: list[tuple[list[float], float, float]] = []
+        saved = np.zeros(len(cfgs))
+        kept = np.zeros(len(cfgs))
+        # what every configuration reads alike, found once (the same values, summed as before)
+        out_numel = op.output.numel
+        out_size = self.esize(op.output)
+        in_numels = [t.numel for t in op.inputs]
+        in_sizes = [self.esize(t) for t in op.inputs]
+        for ci, (cfg, pt) in enumerate(zip(cfgs, terms, strict=True)):
+            out_local = out_numel / pt.out_shards
+            in_locals = [n / f for n, f in zip(in_numels, pt.in_shards, strict=True)]
+            moved = out_local * out_size + sum(n * e for n, e in zip(in_locals, in_sizes, strict=True))
+            for x in pt.param_moved:  # each parameter's local bytes, read in the order priced
+                moved += x
+            cols = op.output.shape[-1] / pt.col_shards if op.output.shape else 1.0
+            rows, cols = gemm_shape(out_local, cols)
+            moved += 2.0 * op.workspace * out_local * 4.0  # a scan's states: written, then read back
+            t_fwd, t_bwd = kernel_seconds(op.kind, op.flops / pt.shards, moved, rows, cols, self.device, self.peak)
+            saved[ci] = self._saved_bytes(op, cfg, mesh, out_local, in_locals, autocast)
+            if checkpoint:
+                # the next layer's checkpoint holds this output as its input, whether or not a
+                # consumer's backward would save it (HF's RMSNorm reads it through a cast); what
+                # the op itself saves for its backward is recomputed
+                kept[ci] = out_local * (self._dtypes[op.name] if autocast else out_size)
+            per_cfg.append((in_locals, t_fwd, t_bwd))
+        return per_cfg, saved, kept
+
+    def _param_terms(self, op: Op, mesh: Mesh, zero: int, cfgs: list[Config],
+                     renamed: tuple[tuple[str | int | None, ...], ...] | None = None) -> list[ParamTerms]:
         """Per configuration, the parts of `_op_costs` that read neither shapes nor FLOPs: the
         shard factors, and everything its parameters cost (the same at every micro-batch count).
-        Found once per (op's name, dimensions and parameters, mesh, ZeRO stage, configurations) and
-        shared by every cost model made `like` this one."""
-        key = (op.name, op.output.dims, tuple(t.dims for t in op.inputs),
-               tuple((p.name, p.numel, p.dims, p.owner) for p in op.params), mesh, zero, tuple(cfgs))
-        memo: dict[tuple, list[ParamTerms]] = self._shared_memos["param_terms"]
+        Found once per (what they read of the op, mesh, ZeRO stage, configurations) and shared by
+        every cost model made `like` this one: with `renamed` (the configurations with the op's
+        labels renamed as `_pricing_signature` renames them), once for every op alike under that
+        renaming (`_param_signature`: the layers of a stack, and ops alike within one); without,
+        once per op name."""
+        if renamed is not None:
+            key: tuple = (self._param_signature(op), mesh, zero, renamed)
+            memo: dict[tuple, list[ParamTerms]] = self._shared_memos["param_terms_alike"]
+        else:
+            key = (op.name, op.output.dims, tuple(t.dims for t in op.inputs),
+                   tuple((p.name, p.numel, p.dims, p.owner) for p in op.params), mesh, zero, tuple(cfgs))
+            memo = self._shared_memos["param_terms"]
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = [self._priced_param_terms(op, mesh, zero, cfg) for cfg in cfgs]
         return hit
+
+    def _param_signature(self, op: Op) -> int:
+        """Everything `_priced_param_terms` reads of `op` (its output's and inputs' dimension
+        labels, each parameter's size, labels and ownership, and the values the graph-wide
+        analyses hold under its name), labels renamed as `_pricing_signature` renames them: no
+        shapes, so equal at every micro-batch count. As a number, shared by the cost models made
+        `like` one another; found once per op, keyed by its identity, the op kept alive in the
+        entry."""
+        memo: dict[int, tuple[Op, int]] = self.__dict__.setdefault("_param_sig_memo", {})
+        hit = memo.get(id(op))
+        if hit is not None and hit[0] is op:
+            return hit[1]
+        rename = self._pricing_signature(op)[1]
+
+        def dims(ds: tuple[str, ...]) -> tuple[str | int, ...]:
+            return tuple(rename.get(d, d) for d in ds)
+
+        sig = (dims(op.output.dims), tuple(dims(t.dims) for t in op.inputs),
+               tuple((p.numel, dims(p.dims), p.owner, p.name in self._cast_params, self._unit_share.get(p.name),
+                      self._unit_share_ep.get(p.name)) for p in op.params))
+        numbers: dict[tuple, int] = self._shared_memos["param_signatures"]
+        number = numbers.setdefault(sig, len(numbers))
+        memo[id(op)] = (op, number)
+        return number
 
     def _priced_param_terms(self, op: Op, mesh: Mesh, zero: int, cfg: Config) -> ParamTerms:
         """`_param_terms` of one configuration, summed in the order `_op_costs` always has."""
@@ -1105,12 +1173,13 @@ def effective_zero(op: Op, mesh: Mesh, zero: int) -> int:
     if zero == 1 and any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes):
         # ZeroRedundancyOptimizer needs plain tensors and tensor parallelism makes parameters
         # DTensors: the executor runs ZeRO-1 there as ZeRO-2 (worker/analyze.py); price that
-        return 2
+        zero = 2
     if not op.params and zero != 1:
         # an op without parameters sees the ZeRO stage only through the mixed precision that
         # runs it (FSDP2's policy unless ZeRO-1: `fsdp_cast` in `_op_costs`); stages 0, 2 and
         # 3 price it alike, so its table is made once for them (the accumulation shapes ask
-        # for all four stages of every sub-mesh)
+        # for all four stages of every sub-mesh; ZeRO-1 on a tensor-parallel mesh, run as
+        # ZeRO-2, is one of them)
         return 0
     return zero
 

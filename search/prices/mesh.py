@@ -247,11 +247,55 @@ def op_configs(op: Op, mesh: Mesh, batch: str = "batch") -> list[Config]:
     hit = _CONFIGS.get(key)
     if hit is not None and hit[0] is op:
         return list(hit[1])
-    out = _op_configs(op, mesh, batch)
+    struct, sizes = _config_structure(op)
+    # the sizes only as far as any shard could divide them: a shard is a product of axes, so it
+    # divides a size exactly when it divides the size's gcd with the product of every axis
+    n = math.prod(ax.size for ax in mesh.axes)
+    alike = (struct, tuple(math.gcd(s, n) for s in sizes), mesh, batch)
+    out = _ALIKE_CONFIGS.get(alike)
+    if out is None:
+        out = _op_configs(op, mesh, batch)
+        if len(_ALIKE_CONFIGS) >= _CONFIGS_MAX:
+            _ALIKE_CONFIGS.clear()
+        _ALIKE_CONFIGS[alike] = out
     if len(_CONFIGS) >= _CONFIGS_MAX:
         _CONFIGS.clear()
     _CONFIGS[key] = (op, out)
     return list(out)
+
+
+# op_configs per (what `_op_configs` reads of an op, the op's sizes up to what divides them, mesh,
+# batch label): an op of every micro-batch graph of the pipeline search configures as the full
+# batch's does, unless a shard no longer divides its micro-batch (a few thousand configurations
+# found, a few hundred distinct for GPT-3). Bounded.
+_ALIKE_CONFIGS: dict[tuple[int, tuple[int, ...], Mesh, str], list[Config]] = {}
+# per op object: the number of what `_op_configs` reads of it but its sizes (see
+# `_config_structure`), and its sizes in `_all_sizes`'s order. Keyed by identity, the op kept alive
+# in the entry; bounded.
+_STRUCTURE: dict[int, tuple[Op, int, tuple[int, ...]]] = {}
+_STRUCTURE_NUMBERS: dict[tuple, int] = {}
+
+
+def _config_structure(op: Op) -> tuple[int, tuple[int, ...]]:
+    """What `_op_configs` (with `axis_choices`, `context_choices`, `splits_sequence`, `_all_sizes`)
+    reads of `op` but its sizes, numbered (its kind, whether a style splits it, its splittable
+    labels, and its tensors' and parameters' dimension labels, which stand for whether it has
+    parameters and for its labels), and its sizes in `_all_sizes`'s order."""
+    hit = _STRUCTURE.get(id(op))
+    if hit is not None and hit[0] is op:
+        return hit[1], hit[2]
+    tensors: list[TensorRef | ParamRef] = [*op.inputs, op.output, *op.params]
+    shape = (op.kind, op.styled, op.splittable, len(op.inputs), len(op.params), tuple(t.dims for t in tensors))
+    if len(_STRUCTURE_NUMBERS) >= _CONFIGS_MAX:
+        _STRUCTURE_NUMBERS.clear()
+        _ALIKE_CONFIGS.clear()  # its numbers mean nothing now
+        _STRUCTURE.clear()
+    number = _STRUCTURE_NUMBERS.setdefault(shape, len(_STRUCTURE_NUMBERS))
+    sizes = tuple(s for t in tensors for s in t.shape)
+    if len(_STRUCTURE) >= _CONFIGS_MAX:
+        _STRUCTURE.clear()
+    _STRUCTURE[id(op)] = (op, number, sizes)
+    return number, sizes
 
 
 def _op_configs(op: Op, mesh: Mesh, batch: str) -> list[Config]:

@@ -276,7 +276,7 @@ def test_cost_models_made_alike_price_as_fresh_ones(model: str, seq: int, full_b
                 checked += 1
     assert checked >= 8
     # the shared memos were filled once and read by the other counts' models
-    assert shared._shared_memos["param_terms"] and shared._shared_memos["edge_layout"]
+    assert shared._shared_memos["param_terms_alike"] and shared._shared_memos["edge_layout"]
     # edges that read alike (every layer's) share one placement logic, priced once
     assert len(shared._shared_memos["edge_logic"]) < len(shared._shared_memos["edge_layout"])
 

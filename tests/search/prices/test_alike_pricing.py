@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from search.algorithm.chain import layer_outputs
+from search.algorithm.evaluate import micro_batch_graph
 from search.models.capture import capture_model
 from search.models.graph import OpGraph
 from search.models.zoo import get_model, spec_from_hf_config
 from search.prices.cluster import make_cluster
 from search.prices.costmodel import CostModel, OpCosts, TrainingJob, effective_zero
-from search.prices.mesh import Mesh, expert_meshes, mesh_candidates, op_configs, placeable_meshes
+from search.prices.mesh import TENSOR, Mesh, _op_configs, expert_meshes, mesh_candidates, op_configs, placeable_meshes
 from search.prices.profile import (
     Calibration,
     CollectiveFit,
@@ -120,3 +121,27 @@ def test_every_op_priced_alike_gets_the_table_it_would_get_alone(name: str, prof
     assert len(cm.__dict__["_alike_memo"]) < asked
     # and the profile's measured times were read
     assert cm.profile is None or cm.profile.measured
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_every_op_configures_as_it_would_alone(name: str) -> None:
+    """`op_configs` shares one list among ops that read alike and whose sizes divide alike (their
+    gcd with the mesh's device count): every op of the graph and of its micro-batch graphs, on
+    meshes that split the batch and on tensor meshes (whose shards need not divide every
+    micro-batch), gets the configurations `_op_configs` finds for it alone; and ZeRO-1 on a
+    tensor-parallel mesh prices an op without parameters as stage 0 does."""
+    g = _graph(name)
+    cluster = make_cluster("h100-80gb", DEVICES, devices_per_node=DEVICES)
+    meshes = list(dict.fromkeys(mesh_candidates(cluster) + expert_meshes(g, mesh_candidates(cluster))))
+    for m in (1, 2, 4, 8):
+        mg = micro_batch_graph(g, m)
+        for mesh in meshes:
+            for op in mg.ops:
+                assert op_configs(op, mesh, mg.batch_label) == _op_configs(op, mesh, mg.batch_label), (m, op.name)
+    cm = CostModel(g, cluster, TrainingJob(global_batch=8, seq_len=32, precision="bf16"))
+    for mesh in meshes:
+        if any(ax.role == TENSOR and ax.size > 1 for ax in mesh.axes):
+            for op in g.ops:
+                if not op.params and op_configs(op, mesh, g.batch_label):
+                    assert effective_zero(op, mesh, 1) == 0
+                    _assert_same_table(cm._op_costs(op, mesh, 0, False), cm._op_costs(op, mesh, 2, False))
