@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from pydantic import BaseModel
@@ -199,6 +199,18 @@ def weigh_edge(ec: EdgeCosts, w: Weights) -> EdgeCosts:
 
 
 _setattr = object.__setattr__  # bypasses the frozen models' __setattr__, as pydantic's own copy does
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _copied(cls: type[_M], state: dict[str, Any], fields_set: set[str]) -> _M:
+    """A model of class `cls` holding `state`, unvalidated, with no extras nor private state (as
+    `model_copy` leaves a copy of such a model)."""
+    new = cls.__new__(cls)
+    _setattr(new, "__dict__", state)
+    _setattr(new, "__pydantic_fields_set__", fields_set)
+    _setattr(new, "__pydantic_extra__", None)
+    _setattr(new, "__pydantic_private__", None)
+    return new
 
 
 def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
@@ -216,17 +228,11 @@ def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
     # per micro-batch count (~17 for GPT-3)
     made = []
     for t_cls, state, fields_set, si in recipe.tensors:
-        t = t_cls.__new__(t_cls)
         st = state.copy()
         st["shape"] = shapes[si]
-        _setattr(t, "__dict__", st)
-        _setattr(t, "__pydantic_fields_set__", fields_set)
-        _setattr(t, "__pydantic_extra__", None)
-        _setattr(t, "__pydantic_private__", None)
-        made.append(t)
+        made.append(_copied(t_cls, st, fields_set))
     ops = []
     for op, op_cls, state, fields_set, ins, out in recipe.ops:
-        new = op_cls.__new__(op_cls)
         st = state.copy()
         if ins:
             inputs = list(op.inputs)
@@ -237,11 +243,7 @@ def micro_batch_graph(graph: OpGraph, m: int) -> OpGraph:
             st["output"] = made[out]
         if ins or out >= 0:
             st["flops"] = op.flops / m
-        _setattr(new, "__dict__", st)
-        _setattr(new, "__pydantic_fields_set__", fields_set)
-        _setattr(new, "__pydantic_extra__", None)
-        _setattr(new, "__pydantic_private__", None)
-        ops.append(new)
+        ops.append(_copied(op_cls, st, fields_set))
     meta = dict(graph.meta)
     if "global_batch" in meta:
         meta["global_batch"] = int(meta["global_batch"]) // m

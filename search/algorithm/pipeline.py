@@ -1151,18 +1151,13 @@ def _op_least(graph: OpGraph, tables: PipeTables, first: Weights, last: Weights,
     its stage's weights and every edge at no cost (`_Cheapest`, as `shape_bound` takes them),
     the same for every boundary configuration. Cheap enough to try first: most shapes that reach
     the end stages' test lose on it already."""
-    chain, tail, p = tables.chain, tables.tail, tables.shape.stages
+    chain, tail = tables.chain, tables.tail
     nb = len(tables.op_costs[chain.boundary].configs)
     # the stage problems' ops: layers 2.. are priced through the template (as `build` weighs them)
     own = tables.own_costs
     block, head_ops, tail_ops = stage_parts(graph, chain, own, tail)
-
-    def cheapest(ops: list[Op], w: Weights) -> np.ndarray:
-        least = _Cheapest(tables.op_costs, [op.name for op in ops])
-        row = np.concatenate([least.least(w, lams), least.least(w, lams, 1.0 / p)[2:]])
-        return np.broadcast_to(row, (nb, len(row)))
-
-    return EndLeast(cheapest(head_ops, first), cheapest(block, first), cheapest(block, last), cheapest(tail_ops, last))
+    return EndLeast(*(_cheapest_rows(tables, ops, w, lams, nb)
+                      for ops, w in ((head_ops, first), (block, first), (block, last), (tail_ops, last))))
 
 
 def _layer_least(graph: OpGraph, tables: PipeTables, first_stage: tuple[MeshFactors, Weights],
@@ -1174,18 +1169,22 @@ def _layer_least(graph: OpGraph, tables: PipeTables, first_stage: tuple[MeshFact
     same for every boundary configuration. Each stage: its factors and its weights; `units`:
     `_layer_units` of them, where the caller has them."""
     (first, w_first), (last, w_last) = first_stage, last_stage
-    chain, tail, p = tables.chain, tables.tail, tables.shape.stages
+    chain, tail = tables.chain, tables.tail
     nb = len(first.op_costs[chain.boundary].configs)
     _, head_ops, _ = stage_parts(graph, chain, first.op_costs, tail)
     _, _, tail_ops = stage_parts(graph, chain, last.op_costs, tail)
     u0, ul = units if units is not None else _layer_units(graph, tables, first, last, lams)
+    return EndLeast(_cheapest_rows(tables, head_ops, w_first, lams, nb), u0, ul,
+                    _cheapest_rows(tables, tail_ops, w_last, lams, nb))
 
-    def cheapest(ops: list[Op], w: Weights) -> np.ndarray:
-        least = _Cheapest(tables.op_costs, [op.name for op in ops])
-        row = np.concatenate([least.least(w, lams), least.least(w, lams, 1.0 / p)[2:]])
-        return np.broadcast_to(row, (nb, len(row)))
 
-    return EndLeast(cheapest(head_ops, w_first), u0, ul, cheapest(tail_ops, w_last))
+def _cheapest_rows(tables: PipeTables, ops: list[Op], w: Weights, lams: np.ndarray, configs: int) -> np.ndarray:
+    """EndLeast's rows for `ops` each at its cheapest configuration under weights w and their
+    edges at no cost (`_Cheapest`), the same row for each of the `configs` boundary
+    configurations: the columns t, m, t + lam_j m, t / p + lam_j m."""
+    least = _Cheapest(tables.op_costs, [op.name for op in ops])
+    row = np.concatenate([least.least(w, lams), least.least(w, lams, 1.0 / tables.shape.stages)[2:]])
+    return np.broadcast_to(row, (configs, len(row)))
 
 
 def frontier_least(f: Factor, configs: int, lams: np.ndarray, p: int) -> np.ndarray:
