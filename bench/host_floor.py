@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from worker.analyze import model_spec
+from worker.analyze import Unsupported, model_spec
 from worker.data import global_batch
 from worker.executor import reference_model
 
@@ -87,14 +88,25 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA device here (--device cpu checks the script itself)", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        specs = {name: model_spec(name) for name in args.models.split(",")}
+    except Unsupported as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sizes = [int(s) for s in args.sizes.split(",") if s.isdigit() and int(s) > 0]
+    if len(sizes) != len(args.sizes.split(",")):
+        print(f"error: --sizes takes positive whole numbers of sequences, got {args.sizes!r}", file=sys.stderr)
+        raise SystemExit(2)
     print(f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'} (torch {torch.__version__}), "
           f"bf16 autocast, sequence {args.seq_len}, median of {args.reps}")
     print("| model | micro-batch | wall | host | gpu busy | kernels | host / kernel | host-bound |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
-    for name in args.models.split(","):
+    for name, spec in specs.items():
         model = reference_model(name, seed=0).to(device)
-        spec = model_spec(name)
-        for size in (int(s) for s in args.sizes.split(",")):
+        for size in sizes:
             x, y = (t.to(device) for t in global_batch(spec, 0, size, args.seq_len, seed=0)[:2])
             fwd_bwd(model, x, y, device)  # warm-up: allocator, cuBLAS handles, autotuning
             model.zero_grad(set_to_none=True)

@@ -55,6 +55,9 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         print("error: valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         raise SystemExit(2)
+    if not (Path(args.tree) / "search" / "algorithm" / "ft.py").is_file():
+        print(f"error: {args.tree} is not a paretoplan checkout (no search/algorithm/ft.py)", file=sys.stderr)
+        raise SystemExit(2)
     model, batch, seq, device, devices, pipeline = CASES[args.case]
     # a fixed string hash: set and dict orders, and so the count, repeat from run to run
     env = dict(os.environ, PYTHONPATH=args.tree, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
