@@ -5,6 +5,11 @@ core with one BLAS thread.
     python bench/search_speed.py --quick         # the small cases only
     PYTHONPATH=/path/to/old/tree python bench/search_speed.py   # the same table for another checkout
     python bench/search_speed.py --before /path/to/old/tree     # both, and the speedup (before/after)
+    python bench/search_speed.py --only gpt3-175b --repeat 7    # 7 fresh processes per case: median, min
+
+With `--repeat N` each case runs N times, each in a fresh process (alternating with `--before`'s
+tree, so both see the same machine), and the seconds columns are the medians, with the fastest
+CPU seconds beside them: on a shared machine one run swings by 1.5x, the median of several less.
 
 Cases are searched as a new user runs them: the default space (every ZeRO stage, per-layer
 recomputation, pipelines, gradient accumulation) and, for comparison, the same space without
@@ -21,6 +26,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 
@@ -90,8 +96,12 @@ def main() -> None:
     p.add_argument("--only", help="cases whose model name contains this")
     p.add_argument("--before", metavar="TREE", help="also run each case on this checkout (e.g. main, from git "
                    "worktree or git archive) and print its times and the speedup in CPU seconds")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="runs per case, each in a fresh process; report medians (and the fastest CPU seconds)")
     p.add_argument("--case", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
     if args.case:
         print(json.dumps(run_case(*json.loads(args.case))))
         return
@@ -110,17 +120,29 @@ def main() -> None:
             return out.stderr.strip().splitlines()[-1] if out.stderr.strip() else str(out.returncode)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
+    def repeated(case: tuple[str, str, int, int, int, bool]) -> tuple[dict | str | None, dict | str]:
+        """The case `--repeat` times on each tree, alternating; per tree the median of each time
+        (and the fastest CPU seconds as `cpu_min`), or the first failure."""
+        olds: list[dict | str] = []
+        news: list[dict | str] = []
+        for _ in range(args.repeat):
+            if args.before:
+                olds.append(measure(case, args.before))
+            news.append(measure(case, None))
+        return (median_of(olds) if args.before else None), median_of(news)
+
+    min_col = f" {'min cpu':>7}" if args.repeat > 1 else ""
     before_cols = f" {'before s':>9} {'before cpu':>10} {'speedup':>7}" if args.before else ""
     print(f"{'model':<12} {'device':<10} {'devices':>7} {'batch':>6} {'seq':>5} {'space':>11} {'ops':>5} "
-          f"{'frontier':>8} {'piped':>6} {'meshes':>6} {'least':>10} {'search s':>9} {'cpu s':>7} {'capture s':>9} "
+          f"{'frontier':>8} {'piped':>6} {'meshes':>6} {'least':>10} {'search s':>9} {'cpu s':>7}{min_col} {'capture s':>9} "
           f"{'peak RSS':>9}{before_cols}")
     for case in cases:
-        old = measure(case, args.before) if args.before else None
-        r = measure(case, None)
+        old, r = repeated(case)
         if isinstance(r, str):
             print(f"{case}: failed: {r}", flush=True)
             continue
         space = "default" if r["pipeline"] else "no-pipeline"
+        fastest = f" {r['cpu_min']:>7.2f}" if args.repeat > 1 else ""
         extra = ""
         if isinstance(old, dict):
             same = old["frontier"] == r["frontier"]
@@ -130,8 +152,22 @@ def main() -> None:
             extra = f" before failed: {old}"
         print(f"{r['model']:<12} {r['device']:<10} {r['devices']:>7} {r['batch']:>6} {r['seq'] or '-':>5} {space:>11} "
               f"{r['ops']:>5} {r['frontier']:>8} {r['pipelined']:>6} {r['meshes']:>6} {r['least_gib']:>6.1f} GiB "
-              f"{r['search_s']:>9.2f} {r.get('cpu_s', float('nan')):>7.2f} {r['capture_s']:>9.2f} "
+              f"{r['search_s']:>9.2f} {r.get('cpu_s', float('nan')):>7.2f}{fastest} {r['capture_s']:>9.2f} "
               f"{r['peak_rss_mib']:>6.0f} MiB{extra}", flush=True)
+
+
+def median_of(runs: list[dict | str]) -> dict | str:
+    """One row for several runs of a case: the first run's counts, the median of each time, the
+    fastest CPU seconds as `cpu_min`; the first failure if a run failed."""
+    failed = [r for r in runs if isinstance(r, str)]
+    if failed:
+        return failed[0]
+    rows = [r for r in runs if isinstance(r, dict)]
+    out = dict(rows[0])
+    for key in ("search_s", "cpu_s", "capture_s", "peak_rss_mib"):
+        out[key] = statistics.median(r[key] for r in rows if key in r) if any(key in r for r in rows) else float("nan")
+    out["cpu_min"] = min((r.get("cpu_s", float("nan")) for r in rows), default=float("nan"))
+    return out
 
 
 if __name__ == "__main__":
