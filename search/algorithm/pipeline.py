@@ -65,6 +65,7 @@ so that a shape whose middle stages lose already is dropped before its end stage
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -698,6 +699,62 @@ class _OnGrid:
         self.which = idx[by_m[best[np.searchsorted(best, np.maximum(at, 0), side="right") - 1]]]
 
 
+def _run_key(S: _Stages, s: int) -> tuple[Weights, int]:
+    """What prices middle stage s in the lower DP: its rung of the ladder (`_Stages.lower`,
+    the slots within) and the boundaries it sends across (its transfer). Stages with one key
+    have the very same points for every layer count."""
+    return S.lower_weights(s), S.sends[s]
+
+
+@functools.lru_cache(maxsize=4096)
+def _run_sums(ks: tuple[int, ...], r: int, mask: int) -> np.ndarray:
+    """Which totals r layer counts from the members of ks in `mask` (bit i: ks[i]) can make,
+    repeats allowed: entry t says whether r * ks[0] + t is one."""
+    offsets = [k - ks[0] for i, k in enumerate(ks) if mask >> i & 1]
+    made = 1  # bit t: the total r * ks[0] + t is made (shifts of a Python int: a small bitset)
+    for _ in range(r):
+        made = functools.reduce(lambda a, b: a | b, (made << o for o in offsets))
+    out = np.array([bool(made >> t & 1) for t in range(r * (ks[-1] - ks[0]) + 1)])
+    out.flags.writeable = False  # shared through the cache
+    return out
+
+
+def _collapsed_run(F: np.ndarray, g: np.ndarray, ks: list[int], r: int, lo: int, hi: int) -> np.ndarray:
+    """r stages alike taken at once: N(j, M) = min over r layer counts k_i from ks summing to d
+    of max(F(j - d, M), max_i g_{k_i}(M)), for the states lo <= j <= hi (inf elsewhere); F the
+    states before (rows: layers covered, columns: memory budgets), g[i] the stages' staircase
+    holding ks[i] layers on the same budgets.
+
+    Exactly what r steps of the DP give, without their admit tests in between (those only drop
+    states that end in beaten plans): a stage step takes the min over k of a max, and min and
+    max are exact in any order and grouping. Per budget M, sort the k by g_k(M): the max over a
+    choice of counts is the g of its last in that order, so the least max for a total d is the
+    least threshold tau = g_(t)(M) whose prefix {k: first t+1 in that order} makes d from r
+    counts (`_run_sums`) - a prefix holds every k priced at most tau, and a choice whose max is
+    tau draws from it. Ties need no care: a later k of equal g gives the same threshold."""
+    n1 = F.shape[0]
+    N = np.full_like(F, np.inf)
+    lo, hi = max(lo, r * ks[0]), min(hi, n1 - 1)
+    if lo > hi:
+        return N
+    if r == 1:
+        P, d = g, np.array(ks)
+    else:
+        order = np.argsort(g, axis=0, kind="stable")
+        tau = np.take_along_axis(g, order, axis=0)
+        masks = np.cumsum(np.left_shift(1, order), axis=0)  # the prefixes as bit sets (distinct bits)
+        uniq, inv = np.unique(masks.ravel(), return_inverse=True)
+        made = np.array([_run_sums(tuple(ks), r, int(u)) for u in uniq])[inv.reshape(masks.shape)]
+        P = np.where(made, tau[:, :, None], np.inf).min(axis=0).T  # (totals, budgets)
+        d = r * ks[0] + np.arange(len(P))
+        some = np.flatnonzero(np.isfinite(P).any(axis=1) & (d <= hi))
+        P, d = P[some], d[some]
+    src = np.arange(lo, hi + 1)[:, None] - d[None, :]  # the state before, per (state after, total)
+    before = np.where((src >= 0)[:, :, None], F[np.maximum(src, 0)], np.inf)
+    N[lo:hi + 1] = np.maximum(before, P[None, :, :]).min(axis=1, initial=np.inf)
+    return N
+
+
 def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower: bool = False,
                   corners: EndLeast | None = None) -> _State | None:
     """The frontier of (max stage time, max stage memory) over every split of the n layers into
@@ -772,18 +829,32 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             on_grid[key] = _OnGrid(*pts, grid)
         return on_grid[key]
 
-    for i, s in enumerate(order):
-        left_after = p - 1 - i
+    i = 0
+    while i < p:
+        s = order[i]
+        # a run of stages alike: in a lower pass, consecutive middle stages on one rung of the
+        # ladder with one transfer (`_run_key`) take the same points for every layer count, and
+        # are taken in one step (`_collapsed_run`); the full pass takes one stage a step, as its
+        # read-back needs every step's choices
+        r = 1
+        if lower and 0 < s < p - 1:
+            while i + r < p and _run_key(S, order[i + r]) == _run_key(S, s):
+                r += 1
+        left_after = p - i - r
         # what the stage not yet taken that holds the most layers sends, at least
-        send_ahead = weights[0].slots * min(S.sends[r] for r in order[i + 1:]) * p2p[b] if left_after else 0.0
+        send_ahead = weights[0].slots * min(S.sends[q] for q in order[i + r:]) * p2p[b] if left_after else 0.0
         live = np.flatnonzero(np.isfinite(F).any(axis=1)).tolist()  # ascending
-        # the states this stage may lead to: the stages after it must cover the rest in the band
+        # the states this stage (run) may lead to: the stages after it must cover the rest in the band
         reach_lo, reach_hi = max(n - left_after * (band.stop - 1), 0), n - left_after * band.start
         stairs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for k in band:
-            # some live state j with j + k in reach
-            if bisect.bisect_left(live, reach_lo - k) >= bisect.bisect_right(live, reach_hi - k):
-                continue
+            if r == 1:
+                # some live state j with j + k in reach
+                if bisect.bisect_left(live, reach_lo - k) >= bisect.bisect_right(live, reach_hi - k):
+                    continue
+            elif (live[0] + k + (r - 1) * band.start > reach_hi
+                  or live[-1] + k + (r - 1) * (band.stop - 1) < reach_lo):
+                continue  # no stage of the run can hold k layers on a way into reach
             pts = points(s, k)
             if len(pts[0]):
                 stairs[k] = pts
@@ -793,20 +864,26 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         if len(grid_new) != len(grid):  # else the same grid: it holds every memory already
             F = F[:, np.searchsorted(grid, grid_new, side="right") - 1]  # a staircase holds between grid values
             grid = grid_new
-        N = np.full_like(F, np.inf)
-        K = np.zeros(F.shape, dtype=np.int16)
-        picks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for k, pts in stairs.items():
-            # the stage's staircase on the grid: least time within each memory budget, and its point
-            g = staircase_on(pts, grid)
-            picks[k] = (g.f, g.which)
-            lo, hi = max(reach_lo, k), reach_hi  # the states j in reach that hold k layers or more
-            if lo > hi:
-                continue
-            cand = np.maximum(F[lo - k:hi - k + 1], g.f[None, :])
-            better = cand < N[lo:hi + 1]
-            np.copyto(N[lo:hi + 1], cand, where=better)
-            K[lo:hi + 1][better] = k
+        if lower:  # only the values matter: no read-back
+            ks = list(stairs)
+            g = np.array([staircase_on(stairs[k], grid).f for k in ks])
+            N = _collapsed_run(F, g, ks, r, reach_lo, reach_hi)
+        else:
+            N = np.full_like(F, np.inf)
+            K = np.zeros(F.shape, dtype=np.int16)
+            picks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+            for k, pts in stairs.items():
+                # the stage's staircase on the grid: least time within each memory budget, and its point
+                on = staircase_on(pts, grid)
+                picks[k] = (on.f, on.which)
+                lo, hi = max(reach_lo, k), reach_hi  # the states j in reach that hold k layers or more
+                if lo > hi:
+                    continue
+                cand = np.maximum(F[lo - k:hi - k + 1], on.f[None, :])
+                better = cand < N[lo:hi + 1]
+                np.copyto(N[lo:hi + 1], cand, where=better)
+                K[lo:hi + 1][better] = k
+            steps.append((grid, K, picks))
         # the stages not yet taken hold the other n - j layers: one holds at least its share, so
         # the iteration is at least that stage's time and memory; a state a known plan beats at
         # budget M ends in plans it beats (exact)
@@ -818,15 +895,21 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             ok = S.env.admit(np.maximum(N[jr, gc], fut_t[jr]), np.maximum(grid[gc], ahead[jr] * layer_m))
             N[jr[~ok], gc[~ok]] = np.inf
         F = N
-        steps.append((grid, K, picks))
         if not np.isfinite(F).any():
             return None  # every partial split is beaten: the stages not yet taken need not be solved
+        i += r
     # the frontier: each budget's best split, read back stage by stage at that budget
     last = F[n]
     cols = np.flatnonzero(np.isfinite(last))
     if not len(cols):
         return None
     cols = cols[np.r_[True, last[cols][1:] < last[cols][:-1]]]  # a budget that buys no time adds nothing
+    if lower:
+        # each budget's least time and the budget itself: no worse than some split's bound point
+        # (its time that least time, its memory within the budget), the last step's test passed
+        keep = np.sort(pareto_mask(np.zeros(len(cols), dtype=np.int64), last[cols], grid[cols], eps))
+        keep = keep[S.env.admit(last[cols][keep], grid[cols][keep])]
+        return (last[cols][keep], grid[cols][keep], [[] for _ in keep]) if len(keep) else None
     backs: list[list[tuple[int, int]]] = []
     out_t, out_m = np.zeros(len(cols)), np.zeros(len(cols))
     for r, c in enumerate(cols):
