@@ -686,17 +686,29 @@ def _admitted_points(f: Factor, env: _Envelope, b: int, extra_t: float) -> tuple
     return st[ok], sm[ok], idx[ok]
 
 
+class _ByMemory:
+    """A stage's points sorted by memory, with the least time within each point's memory (the
+    running min) and which point gives it and its memory: what `_OnGrid` looks up, once per
+    points whatever the grid."""
+
+    def __init__(self, st: np.ndarray, sm: np.ndarray, idx: np.ndarray) -> None:
+        by_m = np.argsort(sm, kind="stable")
+        self.m = sm[by_m]
+        self.run = np.minimum.accumulate(st[by_m])
+        best = np.flatnonzero(np.r_[True, st[by_m][1:] < self.run[:-1]])  # where the running min is set
+        giver = by_m[best[np.searchsorted(best, np.arange(len(sm)), side="right") - 1]]
+        self.which, self.which_m = idx[giver], sm[giver]
+
+
 class _OnGrid:
     """A stage's points as the DP reads them on a grid of memory budgets: the least time within
-    each budget (inf below the leanest point) and which point gives it."""
+    each budget (inf below the leanest point), which point gives it and that point's memory."""
 
-    def __init__(self, st: np.ndarray, sm: np.ndarray, idx: np.ndarray, grid: np.ndarray) -> None:
-        by_m = np.argsort(sm, kind="stable")
-        run = np.minimum.accumulate(st[by_m])
-        at = np.searchsorted(sm[by_m], grid, side="right") - 1
-        self.f = np.where(at >= 0, run[np.maximum(at, 0)], np.inf)
-        best = np.flatnonzero(np.r_[True, st[by_m][1:] < run[:-1]])  # where the running min is set
-        self.which = idx[by_m[best[np.searchsorted(best, np.maximum(at, 0), side="right") - 1]]]
+    def __init__(self, pts: _ByMemory, grid: np.ndarray) -> None:
+        at = np.searchsorted(pts.m, grid, side="right") - 1
+        at0 = np.maximum(at, 0)
+        self.f = np.where(at >= 0, pts.run[at0], np.inf)
+        self.which, self.m = pts.which[at0], pts.which_m[at0]
 
 
 def _run_key(S: _Stages, s: int) -> tuple[Weights, int]:
@@ -788,14 +800,14 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     grid = np.zeros(1)
     F = np.full((n + 1, 1), np.inf)
     F[0, 0] = 0.0
-    steps: list[tuple[np.ndarray, np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]] = []
+    live = [0]  # the states with a finite F, ascending
+    steps: list[tuple[np.ndarray, np.ndarray, dict[int, _OnGrid]]] = []
     # a layer's least time and least memory (under any stage's weights: the last stage's holds
     # the fewest micro-batches), and what a middle stage sends: bounds on the stages not yet taken
     if corners is None:
         layer_t, layer_m = S.layer_floor(b)
     else:
         layer_t, layer_m = float(corners.ul[b, 0]) * _SHRINK, float(corners.ul[b, 1]) * _SHRINK
-    rows = np.arange(n + 1)
     seen: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     by_factor = S.admitted
     # stages alike (the middle stages at one rung of `_Stages.lower`'s ladder: one factor, one
@@ -823,10 +835,14 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             seen[(s, k)] = by_factor[key]
         return seen[(s, k)]
 
+    by_memory: dict[int, _ByMemory] = {}
+
     def staircase_on(pts: tuple[np.ndarray, np.ndarray, np.ndarray], grid: np.ndarray) -> _OnGrid:
         key = (id(pts[0]), id(grid))  # both held for the whole DP (`by_factor`, `steps`)
         if key not in on_grid:
-            on_grid[key] = _OnGrid(*pts, grid)
+            if key[0] not in by_memory:
+                by_memory[key[0]] = _ByMemory(*pts)
+            on_grid[key] = _OnGrid(by_memory[key[0]], grid)
         return on_grid[key]
 
     i = 0
@@ -843,7 +859,6 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         left_after = p - i - r
         # what the stage not yet taken that holds the most layers sends, at least
         send_ahead = weights[0].slots * min(S.sends[q] for q in order[i + r:]) * p2p[b] if left_after else 0.0
-        live = np.flatnonzero(np.isfinite(F).any(axis=1)).tolist()  # ascending
         # the states this stage (run) may lead to: the stages after it must cover the rest in the band
         reach_lo, reach_hi = max(n - left_after * (band.stop - 1), 0), n - left_after * band.start
         stairs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -864,39 +879,46 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         if len(grid_new) != len(grid):  # else the same grid: it holds every memory already
             F = F[:, np.searchsorted(grid, grid_new, side="right") - 1]  # a staircase holds between grid values
             grid = grid_new
+        # the states a live one leads to (F is inf on the others, and so is N)
+        lo, hi = max(reach_lo, live[0] + r * min(stairs)), min(reach_hi, live[-1] + r * max(stairs))
         if lower:  # only the values matter: no read-back
             ks = list(stairs)
             g = np.array([staircase_on(stairs[k], grid).f for k in ks])
-            N = _collapsed_run(F, g, ks, r, reach_lo, reach_hi)
+            N = _collapsed_run(F, g, ks, r, lo, hi)
         else:
             N = np.full_like(F, np.inf)
             K = np.zeros(F.shape, dtype=np.int16)
-            picks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-            for k, pts in stairs.items():
-                # the stage's staircase on the grid: least time within each memory budget, and its point
-                on = staircase_on(pts, grid)
-                picks[k] = (on.f, on.which)
-                lo, hi = max(reach_lo, k), reach_hi  # the states j in reach that hold k layers or more
-                if lo > hi:
+            # the stage's staircases on the grid: least time within each memory budget, and its point
+            picks = {k: staircase_on(pts, grid) for k, pts in stairs.items()}
+            for k, on in picks.items():
+                # the states in reach that hold k layers or more after a live one
+                a, z = max(lo, live[0] + k), min(hi, live[-1] + k)
+                if a > z:
                     continue
-                cand = np.maximum(F[lo - k:hi - k + 1], on.f[None, :])
-                better = cand < N[lo:hi + 1]
-                np.copyto(N[lo:hi + 1], cand, where=better)
-                K[lo:hi + 1][better] = k
+                cand = np.maximum(F[a - k:z - k + 1], on.f[None, :])
+                better = cand < N[a:z + 1]
+                np.copyto(N[a:z + 1], cand, where=better)
+                K[a:z + 1][better] = k
             steps.append((grid, K, picks))
         # the stages not yet taken hold the other n - j layers: one holds at least its share, so
         # the iteration is at least that stage's time and memory; a state a known plan beats at
         # budget M ends in plans it beats (exact)
-        ahead = -(-(n - rows) // left_after) if left_after else np.zeros(n + 1, dtype=np.int64)
-        fut_t = ahead * layer_t + np.where(ahead > 0, send_ahead, 0.0)
-        fin = np.isfinite(N)
-        if fin.any():
-            jr, gc = np.nonzero(fin)
-            ok = S.env.admit(np.maximum(N[jr, gc], fut_t[jr]), np.maximum(grid[gc], ahead[jr] * layer_m))
-            N[jr[~ok], gc[~ok]] = np.inf
         F = N
-        if not np.isfinite(F).any():
+        reached = N[lo:hi + 1]  # a view: the states this step may have reached
+        jr, gc = np.nonzero(np.isfinite(reached))
+        if not len(jr):
             return None  # every partial split is beaten: the stages not yet taken need not be solved
+        j = jr + lo
+        ahead = -(-(n - j) // left_after) if left_after else np.zeros(len(j), dtype=np.int64)
+        fut_t = ahead * layer_t + np.where(ahead > 0, send_ahead, 0.0)
+        ok = S.env.admit(np.maximum(reached[jr, gc], fut_t), np.maximum(grid[gc], ahead * layer_m))
+        if ok.all():
+            live = np.unique(j).tolist()
+        else:
+            reached[jr[~ok], gc[~ok]] = np.inf
+            if not ok.any():
+                return None
+            live = np.unique(j[ok]).tolist()
         i += r
     # the frontier: each budget's best split, read back stage by stage at that budget
     last = F[n]
@@ -910,33 +932,31 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         keep = np.sort(pareto_mask(np.zeros(len(cols), dtype=np.int64), last[cols], grid[cols], eps))
         keep = keep[S.env.admit(last[cols][keep], grid[cols][keep])]
         return (last[cols][keep], grid[cols][keep], [[] for _ in keep]) if len(keep) else None
-    backs: list[list[tuple[int, int]]] = []
+    # every budget at once, stage by stage from the last taken: its layers, its point (index,
+    # time, memory) at that budget on the step's grid
+    budgets = grid[cols]
+    j = np.full(len(cols), n)
+    layers, which = np.zeros((p, len(cols)), dtype=np.int64), np.zeros((p, len(cols)), dtype=np.int64)
     out_t, out_m = np.zeros(len(cols)), np.zeros(len(cols))
-    for r, c in enumerate(cols):
-        budget = grid[c]
-        j = n
-        back: list[tuple[int, int]] = []
-        t_max = m_max = 0.0
-        for i in range(p - 1, -1, -1):
-            g_i, K_i, picks_i = steps[i]
-            col = int(np.searchsorted(g_i, budget, side="right")) - 1
-            k = int(K_i[j, col])
-            _, pt = picks_i[k]
-            s = order[i]
-            st, sm, idx = points(s, k)
-            q = int(np.flatnonzero(idx == pt[col])[0])
-            t_max, m_max = max(t_max, float(st[q])), max(m_max, float(sm[q]))
-            back.append((k, int(pt[col])))
-            j -= k
-        assert j == 0
-        out_t[r], out_m[r] = t_max, m_max
-        backs.append(back[::-1])
+    for i in range(p - 1, -1, -1):
+        g_i, K_i, picks_i = steps[i]
+        col = np.searchsorted(g_i, budgets, side="right") - 1
+        layers[i] = K_i[j, col]
+        for k in np.unique(layers[i]).tolist():
+            at = np.flatnonzero(layers[i] == k)
+            on = picks_i[k]
+            which[i, at] = on.which[col[at]]
+            out_t[at] = np.maximum(out_t[at], on.f[col[at]])
+            out_m[at] = np.maximum(out_m[at], on.m[col[at]])
+        j -= layers[i]
+    assert not j.any()
     keep = np.sort(pareto_mask(np.zeros(len(out_t), dtype=np.int64), out_t, out_m, eps))
     keep = keep[S.env.admit(out_t[keep], out_m[keep])]
     if not len(keep):
         return None
     place = np.argsort(order)  # stage s was taken place[s]-th
-    return out_t[keep], out_m[keep], [[backs[int(a)][int(place[s])] for s in range(p)] for a in keep]
+    return out_t[keep], out_m[keep], [[(int(layers[place[s], a]), int(which[place[s], a])) for s in range(p)]
+                                      for a in keep]
 
 
 def _read_back(S: _Stages, maps: list[dict[str, str]], backs: list[list[tuple[int, int]]]
