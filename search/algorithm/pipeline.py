@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -693,10 +694,12 @@ class _ByMemory:
 
     def __init__(self, st: np.ndarray, sm: np.ndarray, idx: np.ndarray) -> None:
         by_m = np.argsort(sm, kind="stable")
-        self.m = sm[by_m]
-        self.run = np.minimum.accumulate(st[by_m])
-        best = np.flatnonzero(np.r_[True, st[by_m][1:] < self.run[:-1]])  # where the running min is set
-        giver = by_m[best[np.searchsorted(best, np.arange(len(sm)), side="right") - 1]]
+        self.m, t = sm[by_m], st[by_m]
+        self.run = np.minimum.accumulate(t)
+        at = np.arange(len(t))
+        new = np.ones(len(t), dtype=bool)
+        new[1:] = t[1:] < self.run[:-1]  # where the running min is set
+        giver = by_m[np.maximum.accumulate(np.where(new, at, 0))]  # the last such at or before each point
         self.which, self.which_m = idx[giver], sm[giver]
 
 
@@ -801,6 +804,8 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     F = np.full((n + 1, 1), np.inf)
     F[0, 0] = 0.0
     live = [0]  # the states with a finite F, ascending
+    # per i: the fewest boundaries a stage taken i-th or later sends
+    least_sends = list(itertools.accumulate([S.sends[q] for q in reversed(order)], min))[::-1]
     steps: list[tuple[np.ndarray, np.ndarray, dict[int, _OnGrid]]] = []
     # a layer's least time and least memory (under any stage's weights: the last stage's holds
     # the fewest micro-batches), and what a middle stage sends: bounds on the stages not yet taken
@@ -858,7 +863,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
                 r += 1
         left_after = p - i - r
         # what the stage not yet taken that holds the most layers sends, at least
-        send_ahead = weights[0].slots * min(S.sends[q] for q in order[i + r:]) * p2p[b] if left_after else 0.0
+        send_ahead = weights[0].slots * least_sends[i + r] * p2p[b] if left_after else 0.0
         # the states this stage (run) may lead to: the stages after it must cover the rest in the band
         reach_lo, reach_hi = max(n - left_after * (band.stop - 1), 0), n - left_after * band.start
         stairs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -912,13 +917,12 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         ahead = -(-(n - j) // left_after) if left_after else np.zeros(len(j), dtype=np.int64)
         fut_t = ahead * layer_t + np.where(ahead > 0, send_ahead, 0.0)
         ok = S.env.admit(np.maximum(reached[jr, gc], fut_t), np.maximum(grid[gc], ahead * layer_m))
-        if ok.all():
-            live = np.unique(j).tolist()
-        else:
+        if not ok.all():
             reached[jr[~ok], gc[~ok]] = np.inf
             if not ok.any():
                 return None
-            live = np.unique(j[ok]).tolist()
+            j = j[ok]
+        live = j[np.r_[True, j[1:] != j[:-1]]].tolist()  # j ascends (row by row)
         i += r
     # the frontier: each budget's best split, read back stage by stage at that budget
     last = F[n]
