@@ -859,7 +859,8 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         # read-back needs every step's choices
         r = 1
         if lower and 0 < s < p - 1:
-            while i + r < p and _run_key(S, order[i + r]) == _run_key(S, s):
+            key = _run_key(S, s)
+            while i + r < p and _run_key(S, order[i + r]) == key:
                 r += 1
         left_after = p - i - r
         # what the stage not yet taken that holds the most layers sends, at least
