@@ -784,8 +784,13 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
 
     With `lower`, the middle stages are priced by their lower bounds (`_Stages.lower`): few
     middle stages are solved, and every split's true point is weakly dominated by a point of
-    the result, so None proves that no split through b survives the envelope (the indices
-    returned then point into the bounds, not into the stages).
+    the result, so None proves that no split through b survives the envelope. Only that
+    matters there, so nothing is read back (each point is a budget and the least time within
+    it, with no stages: the last step's test admitted exactly those), and a run of middle
+    stages on one rung is taken in one step (`_collapsed_run`): the same None, as the DP
+    finds a split iff some split of the bounds (each stage a point it admits) has its max
+    point admitted - every test on the way is a valid lower-bound test, passed by such a
+    split's states whatever the grid and whichever steps test them.
 
     With `corners` (and `lower`), the end stages too are priced by lower bounds: stage s holding
     k layers by one point, the least time and the least memory of its parts summed (EndLeast:
@@ -856,7 +861,8 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         # a run of stages alike: in a lower pass, consecutive middle stages on one rung of the
         # ladder with one transfer (`_run_key`) take the same points for every layer count, and
         # are taken in one step (`_collapsed_run`); the full pass takes one stage a step, as its
-        # read-back needs every step's choices
+        # read-back needs every step's choices. The run's inner states need no window of their
+        # own: one out of its step's window leaves the run's last step out of reach too
         r = 1
         if lower and 0 < s < p - 1:
             key = _run_key(S, s)
