@@ -889,7 +889,10 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             return None
         grid_new = np.unique(np.concatenate([grid] + [sm for _, sm, _ in stairs.values()]))
         if len(grid_new) != len(grid):  # else the same grid: it holds every memory already
-            F = F[:, np.searchsorted(grid, grid_new, side="right") - 1]  # a staircase holds between grid values
+            # a staircase holds between grid values; rows out of the live ones stay inf
+            at = np.searchsorted(grid, grid_new, side="right") - 1
+            F, rows = np.full((n + 1, len(grid_new)), np.inf), F[live[0]:live[-1] + 1]
+            F[live[0]:live[-1] + 1] = rows[:, at]
             grid = grid_new
         # the states a live one leads to (F is inf on the others, and so is N)
         lo, hi = max(reach_lo, live[0] + r * min(stairs)), min(reach_hi, live[-1] + r * max(stairs))
@@ -953,12 +956,13 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         g_i, K_i, picks_i = steps[i]
         col = np.searchsorted(g_i, budgets, side="right") - 1
         layers[i] = K_i[j, col]
-        for k in np.unique(layers[i]).tolist():
-            at = np.flatnonzero(layers[i] == k)
+        counts = set(layers[i].tolist())
+        for k in counts:
+            sel: np.ndarray | slice = np.flatnonzero(layers[i] == k) if len(counts) > 1 else slice(None)
             on = picks_i[k]
-            which[i, at] = on.which[col[at]]
-            out_t[at] = np.maximum(out_t[at], on.f[col[at]])
-            out_m[at] = np.maximum(out_m[at], on.m[col[at]])
+            which[i, sel] = on.which[col[sel]]
+            out_t[sel] = np.maximum(out_t[sel], on.f[col[sel]])
+            out_m[sel] = np.maximum(out_m[sel], on.m[col[sel]])
         j -= layers[i]
     assert not j.any()
     keep = np.sort(pareto_mask(np.zeros(len(out_t), dtype=np.int64), out_t, out_m, eps))
