@@ -689,29 +689,40 @@ def _admitted_points(f: Factor, env: _Envelope, b: int, extra_t: float) -> tuple
 
 class _ByMemory:
     """A stage's points sorted by memory, with the least time within each point's memory (the
-    running min) and which point gives it and its memory: what `_OnGrid` looks up, once per
-    points whatever the grid."""
+    running min): what `_OnGrid` looks up, once per points whatever the grid; which point gives
+    it, and its memory, found when the read-back first asks (a lower pass never does)."""
 
     def __init__(self, st: np.ndarray, sm: np.ndarray, idx: np.ndarray) -> None:
-        by_m = np.argsort(sm, kind="stable")
-        self.m, t = sm[by_m], st[by_m]
-        self.run = np.minimum.accumulate(t)
-        at = np.arange(len(t))
-        new = np.ones(len(t), dtype=bool)
-        new[1:] = t[1:] < self.run[:-1]  # where the running min is set
-        giver = by_m[np.maximum.accumulate(np.where(new, at, 0))]  # the last such at or before each point
-        self.which, self.which_m = idx[giver], sm[giver]
+        self.by_m = np.argsort(sm, kind="stable")
+        self.m, self.t = sm[self.by_m], st[self.by_m]
+        self.run = np.minimum.accumulate(self.t)
+        self.idx, self.sm = idx, sm
+
+    @functools.cached_property
+    def giver(self) -> np.ndarray:
+        """Per point in memory order, the point (its place in the stage's points) that sets the
+        running min there: the last at or before it whose time beats every leaner one's."""
+        new = np.ones(len(self.t), dtype=bool)
+        new[1:] = self.t[1:] < self.run[:-1]
+        return self.by_m[np.maximum.accumulate(np.where(new, np.arange(len(self.t)), 0))]
 
 
 class _OnGrid:
     """A stage's points as the DP reads them on a grid of memory budgets: the least time within
-    each budget (inf below the leanest point), which point gives it and that point's memory."""
+    each budget (inf below the leanest point); `which` and `memory`: the point that gives it at
+    some budgets (columns of the grid), its index and its memory."""
 
     def __init__(self, pts: _ByMemory, grid: np.ndarray) -> None:
         at = np.searchsorted(pts.m, grid, side="right") - 1
-        at0 = np.maximum(at, 0)
-        self.f = np.where(at >= 0, pts.run[at0], np.inf)
-        self.which, self.m = pts.which[at0], pts.which_m[at0]
+        self.at = np.maximum(at, 0)
+        self.f = np.where(at >= 0, pts.run[self.at], np.inf)
+        self.pts = pts
+
+    def which(self, cols: np.ndarray) -> np.ndarray:
+        return self.pts.idx[self.pts.giver[self.at[cols]]]
+
+    def memory(self, cols: np.ndarray) -> np.ndarray:
+        return self.pts.sm[self.pts.giver[self.at[cols]]]
 
 
 def _run_key(S: _Stages, s: int) -> tuple[Weights, int]:
@@ -920,19 +931,15 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         # budget M ends in plans it beats (exact)
         F = N
         reached = N[lo:hi + 1]  # a view: the states this step may have reached
-        jr, gc = np.nonzero(np.isfinite(reached))
-        if not len(jr):
-            return None  # every partial split is beaten: the stages not yet taken need not be solved
-        j = jr + lo
+        j = np.arange(lo, hi + 1)
         ahead = -(-(n - j) // left_after) if left_after else np.zeros(len(j), dtype=np.int64)
         fut_t = ahead * layer_t + np.where(ahead > 0, send_ahead, 0.0)
-        ok = S.env.admit(np.maximum(reached[jr, gc], fut_t), np.maximum(grid[gc], ahead * layer_m))
-        if not ok.all():
-            reached[jr[~ok], gc[~ok]] = np.inf
-            if not ok.any():
-                return None
-            j = j[ok]
-        live = j[np.r_[True, j[1:] != j[:-1]]].tolist()  # j ascends (row by row)
+        if S.env.enabled:  # every state at every budget at once (an inf one stays inf, whatever the test says)
+            t_at_least = np.maximum(reached, fut_t[:, None])
+            reached[~S.env.admit(t_at_least, np.maximum(grid[None, :], (ahead * layer_m)[:, None]))] = np.inf
+        live = (np.flatnonzero(np.isfinite(reached).any(axis=1)) + lo).tolist()
+        if not live:
+            return None  # every partial split is beaten: the stages not yet taken need not be solved
         i += r
     # the frontier: each budget's best split, read back stage by stage at that budget
     last = F[n]
@@ -960,9 +967,9 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
         for k in counts:
             sel: np.ndarray | slice = np.flatnonzero(layers[i] == k) if len(counts) > 1 else slice(None)
             on = picks_i[k]
-            which[i, sel] = on.which[col[sel]]
+            which[i, sel] = on.which(col[sel])
             out_t[sel] = np.maximum(out_t[sel], on.f[col[sel]])
-            out_m[sel] = np.maximum(out_m[sel], on.m[col[sel]])
+            out_m[sel] = np.maximum(out_m[sel], on.memory(col[sel]))
         j -= layers[i]
     assert not j.any()
     keep = np.sort(pareto_mask(np.zeros(len(out_t), dtype=np.int64), out_t, out_m, eps))
