@@ -838,7 +838,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
 
     def points(s: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Stage s's points holding k layers as the DP sees them (its transfer added), found once
-        for the DP and the read-back of every split."""
+        per DP (and per pass over a layout: `S.admitted`)."""
         if (s, k) not in seen and corners is not None and s in (0, p - 1):
             extra_t = weights[s].slots * S.sends[s] * p2p[b]
             part, unit, layers = (corners.head, corners.u0, k - 1) if s == 0 else (corners.tail, corners.ul, k)
