@@ -65,6 +65,8 @@ so that a shape whose middle stages lose already is dropped before its end stage
 from __future__ import annotations
 
 import bisect
+import functools
+import itertools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -685,17 +687,98 @@ def _admitted_points(f: Factor, env: _Envelope, b: int, extra_t: float) -> tuple
     return st[ok], sm[ok], idx[ok]
 
 
+class _ByMemory:
+    """A stage's points sorted by memory, with the least time within each point's memory (the
+    running min): what `_OnGrid` looks up, once per points whatever the grid; which point gives
+    it, and its memory, found when the read-back first asks (a lower pass never does)."""
+
+    def __init__(self, st: np.ndarray, sm: np.ndarray, idx: np.ndarray) -> None:
+        self.by_m = np.argsort(sm, kind="stable")
+        self.m, self.t = sm[self.by_m], st[self.by_m]
+        self.run = np.minimum.accumulate(self.t)
+        self.idx, self.sm = idx, sm
+
+    @functools.cached_property
+    def giver(self) -> np.ndarray:
+        """Per point in memory order, the point (its place in the stage's points) that sets the
+        running min there: the last at or before it whose time beats every leaner one's."""
+        new = np.ones(len(self.t), dtype=bool)
+        new[1:] = self.t[1:] < self.run[:-1]
+        return self.by_m[np.maximum.accumulate(np.where(new, np.arange(len(self.t)), 0))]
+
+
 class _OnGrid:
     """A stage's points as the DP reads them on a grid of memory budgets: the least time within
-    each budget (inf below the leanest point) and which point gives it."""
+    each budget (inf below the leanest point); `which` and `memory`: the point that gives it at
+    some budgets (columns of the grid), its index and its memory."""
 
-    def __init__(self, st: np.ndarray, sm: np.ndarray, idx: np.ndarray, grid: np.ndarray) -> None:
-        by_m = np.argsort(sm, kind="stable")
-        run = np.minimum.accumulate(st[by_m])
-        at = np.searchsorted(sm[by_m], grid, side="right") - 1
-        self.f = np.where(at >= 0, run[np.maximum(at, 0)], np.inf)
-        best = np.flatnonzero(np.r_[True, st[by_m][1:] < run[:-1]])  # where the running min is set
-        self.which = idx[by_m[best[np.searchsorted(best, np.maximum(at, 0), side="right") - 1]]]
+    def __init__(self, pts: _ByMemory, grid: np.ndarray) -> None:
+        at = np.searchsorted(pts.m, grid, side="right") - 1
+        self.at = np.maximum(at, 0)
+        self.f = np.where(at >= 0, pts.run[self.at], np.inf)
+        self.pts = pts
+
+    def which(self, cols: np.ndarray) -> np.ndarray:
+        return self.pts.idx[self.pts.giver[self.at[cols]]]
+
+    def memory(self, cols: np.ndarray) -> np.ndarray:
+        return self.pts.sm[self.pts.giver[self.at[cols]]]
+
+
+def _run_key(S: _Stages, s: int) -> tuple[Weights, int]:
+    """What prices middle stage s in the lower DP: its rung of the ladder (`_Stages.lower`,
+    the slots within) and the boundaries it sends across (its transfer). Stages with one key
+    have the very same points for every layer count."""
+    return S.lower_weights(s), S.sends[s]
+
+
+@functools.lru_cache(maxsize=4096)
+def _run_sums(ks: tuple[int, ...], r: int, mask: int) -> np.ndarray:
+    """Which totals r layer counts from the members of ks in `mask` (bit i: ks[i]) can make,
+    repeats allowed: entry t says whether r * ks[0] + t is one."""
+    offsets = [k - ks[0] for i, k in enumerate(ks) if mask >> i & 1]
+    made = 1  # bit t: the total r * ks[0] + t is made (shifts of a Python int: a small bitset)
+    for _ in range(r):
+        made = functools.reduce(lambda a, b: a | b, (made << o for o in offsets))
+    out = np.array([bool(made >> t & 1) for t in range(r * (ks[-1] - ks[0]) + 1)])
+    out.flags.writeable = False  # shared through the cache
+    return out
+
+
+def _collapsed_run(F: np.ndarray, g: np.ndarray, ks: list[int], r: int, lo: int, hi: int) -> np.ndarray:
+    """r stages alike taken at once: N(j, M) = min over r layer counts k_i from ks summing to d
+    of max(F(j - d, M), max_i g_{k_i}(M)), for the states lo <= j <= hi (inf elsewhere); F the
+    states before (rows: layers covered, columns: memory budgets), g[i] the stages' staircase
+    holding ks[i] layers on the same budgets.
+
+    Exactly what r steps of the DP give, without their admit tests in between (those only drop
+    states that end in beaten plans): a stage step takes the min over k of a max, and min and
+    max are exact in any order and grouping. Per budget M, sort the k by g_k(M): the max over a
+    choice of counts is the g of its last in that order, so the least max for a total d is the
+    least threshold tau = g_(t)(M) whose prefix {k: first t+1 in that order} makes d from r
+    counts (`_run_sums`) - a prefix holds every k priced at most tau, and a choice whose max is
+    tau draws from it. Ties need no care: a later k of equal g gives the same threshold."""
+    n1 = F.shape[0]
+    N = np.full_like(F, np.inf)
+    lo, hi = max(lo, r * ks[0]), min(hi, n1 - 1)
+    if lo > hi:
+        return N
+    if r == 1:
+        P, d = g, np.array(ks)
+    else:
+        order = np.argsort(g, axis=0, kind="stable")
+        tau = np.take_along_axis(g, order, axis=0)
+        masks = np.cumsum(np.left_shift(1, order), axis=0)  # the prefixes as bit sets (distinct bits)
+        uniq, inv = np.unique(masks.ravel(), return_inverse=True)
+        made = np.array([_run_sums(tuple(ks), r, int(u)) for u in uniq])[inv.reshape(masks.shape)]
+        P = np.where(made, tau[:, :, None], np.inf).min(axis=0).T  # (totals, budgets)
+        d = r * ks[0] + np.arange(len(P))
+        some = np.flatnonzero(np.isfinite(P).any(axis=1) & (d <= hi))
+        P, d = P[some], d[some]
+    src = np.arange(lo, hi + 1)[:, None] - d[None, :]  # the state before, per (state after, total)
+    before = np.where((src >= 0)[:, :, None], F[np.maximum(src, 0)], np.inf)
+    N[lo:hi + 1] = np.maximum(before, P[None, :, :]).min(axis=1, initial=np.inf)
+    return N
 
 
 def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower: bool = False,
@@ -712,8 +795,13 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
 
     With `lower`, the middle stages are priced by their lower bounds (`_Stages.lower`): few
     middle stages are solved, and every split's true point is weakly dominated by a point of
-    the result, so None proves that no split through b survives the envelope (the indices
-    returned then point into the bounds, not into the stages).
+    the result, so None proves that no split through b survives the envelope. Only that
+    matters there, so nothing is read back (each point is a budget and the least time within
+    it, with no stages: the last step's test admitted exactly those), and a run of middle
+    stages on one rung is taken in one step (`_collapsed_run`): the same None, as the DP
+    finds a split iff some split of the bounds (each stage a point it admits) has its max
+    point admitted - every test on the way is a valid lower-bound test, passed by such a
+    split's states whatever the grid and whichever steps test them.
 
     With `corners` (and `lower`), the end stages too are priced by lower bounds: stage s holding
     k layers by one point, the least time and the least memory of its parts summed (EndLeast:
@@ -731,14 +819,16 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     grid = np.zeros(1)
     F = np.full((n + 1, 1), np.inf)
     F[0, 0] = 0.0
-    steps: list[tuple[np.ndarray, np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]] = []
+    live = [0]  # the states with a finite F, ascending
+    # per i: the fewest boundaries a stage taken i-th or later sends
+    least_sends = list(itertools.accumulate([S.sends[q] for q in reversed(order)], min))[::-1]
+    steps: list[tuple[np.ndarray, np.ndarray, dict[int, _OnGrid]]] = []
     # a layer's least time and least memory (under any stage's weights: the last stage's holds
     # the fewest micro-batches), and what a middle stage sends: bounds on the stages not yet taken
     if corners is None:
         layer_t, layer_m = S.layer_floor(b)
     else:
         layer_t, layer_m = float(corners.ul[b, 0]) * _SHRINK, float(corners.ul[b, 1]) * _SHRINK
-    rows = np.arange(n + 1)
     seen: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     by_factor = S.admitted
     # stages alike (the middle stages at one rung of `_Stages.lower`'s ladder: one factor, one
@@ -748,7 +838,7 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
 
     def points(s: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Stage s's points holding k layers as the DP sees them (its transfer added), found once
-        for the DP and the read-back of every split."""
+        per DP (and per pass over a layout: `S.admitted`)."""
         if (s, k) not in seen and corners is not None and s in (0, p - 1):
             extra_t = weights[s].slots * S.sends[s] * p2p[b]
             part, unit, layers = (corners.head, corners.u0, k - 1) if s == 0 else (corners.tail, corners.ul, k)
@@ -766,24 +856,43 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             seen[(s, k)] = by_factor[key]
         return seen[(s, k)]
 
+    by_memory: dict[int, _ByMemory] = {}
+
     def staircase_on(pts: tuple[np.ndarray, np.ndarray, np.ndarray], grid: np.ndarray) -> _OnGrid:
         key = (id(pts[0]), id(grid))  # both held for the whole DP (`by_factor`, `steps`)
         if key not in on_grid:
-            on_grid[key] = _OnGrid(*pts, grid)
+            if key[0] not in by_memory:
+                by_memory[key[0]] = _ByMemory(*pts)
+            on_grid[key] = _OnGrid(by_memory[key[0]], grid)
         return on_grid[key]
 
-    for i, s in enumerate(order):
-        left_after = p - 1 - i
+    i = 0
+    while i < p:
+        s = order[i]
+        # a run of stages alike: in a lower pass, consecutive middle stages on one rung of the
+        # ladder with one transfer (`_run_key`) take the same points for every layer count, and
+        # are taken in one step (`_collapsed_run`); the full pass takes one stage a step, as its
+        # read-back needs every step's choices. The run's inner states need no window of their
+        # own: one out of its step's window leaves the run's last step out of reach too
+        r = 1
+        if lower and 0 < s < p - 1:
+            key = _run_key(S, s)
+            while i + r < p and _run_key(S, order[i + r]) == key:
+                r += 1
+        left_after = p - i - r
         # what the stage not yet taken that holds the most layers sends, at least
-        send_ahead = weights[0].slots * min(S.sends[r] for r in order[i + 1:]) * p2p[b] if left_after else 0.0
-        live = np.flatnonzero(np.isfinite(F).any(axis=1)).tolist()  # ascending
-        # the states this stage may lead to: the stages after it must cover the rest in the band
+        send_ahead = weights[0].slots * least_sends[i + r] * p2p[b] if left_after else 0.0
+        # the states this stage (run) may lead to: the stages after it must cover the rest in the band
         reach_lo, reach_hi = max(n - left_after * (band.stop - 1), 0), n - left_after * band.start
         stairs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for k in band:
-            # some live state j with j + k in reach
-            if bisect.bisect_left(live, reach_lo - k) >= bisect.bisect_right(live, reach_hi - k):
-                continue
+            if r == 1:
+                # some live state j with j + k in reach
+                if bisect.bisect_left(live, reach_lo - k) >= bisect.bisect_right(live, reach_hi - k):
+                    continue
+            elif (live[0] + k + (r - 1) * band.start > reach_hi
+                  or live[-1] + k + (r - 1) * (band.stop - 1) < reach_lo):
+                continue  # no stage of the run can hold k layers on a way into reach
             pts = points(s, k)
             if len(pts[0]):
                 stairs[k] = pts
@@ -791,69 +900,85 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
             return None
         grid_new = np.unique(np.concatenate([grid] + [sm for _, sm, _ in stairs.values()]))
         if len(grid_new) != len(grid):  # else the same grid: it holds every memory already
-            F = F[:, np.searchsorted(grid, grid_new, side="right") - 1]  # a staircase holds between grid values
+            # a staircase holds between grid values; rows out of the live ones stay inf
+            at = np.searchsorted(grid, grid_new, side="right") - 1
+            F, rows = np.full((n + 1, len(grid_new)), np.inf), F[live[0]:live[-1] + 1]
+            F[live[0]:live[-1] + 1] = rows[:, at]
             grid = grid_new
-        N = np.full_like(F, np.inf)
-        K = np.zeros(F.shape, dtype=np.int16)
-        picks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for k, pts in stairs.items():
-            # the stage's staircase on the grid: least time within each memory budget, and its point
-            g = staircase_on(pts, grid)
-            picks[k] = (g.f, g.which)
-            lo, hi = max(reach_lo, k), reach_hi  # the states j in reach that hold k layers or more
-            if lo > hi:
-                continue
-            cand = np.maximum(F[lo - k:hi - k + 1], g.f[None, :])
-            better = cand < N[lo:hi + 1]
-            np.copyto(N[lo:hi + 1], cand, where=better)
-            K[lo:hi + 1][better] = k
+        # the states a live one leads to (F is inf on the others, and so is N)
+        lo, hi = max(reach_lo, live[0] + r * min(stairs)), min(reach_hi, live[-1] + r * max(stairs))
+        if lower:  # only the values matter: no read-back
+            ks = list(stairs)
+            g = np.array([staircase_on(stairs[k], grid).f for k in ks])
+            N = _collapsed_run(F, g, ks, r, lo, hi)
+        else:
+            N = np.full_like(F, np.inf)
+            K = np.zeros(F.shape, dtype=np.int16)
+            # the stage's staircases on the grid: least time within each memory budget, and its point
+            picks = {k: staircase_on(pts, grid) for k, pts in stairs.items()}
+            for k, on in picks.items():
+                # the states in reach that hold k layers or more after a live one
+                a, z = max(lo, live[0] + k), min(hi, live[-1] + k)
+                if a > z:
+                    continue
+                cand = np.maximum(F[a - k:z - k + 1], on.f[None, :])
+                better = cand < N[a:z + 1]
+                np.copyto(N[a:z + 1], cand, where=better)
+                K[a:z + 1][better] = k
+            steps.append((grid, K, picks))
         # the stages not yet taken hold the other n - j layers: one holds at least its share, so
         # the iteration is at least that stage's time and memory; a state a known plan beats at
         # budget M ends in plans it beats (exact)
-        ahead = -(-(n - rows) // left_after) if left_after else np.zeros(n + 1, dtype=np.int64)
-        fut_t = ahead * layer_t + np.where(ahead > 0, send_ahead, 0.0)
-        fin = np.isfinite(N)
-        if fin.any():
-            jr, gc = np.nonzero(fin)
-            ok = S.env.admit(np.maximum(N[jr, gc], fut_t[jr]), np.maximum(grid[gc], ahead[jr] * layer_m))
-            N[jr[~ok], gc[~ok]] = np.inf
         F = N
-        steps.append((grid, K, picks))
-        if not np.isfinite(F).any():
+        reached = N[lo:hi + 1]  # a view: the states this step may have reached
+        j = np.arange(lo, hi + 1)
+        ahead = -(-(n - j) // left_after) if left_after else np.zeros(len(j), dtype=np.int64)
+        fut_t = ahead * layer_t + np.where(ahead > 0, send_ahead, 0.0)
+        if S.env.enabled:  # every state at every budget at once (an inf one stays inf, whatever the test says)
+            t_at_least = np.maximum(reached, fut_t[:, None])
+            reached[~S.env.admit(t_at_least, np.maximum(grid[None, :], (ahead * layer_m)[:, None]))] = np.inf
+        live = (np.flatnonzero(np.isfinite(reached).any(axis=1)) + lo).tolist()
+        if not live:
             return None  # every partial split is beaten: the stages not yet taken need not be solved
+        i += r
     # the frontier: each budget's best split, read back stage by stage at that budget
     last = F[n]
     cols = np.flatnonzero(np.isfinite(last))
     if not len(cols):
         return None
     cols = cols[np.r_[True, last[cols][1:] < last[cols][:-1]]]  # a budget that buys no time adds nothing
-    backs: list[list[tuple[int, int]]] = []
+    if lower:
+        # each budget's least time and the budget itself: no worse than some split's bound point
+        # (its time that least time, its memory within the budget), the last step's test passed
+        keep = np.sort(pareto_mask(np.zeros(len(cols), dtype=np.int64), last[cols], grid[cols], eps))
+        keep = keep[S.env.admit(last[cols][keep], grid[cols][keep])]
+        return (last[cols][keep], grid[cols][keep], [[] for _ in keep]) if len(keep) else None
+    # every budget at once, stage by stage from the last taken: its layers, its point (index,
+    # time, memory) at that budget on the step's grid
+    budgets = grid[cols]
+    j = np.full(len(cols), n)
+    layers, which = np.zeros((p, len(cols)), dtype=np.int64), np.zeros((p, len(cols)), dtype=np.int64)
     out_t, out_m = np.zeros(len(cols)), np.zeros(len(cols))
-    for r, c in enumerate(cols):
-        budget = grid[c]
-        j = n
-        back: list[tuple[int, int]] = []
-        t_max = m_max = 0.0
-        for i in range(p - 1, -1, -1):
-            g_i, K_i, picks_i = steps[i]
-            col = int(np.searchsorted(g_i, budget, side="right")) - 1
-            k = int(K_i[j, col])
-            _, pt = picks_i[k]
-            s = order[i]
-            st, sm, idx = points(s, k)
-            q = int(np.flatnonzero(idx == pt[col])[0])
-            t_max, m_max = max(t_max, float(st[q])), max(m_max, float(sm[q]))
-            back.append((k, int(pt[col])))
-            j -= k
-        assert j == 0
-        out_t[r], out_m[r] = t_max, m_max
-        backs.append(back[::-1])
+    for i in range(p - 1, -1, -1):
+        g_i, K_i, picks_i = steps[i]
+        col = np.searchsorted(g_i, budgets, side="right") - 1
+        layers[i] = K_i[j, col]
+        counts = set(layers[i].tolist())
+        for k in counts:
+            sel: np.ndarray | slice = np.flatnonzero(layers[i] == k) if len(counts) > 1 else slice(None)
+            on = picks_i[k]
+            which[i, sel] = on.which(col[sel])
+            out_t[sel] = np.maximum(out_t[sel], on.f[col[sel]])
+            out_m[sel] = np.maximum(out_m[sel], on.memory(col[sel]))
+        j -= layers[i]
+    assert not j.any()
     keep = np.sort(pareto_mask(np.zeros(len(out_t), dtype=np.int64), out_t, out_m, eps))
     keep = keep[S.env.admit(out_t[keep], out_m[keep])]
     if not len(keep):
         return None
     place = np.argsort(order)  # stage s was taken place[s]-th
-    return out_t[keep], out_m[keep], [[backs[int(a)][int(place[s])] for s in range(p)] for a in keep]
+    return out_t[keep], out_m[keep], [[(int(layers[place[s], a]), int(which[place[s], a])) for s in range(p)]
+                                      for a in keep]
 
 
 def _read_back(S: _Stages, maps: list[dict[str, str]], backs: list[list[tuple[int, int]]]

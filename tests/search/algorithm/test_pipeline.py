@@ -575,3 +575,41 @@ def test_end_stage_bounds_keep_every_shape_that_adds_a_point():
         assert pruned is not None and same_frontier(pruned.root.t, pruned.root.m, full.root.t, full.root.m)
         checked += 1
     assert checked > 5
+
+
+def test_collapsed_run_is_r_stage_steps():
+    """`_collapsed_run` (r stages alike in one step of the lower DP) against r steps of the
+    DP's recurrence N(j) = min over k of max(F(j - k), g_k), on random staircases with ties,
+    budgets a stage cannot meet (inf) and bands of 1 to 5 counts, gaps and strides included:
+    the same values, bit for bit, in the window of states asked for and inf outside it."""
+    from search.algorithm.pipeline import _collapsed_run
+
+    rng = np.random.default_rng(11)
+    checked = 0
+    for trial in range(300):
+        ks = sorted(rng.choice(np.arange(1, 8), size=int(rng.integers(1, 6)), replace=False).tolist())
+        if trial % 5 == 0:
+            ks = [2 * k for k in ks]  # interleaved: counts in steps of v
+        r = int(rng.integers(1, 7))
+        n, budgets = int(rng.integers(r * ks[0], r * ks[-1] + 12)), int(rng.integers(1, 7))
+        # staircases: nonincreasing in the budget, coarse values (ties), inf below a stage's leanest point
+        g = np.sort(rng.integers(0, 6, (len(ks), budgets)).astype(float), axis=1)[:, ::-1].copy()
+        g[rng.random(g.shape) < 0.2] = np.inf
+        F = np.full((n + 1, budgets), np.inf)
+        live = rng.random(n + 1) < 0.5
+        F[live] = rng.integers(0, 6, (int(live.sum()), budgets))
+        lo, hi = int(rng.integers(0, n + 1)), int(rng.integers(0, n + 1))
+        want = F
+        for _ in range(r):
+            step = np.full_like(want, np.inf)
+            for i, k in enumerate(ks):
+                if k > n:
+                    continue
+                step[k:] = np.minimum(step[k:], np.maximum(want[:len(want) - k], g[i]))
+            want = step
+        want[:lo] = np.inf
+        want[hi + 1:] = np.inf
+        got = _collapsed_run(F, g, ks, r, lo, hi)
+        assert np.array_equal(got, want), (ks, r, lo, hi)
+        checked += len(ks) >= 3 and r >= 2 and bool(np.isfinite(want).any())
+    assert checked > 20
