@@ -1429,6 +1429,10 @@ def ends_bounds(tables: PipeTables, weights: list[Weights], ends: EndLeast, lams
 
     head, u0, ul, tail = ends
     lines, scaled = slice(2, 2 + L), slice(2 + L, 2 + 2 * L)
+    # the least of the middle stages' sends per second of transfer, the same for every layout: a
+    # product's rounding keeps the order of its factors (the transfer is >= 0), so the least
+    # product is the least factor's (p = 64: 62 stages, once per layout and test before)
+    mid_sends = min((weights[s].slots * sends(s, p, v) for s in range(1, p - 1)), default=0.0)
     for b in [int(x) for x in np.flatnonzero(np.isfinite(head[:, 0]))]:
         h, a, z, tl = head[b], u0[b], ul[b], tail[b]
         if p == 1:
@@ -1437,8 +1441,7 @@ def ends_bounds(tables: PipeTables, weights: list[Weights], ends: EndLeast, lams
             bnd = (whole[lines] + lams * tables.buffers)[None, :]
         else:
             send = weights[0].slots * sends(0, p, v) * float(tables.p2p[b])
-            send_mid = min((weights[s].slots * sends(s, p, v) * float(tables.p2p[b]) for s in range(1, p - 1)),
-                           default=0.0)
+            send_mid = mid_sends * float(tables.p2p[b])
             t_all = h[0] + tl[0] + (n - 1) * a[0]
             t_avg = (t_all + (p - 1) * send) / p
             s0 = h[None, :] + (k0 - 1)[:, None] * a[None, :]   # first stage: the ops before the stack, layer 0
