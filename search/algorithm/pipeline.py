@@ -839,17 +839,18 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
     def points(s: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Stage s's points holding k layers as the DP sees them (its transfer added), found once
         per DP (and per pass over a layout: `S.admitted`)."""
-        if (s, k) not in seen and corners is not None and s in (0, p - 1):
-            extra_t = weights[s].slots * S.sends[s] * p2p[b]
+        if (s, k) in seen:
+            return seen[(s, k)]
+        extra_t = weights[s].slots * S.sends[s] * p2p[b]
+        if corners is not None and s in (0, p - 1):
             part, unit, layers = (corners.head, corners.u0, k - 1) if s == 0 else (corners.tail, corners.ul, k)
             # (a layer's inf times 0 layers would be nan)
             st = np.array([(part[b, 0] + (layers * unit[b, 0] if layers else 0.0) + extra_t) * _SHRINK])
             sm = np.array([(part[b, 1] + (layers * unit[b, 1] if layers else 0.0)) * _SHRINK])
             ok = S.env.admit(st, sm)
             seen[(s, k)] = (st[ok], sm[ok], np.zeros(int(ok.sum()), dtype=np.int64))
-        if (s, k) not in seen:
+        else:
             f = S.lower(s, k) if lower else S(s, k)  # kept alive by S's memos: its id stays its own
-            extra_t = weights[s].slots * S.sends[s] * p2p[b]
             key = (b, id(f), float(extra_t))
             if key not in by_factor:
                 by_factor[key] = _admitted_points(f, S.env, b, extra_t)
@@ -926,10 +927,10 @@ def _split_layers(S: _Stages, b: int, n: int, p2p: np.ndarray, eps: float, lower
                 np.copyto(N[a:z + 1], cand, where=better)
                 K[a:z + 1][better] = k
             steps.append((grid, K, picks))
+        F = N
         # the stages not yet taken hold the other n - j layers: one holds at least its share, so
         # the iteration is at least that stage's time and memory; a state a known plan beats at
         # budget M ends in plans it beats (exact)
-        F = N
         reached = N[lo:hi + 1]  # a view: the states this step may have reached
         j = np.arange(lo, hi + 1)
         ahead = -(-(n - j) // left_after) if left_after else np.zeros(len(j), dtype=np.int64)
